@@ -1,0 +1,1 @@
+"""mlip_unc.uncertainty"""
