@@ -1,0 +1,203 @@
+"""Latent regularisers: alignment-guided learning (AGL) and LPA-breaking interventions.
+
+As defined in docs/method.md sections 5 and 6 of this project. Every term is differentiable
+with respect to the latents ``z`` only: the posterior means ``mu`` and variances ``s2`` enter
+through ``.detach()`` (the stop-gradient ``sg``), so the terms move the encoder's latent
+geometry, not the posterior.
+
+Shapes: z (batch, d), mu (d,), s2 (d,); every term returns a scalar tensor ``()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "RegularizerKind",
+    "agl_rayleigh",
+    "agl_mean",
+    "decorrelation",
+    "isotropy_penalty",
+    "anti_alignment",
+    "RandomRotation",
+    "LambdaSchedule",
+    "regularizer_term",
+]
+
+EPS: float = 1e-8
+
+
+class RegularizerKind(str, Enum):
+    """Extra latent training terms (docs/method.md sections 5 and 6 of this project)."""
+
+    NONE = "none"
+    """No extra term (returns a zero scalar)."""
+    AGL_RAYLEIGH = "agl_rayleigh"
+    """AGL, Rayleigh form: ``mean_batch(z^T sg(S) z / (z^T z + eps))``; promotes LPA."""
+    AGL_MEAN = "agl_mean"
+    """AGL, mean form: ``mean_batch(1 - A(z))`` with ``mu`` and ``S`` detached; promotes LPA."""
+    ISOTROPY = "isotropy"
+    """Intervention: spread of the per-coordinate second moments of z (forces kappa -> 1)."""
+    ANTI = "anti"
+    """Intervention: anti-alignment ``-mean_batch(z^T sg(S) z / ||z||^2)``."""
+    DECORRELATION = "decorrelation"
+    """Optional AGL companion: ``||offdiag(Cov_batch(z))||_F^2``."""
+
+
+def _rayleigh(z: Tensor, s2: Tensor, eps: float) -> Tensor:
+    """Per-example ``z^T sg(S) z / (z^T z + eps)``: (batch,)."""
+    s2 = s2.detach().to(z.dtype)
+    return ((z * z) @ s2) / ((z * z).sum(dim=1) + eps)
+
+
+def agl_rayleigh(z: Tensor, s2: Tensor, eps: float = EPS) -> Tensor:
+    """AGL Rayleigh term ``mean_batch(z^T sg(S) z / (z^T z + eps))``, docs/method.md section 6 of this project.
+
+    The normalisation by ``||z||^2`` removes the trivial fix of shrinking z; the minimum over
+    directions is ``min_k s2_k``, reached by z on the lowest-variance axis.
+    """
+    return _rayleigh(z, s2, eps).mean()
+
+
+def agl_mean(z: Tensor, mu: Tensor, s2: Tensor, eps: float = EPS) -> Tensor:
+    """AGL mean form ``mean_batch(1 - A(z))``, docs/method.md section 6 of this project.
+
+    ``A(z) = (mu^T z)^2 / ((z^T S z)(mu^T S^-1 mu))`` with ``mu`` and ``S`` detached; ``eps``
+    keeps the denominator positive at ``z = 0``. Minimised (0) by z proportional to ``S^-1 mu``.
+    """
+    mu = mu.detach().to(z.dtype)
+    s2 = s2.detach().to(z.dtype)
+    m = z @ mu  # (batch,)
+    u = (z * z) @ s2  # (batch,)
+    c = (mu * mu / s2).sum()  # ()
+    a = m * m / (u * c + eps)
+    return (1.0 - a).mean()
+
+
+def decorrelation(z: Tensor) -> Tensor:
+    """``||offdiag(Cov_batch(z))||_F^2`` with the unbiased batch covariance (0 for batch < 2)."""
+    n = z.shape[0]
+    if n < 2:
+        return (z * 0.0).sum()
+    zc = z - z.mean(dim=0, keepdim=True)
+    cov = zc.T @ zc / (n - 1)  # (d, d)
+    off = cov - torch.diag_embed(torch.diagonal(cov))
+    return (off * off).sum()
+
+
+def isotropy_penalty(z: Tensor, eps: float = EPS) -> Tensor:
+    """Isotropy intervention, docs/method.md section 5 of this project.
+
+    With ``m_k = mean_batch z_k^2`` (d,), returns ``Var_k(m_k) / (mean_k m_k)^2`` (squared
+    coefficient of variation, population variance): 0 iff all coordinates carry the same
+    second moment, and invariant to the scale of z, so the latent scale is held fixed.
+    """
+    m = (z * z).mean(dim=0)  # (d,)
+    return m.var(unbiased=False) / (m.mean() ** 2 + eps)
+
+
+def anti_alignment(z: Tensor, s2: Tensor, eps: float = EPS) -> Tensor:
+    """Anti-alignment intervention ``-mean_batch(z^T sg(S) z / ||z||^2)``, docs/method.md section 5 of this project."""
+    return -_rayleigh(z, s2, eps).mean()
+
+
+def _haar_orthogonal(dim: int, generator: torch.Generator) -> Tensor:
+    """A Haar-random orthogonal (dim, dim) matrix (QR of a Gaussian with the sign fix), float64 CPU."""
+    a = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
+    q, r = torch.linalg.qr(a)
+    return q * torch.sign(torch.diagonal(r)).unsqueeze(0)
+
+
+class RandomRotation(nn.Module):
+    """Rotation intervention ``z -> Q z`` with a random orthogonal Q, docs/method.md section 5 of this project.
+
+    Q is drawn from an explicit ``torch.Generator`` (``generator``, or a new one seeded with
+    ``seed``) and kept as the buffer ``Q`` (saved in the state dict). With ``redraw=True`` a
+    new Q is drawn from the same generator on every forward call in training mode; in eval
+    mode the last Q is used.
+
+    Shapes:
+        input z (batch, dim) -> output (batch, dim), ``z @ Q^T``.
+    """
+
+    Q: Tensor
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        generator: torch.Generator | None = None,
+        seed: int = 0,
+        redraw: bool = False,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim = int(dim)
+        self.redraw = bool(redraw)
+        self.generator = generator if generator is not None else torch.Generator().manual_seed(seed)
+        q = _haar_orthogonal(self.dim, self.generator).to(dtype=dtype or torch.get_default_dtype(), device=device)
+        self.register_buffer("Q", q)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Draw a new Q from the generator (in place, keeping dtype and device)."""
+        self.Q.copy_(_haar_orthogonal(self.dim, self.generator))
+
+    def forward(self, z: Tensor) -> Tensor:
+        if self.redraw and self.training:
+            self.reset_parameters()
+        return z @ self.Q.T.to(z.dtype)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, redraw={self.redraw}"
+
+
+@dataclass(frozen=True)
+class LambdaSchedule:
+    """Regulariser weight ``lambda(epoch)``, docs/method.md section 6 of this project.
+
+    0 for ``epoch < warmup_epochs``, then a linear ramp reaching ``lam_max`` at
+    ``warmup_epochs + ramp_epochs`` (constant afterwards); ``lambda(warmup_epochs) = 0``.
+    ``ramp_epochs = 0`` jumps to ``lam_max`` at the end of the warm-up. Fractional epochs work.
+    """
+
+    warmup_epochs: float
+    ramp_epochs: float
+    lam_max: float
+
+    def __post_init__(self) -> None:
+        if self.warmup_epochs < 0 or self.ramp_epochs < 0:
+            raise ValueError("warmup_epochs and ramp_epochs must be >= 0")
+
+    def __call__(self, epoch: float) -> float:
+        if epoch < self.warmup_epochs:
+            return 0.0
+        if self.ramp_epochs == 0:
+            return float(self.lam_max)
+        frac = min(1.0, (epoch - self.warmup_epochs) / self.ramp_epochs)
+        return float(self.lam_max * frac)
+
+
+def regularizer_term(kind: str | RegularizerKind, z: Tensor, mu: Tensor, s2: Tensor) -> Tensor:
+    """The unweighted extra term for ``kind`` (see :class:`RegularizerKind`); a scalar tensor.
+
+    Multiply by ``LambdaSchedule(...)(epoch)`` and add to the ELBO loss. The rotation
+    intervention is a module (:class:`RandomRotation`), not a loss term.
+    """
+    k = RegularizerKind(kind)
+    if k is RegularizerKind.NONE:
+        return z.new_zeros(())
+    if k is RegularizerKind.AGL_RAYLEIGH:
+        return agl_rayleigh(z, s2)
+    if k is RegularizerKind.AGL_MEAN:
+        return agl_mean(z, mu, s2)
+    if k is RegularizerKind.ISOTROPY:
+        return isotropy_penalty(z)
+    if k is RegularizerKind.ANTI:
+        return anti_alignment(z, s2)
+    return decorrelation(z)

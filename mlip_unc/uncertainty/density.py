@@ -1,0 +1,178 @@
+"""Training-data density proxies and structural calibration.
+
+As defined in docs/method.md section 7 of this project: per test point, a proxy of how densely
+the training set covers it, and ``structural calibration = Spearman(predictive std, proxy)``.
+
+* latent kNN distance (model-dependent): mean distance to the k nearest training latents;
+* max Tanimoto similarity of Morgan fingerprints (molecules, model-independent);
+* kNN distance in a fixed structure descriptor (periodic or molecular structures): a histogram
+  of interatomic distances per structure (SOAP-free).
+
+All functions return numpy float64 arrays; inputs may be numpy arrays or torch tensors.
+RDKit and ASE are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mlip_unc.uncertainty.calibration import ArrayLike, NanPolicy, spearman_corr
+
+__all__ = [
+    "latent_knn_distance",
+    "tanimoto_max_similarity",
+    "structure_descriptor",
+    "descriptor_knn_distance",
+    "structural_calibration",
+]
+
+
+def _as_matrix(x: Tensor | np.ndarray, name: str) -> Tensor:
+    t = x.detach() if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x, dtype=np.float64))
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (n, d), got shape {tuple(t.shape)}")
+    return t
+
+
+@torch.no_grad()
+def latent_knn_distance(
+    z_query: Tensor | np.ndarray,
+    z_train: Tensor | np.ndarray,
+    k: int = 10,
+    standardise: bool = True,
+    *,
+    chunk_size: int = 2048,
+) -> np.ndarray:
+    """Mean Euclidean distance from each query latent to its ``k`` nearest training latents.
+
+    As defined in docs/method.md section 7 of this project. With ``standardise`` both sets are
+    shifted and scaled per coordinate by the training set's mean and std (coordinates with
+    std < 1e-12 are only shifted). Distances are computed with ``torch.cdist`` in chunks of
+    ``chunk_size`` queries, so memory is ``O(chunk_size * n_train)``. A query identical to a
+    training point has that point at distance 0 (no self-exclusion).
+
+    Shapes: z_query (n_q, d), z_train (n_t, d) -> (n_q,). Larger = less supported.
+    """
+    zq, zt = _as_matrix(z_query, "z_query"), _as_matrix(z_train, "z_train")
+    if zq.shape[1] != zt.shape[1]:
+        raise ValueError(f"latent sizes differ: {zq.shape[1]} vs {zt.shape[1]}")
+    if not 1 <= k <= zt.shape[0]:
+        raise ValueError(f"k must be in [1, n_train={zt.shape[0]}], got {k}")
+    dtype = torch.promote_types(zq.dtype, zt.dtype)
+    zq, zt = zq.to(dtype=dtype, device=zt.device), zt.to(dtype)
+    if standardise:
+        mean = zt.mean(dim=0)
+        std = zt.std(dim=0) if zt.shape[0] > 1 else torch.ones_like(mean)
+        std = torch.where(std < 1e-12, torch.ones_like(std), std)
+        zq, zt = (zq - mean) / std, (zt - mean) / std
+    out = []
+    for start in range(0, zq.shape[0], chunk_size):
+        d = torch.cdist(zq[start : start + chunk_size], zt)  # (chunk, n_t)
+        out.append(torch.topk(d, k, dim=1, largest=False).values.mean(dim=1))
+    if not out:
+        return np.zeros(0)
+    return torch.cat(out).cpu().double().numpy()
+
+
+def tanimoto_max_similarity(
+    smiles_query: Sequence[str], smiles_train: Sequence[str], radius: int = 2, n_bits: int = 2048
+) -> np.ndarray:
+    """Max Tanimoto similarity of each query molecule to the training set (n_q,), in [0, 1].
+
+    Morgan fingerprints (radius 2, 2048 bits by default) from
+    ``rdkit.Chem.rdFingerprintGenerator`` and ``DataStructs.BulkTanimotoSimilarity``, as
+    defined in docs/method.md section 7 of this project. Larger = better supported (the
+    opposite sign of a distance). Unparsable query SMILES give NaN; an unparsable training
+    SMILES raises ``ValueError``.
+    """
+    from rdkit import Chem, DataStructs
+    from rdkit.Chem import rdFingerprintGenerator
+
+    gen = rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=n_bits)
+
+    def fingerprint(smi: str) -> Any:
+        mol = Chem.MolFromSmiles(smi)
+        return None if mol is None else gen.GetFingerprint(mol)
+
+    train_fps = []
+    for i, smi in enumerate(smiles_train):
+        fp = fingerprint(smi)
+        if fp is None:
+            raise ValueError(f"training SMILES {i} ({smi!r}) cannot be parsed by RDKit")
+        train_fps.append(fp)
+    if not train_fps:
+        raise ValueError("empty training set")
+    out = np.full(len(smiles_query), np.nan)
+    for i, smi in enumerate(smiles_query):
+        fp = fingerprint(smi)
+        if fp is not None:
+            out[i] = max(DataStructs.BulkTanimotoSimilarity(fp, train_fps))
+    return out
+
+
+def _pair_distances(structure: Any, r_max: float) -> tuple[np.ndarray, int]:
+    """Distances of ordered pairs i != j within r_max (both directions) and the atom count."""
+    if hasattr(structure, "get_positions"):  # ase.Atoms
+        n = len(structure)
+        if bool(np.any(structure.get_pbc())):
+            from ase.neighborlist import neighbor_list
+
+            return np.asarray(neighbor_list("d", structure, r_max), dtype=np.float64), n
+        pos = np.asarray(structure.get_positions(), dtype=np.float64)
+    else:
+        pos = structure.detach().cpu().numpy() if isinstance(structure, Tensor) else np.asarray(structure)
+        pos = pos.astype(np.float64)
+        n = pos.shape[0]
+    if pos.ndim != 2 or pos.shape[1] != 3:
+        raise ValueError(f"positions must be (n_atoms, 3), got {pos.shape}")
+    from scipy.spatial import cKDTree
+
+    pairs = cKDTree(pos).query_pairs(r_max, output_type="ndarray")  # (n_pairs, 2), i < j
+    dist = np.linalg.norm(pos[pairs[:, 0]] - pos[pairs[:, 1]], axis=1)
+    dist = dist[dist < r_max]
+    return np.concatenate([dist, dist]), n  # both directions, like neighbor_list
+
+
+def structure_descriptor(
+    structures: Sequence[Any], n_bins: int = 64, r_max: float = 6.0
+) -> np.ndarray:
+    """Interatomic-distance histogram per structure, a fixed SOAP-free descriptor.
+
+    As defined in docs/method.md section 7 of this project. Each structure is an
+    ``ase.Atoms`` (periodic images counted through ``ase.neighborlist.neighbor_list`` when any
+    ``pbc`` is set) or a positions array (n_atoms, 3) (non-periodic). All ordered pairs
+    ``i != j`` with distance < ``r_max`` (Angstrom) are binned in ``n_bins`` equal bins on
+    ``[0, r_max)`` and divided by the atom count: the mean number of neighbours per atom in
+    each shell, comparable across structure sizes.
+
+    Returns: (n_structures, n_bins).
+    """
+    edges = np.linspace(0.0, r_max, n_bins + 1)
+    out = np.zeros((len(structures), n_bins))
+    for i, s in enumerate(structures):
+        dist, n = _pair_distances(s, r_max)
+        out[i] = np.histogram(dist, bins=edges)[0] / max(n, 1)
+    return out
+
+
+def descriptor_knn_distance(
+    desc_query: Tensor | np.ndarray, desc_train: Tensor | np.ndarray, k: int = 10, standardise: bool = True
+) -> np.ndarray:
+    """Mean distance to the ``k`` nearest training descriptors (n_q,); see :func:`latent_knn_distance`."""
+    return latent_knn_distance(desc_query, desc_train, k=k, standardise=standardise)
+
+
+def structural_calibration(std: ArrayLike, density_proxy: ArrayLike, *, nan_policy: NanPolicy = "omit") -> float:
+    """Structural calibration ``Spearman(predictive std, density proxy)``.
+
+    As defined in docs/method.md section 7 of this project. Good structural calibration is a
+    *positive* value for a distance proxy (kNN distance) and a *negative* value for a
+    similarity proxy (Tanimoto). Points with a NaN proxy (e.g. unparsable SMILES) are dropped
+    by default.
+    """
+    return spearman_corr(std, density_proxy, nan_policy=nan_policy)
