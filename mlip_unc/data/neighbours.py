@@ -62,7 +62,10 @@ def _validate_inputs(
     if not (np.isfinite(r_max) and r_max > 0.0):
         raise DataError(f"r_max must be a positive finite number, got {r_max}")
     pbc_arr = np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)).copy()
-    cell_arr = np.ascontiguousarray(cell, dtype=np.float64).reshape(3, 3)
+    cell_arr = np.ascontiguousarray(cell, dtype=np.float64)
+    if cell_arr.size != 9:
+        raise DataError(f"cell must have shape (3, 3), got {cell_arr.shape}")
+    cell_arr = cell_arr.reshape(3, 3)
     check_cell(cell_arr, pbc_arr)
     if not pbc_arr.any():
         cell_arr = np.zeros((3, 3))  # vesin's non-periodic mode ignores the box
