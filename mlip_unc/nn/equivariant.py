@@ -1,0 +1,204 @@
+"""EquivariantBackbone: a small E(3)-equivariant message-passing network (NequIP/MACE family).
+
+Per layer (Batzner et al. 2022, NequIP's interaction block, simplified)::
+
+    x        = Linear(h)                                          (equivariant linear)
+    w_ij     = f_cut(r_ij) * MLP(basis(r_ij) * f_cut(r_ij))       (tensor-product weights)
+    m_ij     = TP_uvu(x_j, Y(r_hat_ij); w_ij)                      (Y = spherical harmonics)
+    h_i     <- Gate(Linear(sum_j m_ij / avg_num_neighbors) + SelfLinear(h_i)) (+ h_i)
+
+Features carry irreps ``channels x (l, (-1)^l)`` for ``l = 0..l_max``; the last layer keeps
+only scalars (``0e``), and a linear map takes them to the ``latent_dim``-wide invariant
+latent. Messages vanish smoothly at ``r_max`` (envelope on both the radial input and the
+weights), so energies and forces are continuous across the cutoff.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from e3nn import o3
+from e3nn.nn import FullyConnectedNet, Gate
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from mlip_unc import keys
+from mlip_unc.nn.radial import RadialEmbedding, batch_edge_vectors
+
+__all__ = ["EquivariantBackbone", "EquivariantInteraction"]
+
+
+def _natural_irreps(channels: int, l_max: int) -> o3.Irreps:
+    return o3.Irreps([(channels, (l, (-1) ** l)) for l in range(l_max + 1)])
+
+
+def _uvu_tensor_product(
+    irreps_in: o3.Irreps, irreps_sh: o3.Irreps, allowed: o3.Irreps
+) -> tuple[o3.TensorProduct, o3.Irreps]:
+    """A weight-per-edge 'uvu' tensor product keeping the outputs whose irrep is in ``allowed``."""
+    allowed_irs = {ir for _, ir in allowed}
+    irreps_mid: list[tuple[int, o3.Irrep]] = []
+    instructions = []
+    for i, (mul, ir_in) in enumerate(irreps_in):
+        for j, (_, ir_edge) in enumerate(irreps_sh):
+            for ir_out in ir_in * ir_edge:
+                if ir_out in allowed_irs:
+                    instructions.append((i, j, len(irreps_mid), "uvu", True))
+                    irreps_mid.append((mul, ir_out))
+    mid = o3.Irreps(irreps_mid)
+    mid_sorted, perm, _ = mid.sort()
+    instructions = [(i, j, perm[k], mode, train) for i, j, k, mode, train in instructions]
+    tp = o3.TensorProduct(
+        irreps_in, irreps_sh, mid_sorted, instructions,
+        shared_weights=False, internal_weights=False,
+    )
+    return tp, mid_sorted
+
+
+class EquivariantInteraction(nn.Module):
+    """One interaction block: radial-weighted tensor-product messages, gate, residual.
+
+    Shapes:
+        - **h:** ``(n_atoms, irreps_in.dim)``; **sh:** ``(n_edges, irreps_sh.dim)``
+        - **edge_attr:** ``(n_edges, num_basis)``; **edge_weight:** ``(n_edges,)`` envelope
+        - **output:** ``(n_atoms, irreps_out.dim)``
+    """
+
+    def __init__(
+        self,
+        irreps_in: o3.Irreps,
+        irreps_sh: o3.Irreps,
+        irreps_out: o3.Irreps,
+        *,
+        num_basis: int,
+        radial_hidden: int = 16,
+        avg_num_neighbors: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.irreps_in, self.irreps_out = o3.Irreps(irreps_in), o3.Irreps(irreps_out)
+        self.avg_num_neighbors = float(avg_num_neighbors)
+        self.linear_up = o3.Linear(self.irreps_in, self.irreps_in)
+        self.tp, self.irreps_mid = _uvu_tensor_product(self.irreps_in, irreps_sh, self.irreps_out)
+        self.radial_mlp = FullyConnectedNet([num_basis, radial_hidden, self.tp.weight_numel], F.silu)
+        scalars = o3.Irreps([(mul, ir) for mul, ir in self.irreps_out if ir.l == 0])
+        gated = o3.Irreps([(mul, ir) for mul, ir in self.irreps_out if ir.l > 0])
+        if gated.num_irreps > 0:
+            self.gate: nn.Module = Gate(
+                scalars, [F.silu], o3.Irreps(f"{gated.num_irreps}x0e"), [torch.sigmoid], gated
+            )
+            irreps_gate_in = self.gate.irreps_in
+        else:
+            self.gate = nn.SiLU()
+            irreps_gate_in = self.irreps_out
+        self.linear_down = o3.Linear(self.irreps_mid, irreps_gate_in)
+        self.self_connection = o3.Linear(self.irreps_in, irreps_gate_in)
+        self.residual = self.irreps_in == self.irreps_out
+
+    def reset_parameters(self) -> None:
+        for module in (self.linear_up, self.linear_down, self.self_connection):
+            with torch.no_grad():
+                module.weight.normal_()  # e3nn's own initialisation (path-normalised)
+        for layer in self.radial_mlp:
+            with torch.no_grad():
+                layer.weight.normal_()
+
+    def forward(
+        self, h: Tensor, edge_index: Tensor, *, sh: Tensor, edge_attr: Tensor, edge_weight: Tensor
+    ) -> Tensor:
+        sender, receiver = edge_index[0], edge_index[1]
+        x = self.linear_up(h)
+        weights = self.radial_mlp(edge_attr) * edge_weight.unsqueeze(-1)  # (n_edges, weight_numel)
+        messages = self.tp(x[sender], sh, weights)  # (n_edges, irreps_mid.dim)
+        agg = messages.new_zeros(h.shape[0], messages.shape[-1]).index_add_(0, receiver, messages)
+        out = self.gate(self.linear_down(agg / self.avg_num_neighbors) + self.self_connection(h))
+        return out + h if self.residual else out
+
+
+class EquivariantBackbone(nn.Module):
+    """Species embedding -> ``num_layers`` equivariant interactions -> invariant latent.
+
+    Args:
+        num_types: number of species (input ``atom_type``).
+        r_max: cutoff radius (must not exceed the graphs' neighbour-list radius).
+        latent_dim: width ``d`` of the per-atom latent fed to the Bayesian head.
+        channels: multiplicity of every irrep in the hidden features.
+        l_max: highest rotation order of spherical harmonics and hidden features.
+        num_layers: interaction blocks (the last one outputs scalars only).
+        num_basis: Bessel functions; radial_hidden: width of the radial MLP.
+        avg_num_neighbors: message normalisation (set it to the training set's mean degree).
+        cutoff_p: degree of the polynomial envelope.
+
+    Shapes:
+        - **input:** a PyG graph/batch (``pos``, ``atom_type``, ``edge_index``, ``cell``,
+          ``cell_shift``, ``batch``; see :mod:`mlip_unc.keys`)
+        - **output:** ``z (n_atoms, latent_dim)``, invariant under E(3)
+    """
+
+    backbone_name = "equivariant"
+
+    def __init__(
+        self,
+        num_types: int,
+        *,
+        r_max: float = 5.0,
+        latent_dim: int = 16,
+        channels: int = 8,
+        l_max: int = 1,
+        num_layers: int = 2,
+        num_basis: int = 8,
+        radial_hidden: int = 16,
+        avg_num_neighbors: float = 1.0,
+        cutoff_p: int = 6,
+    ) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self._config = {
+            "num_types": int(num_types), "r_max": float(r_max), "latent_dim": int(latent_dim),
+            "channels": int(channels), "l_max": int(l_max), "num_layers": int(num_layers),
+            "num_basis": int(num_basis), "radial_hidden": int(radial_hidden),
+            "avg_num_neighbors": float(avg_num_neighbors), "cutoff_p": int(cutoff_p),
+        }
+        self.latent_dim = int(latent_dim)
+        self.r_max = float(r_max)
+        self.embedding = nn.Embedding(num_types, channels)
+        self.radial = RadialEmbedding(
+            r_max, num_basis, basis="bessel", cutoff="polynomial", cutoff_p=cutoff_p
+        )
+        self.irreps_sh = o3.Irreps.spherical_harmonics(l_max)
+        self.spherical_harmonics = o3.SphericalHarmonics(
+            self.irreps_sh, normalize=True, normalization="component"
+        )
+        scalars = o3.Irreps(f"{channels}x0e")
+        hidden = _natural_irreps(channels, l_max)
+        irreps = [scalars] + [hidden] * (num_layers - 1) + [scalars]
+        self.layers = nn.ModuleList(
+            EquivariantInteraction(
+                irreps[k], self.irreps_sh, irreps[k + 1], num_basis=num_basis,
+                radial_hidden=radial_hidden, avg_num_neighbors=avg_num_neighbors,
+            )
+            for k in range(num_layers)
+        )
+        self.readout = nn.Linear(channels, latent_dim)
+
+    def config(self) -> dict[str, Any]:
+        """Constructor kwargs as plain data (``EquivariantBackbone(**config())`` rebuilds it)."""
+        return dict(self._config)
+
+    def reset_parameters(self) -> None:
+        self.embedding.reset_parameters()
+        for layer in self.layers:
+            layer.reset_parameters()
+        self.readout.reset_parameters()
+
+    def forward(self, batch) -> Tensor:
+        edge_index = batch[keys.EDGE_INDEX]
+        vec = batch_edge_vectors(batch)  # (n_edges, 3)
+        r = torch.linalg.vector_norm(vec, dim=-1)  # (n_edges,)
+        edge_attr, envelope = self.radial(r)
+        sh = self.spherical_harmonics(vec)  # (n_edges, irreps_sh.dim)
+        h = self.embedding(batch[keys.ATOM_TYPE])  # (n_atoms, channels) scalars
+        for layer in self.layers:
+            h = layer(h, edge_index, sh=sh, edge_attr=edge_attr, edge_weight=envelope)
+        return self.readout(h)  # (n_atoms, latent_dim)
