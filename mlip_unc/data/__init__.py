@@ -13,17 +13,6 @@ Public API (see each module for details):
 """
 
 from mlip_unc.data.errors import DataError
-from mlip_unc.data.molecules import (
-    DATASET_NAMES,
-    MOLECULENET_NAMES,
-    bemis_murcko_scaffold,
-    default_data_root,
-    load_csv,
-    load_dataset,
-    load_moleculenet,
-    moleculenet_raw_path,
-    smiles_to_graph,
-)
 from mlip_unc.data.neighbours import check_cell, edge_lengths, edge_vectors, neighbour_list
 from mlip_unc.data.splits import (
     SPLIT_PARTS,
@@ -47,6 +36,28 @@ from mlip_unc.data.structures import (
     read_structures,
     validate_atoms,
 )
+
+# RDKit-backed names load on first use, so structure-only users do not import RDKit.
+_LAZY_MOLECULES = (
+    "DATASET_NAMES",
+    "MOLECULENET_NAMES",
+    "bemis_murcko_scaffold",
+    "default_data_root",
+    "load_csv",
+    "load_dataset",
+    "load_moleculenet",
+    "moleculenet_raw_path",
+    "smiles_to_graph",
+)
+
+
+def __getattr__(name: str):
+    if name in _LAZY_MOLECULES:
+        from mlip_unc.data import molecules
+
+        return getattr(molecules, name)
+    raise AttributeError(f"module 'mlip_unc.data' has no attribute {name!r}")
+
 
 __all__ = [
     "DataError",

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from mlip_unc.data.errors import DataError
-from mlip_unc.data.molecules import bemis_murcko_scaffold
 
 __all__ = [
     "Split",
@@ -118,6 +117,8 @@ def random_split(n: int, fractions: Sequence[float] = (0.8, 0.1, 0.1), seed: int
 
 def _scaffold_groups(smiles_list: Sequence[str], include_chirality: bool) -> list[list[int]]:
     """Indices grouped by Bemis-Murcko scaffold, groups in order of first appearance."""
+    from mlip_unc.data.molecules import bemis_murcko_scaffold  # RDKit only when needed
+
     groups: dict[str, list[int]] = {}
     for k, smiles in enumerate(smiles_list):
         try:
@@ -145,6 +146,8 @@ def scaffold_split(
     Raises:
         DataError: an unparsable SMILES (naming its index and the SMILES).
     """
+    from mlip_unc.data.molecules import bemis_murcko_scaffold  # RDKit only when needed
+
     f_train, f_val, f_test = _check_fractions(fractions)
     n = len(smiles_list)
     train_size, val_size, test_size = f_train * n, f_val * n, f_test * n
