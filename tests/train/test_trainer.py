@@ -1,0 +1,195 @@
+"""The property trainer: KL scaling, resume determinism, history, regulariser hook, configs."""
+
+import json
+
+import pytest
+import torch
+from torch_geometric.utils import from_smiles
+
+from mlip_unc.models.property import build_model
+from mlip_unc.train.checkpoint import CheckpointError, save_checkpoint
+from mlip_unc.train.config import PropertyConfig, TrainConfig, load_config
+from mlip_unc.train.losses import gaussian_nll, kl_weight, negative_elbo
+from mlip_unc.train.trainer import Trainer, model_payload, target_statistics, train_property_model
+
+SMILES = [
+    "C", "CC", "CCC", "CCCC", "CCCCC", "CCCCCC", "CO", "CCO", "CCCO", "CCCCO",
+    "CC(C)O", "CC(=O)O", "CC(=O)C", "CCOC", "c1ccccc1", "Cc1ccccc1", "CCc1ccccc1", "Oc1ccccc1",
+    "c1ccncc1", "C1CCCCC1", "C1CCCC1", "CN", "CCN", "CCCN", "CC#N", "C=C", "C=CC", "CC=CC",
+    "ClC", "CCCl", "FC(F)F", "CS", "CCS", "O=C=O", "CC(C)C", "CC(C)(C)C", "OCCO", "NCCN",
+    "c1ccoc1", "c1ccsc1",
+]
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    out = []
+    for k, smi in enumerate(SMILES):
+        g = from_smiles(smi)
+        y = 0.4 * g.x.shape[0] - 0.8 * int((g.x[:, 0] == 8).sum()) + 0.1 * ((k * 7) % 5)
+        g.y = torch.tensor([[float(y)]])
+        g.row_index = torch.tensor([k])
+        out.append(g)
+    return out
+
+
+def config(method="bgnn", **train):
+    model = {"method": method, "hidden": 16, "layers": 2, "latent_dim": 8, "mc_samples": 4}
+    base = {"epochs": 6, "batch_size": 8, "progress": False, "patience": 0}
+    return PropertyConfig.from_dict({"model": model, "train": {**base, **train}})
+
+
+def fresh(cfg, graphs, out_dir=None):
+    torch.manual_seed(cfg.train.seed)
+    mean, std = target_statistics(graphs[:32])
+    return Trainer(build_model(cfg, y_mean=mean, y_std=std), cfg, out_dir=out_dir)
+
+
+# ---------------------------------------------------------------------- ELBO
+def test_negative_elbo_scales_kl_by_n_train():
+    nll, kl = torch.tensor(0.7), torch.tensor(50.0)
+    loss, term = negative_elbo(nll, kl, n_train=200, beta=0.5)
+    assert term.item() == pytest.approx(0.5 * 50.0 / 200) and loss.item() == pytest.approx(0.7 + 0.125)
+    assert kl_weight(0, beta=1.0, anneal_epochs=4) == 0.25 and kl_weight(9, beta=1.0, anneal_epochs=4) == 1.0
+    with pytest.raises(ValueError):
+        negative_elbo(nll, kl, n_train=0)
+
+
+def test_gaussian_nll_ignores_missing_targets():
+    mean, var = torch.zeros(3, 1), torch.ones(3, 1)
+    full = gaussian_nll(mean[:2], var[:2], torch.tensor([[1.0], [0.0]]))
+    masked = gaussian_nll(mean, var, torch.tensor([[1.0], [0.0], [float("nan")]]))
+    assert masked.item() == pytest.approx(full.item())
+
+
+def test_trainer_kl_term_is_beta_kl_over_training_examples(graphs):
+    """Logged KL term = beta * KL / N_train (N_train = 32 examples, not 4 batches)."""
+    cfg = config(epochs=1, beta=0.3, lr=1e-12, batch_size=8)
+    trainer = fresh(cfg, graphs)
+    kl_before = trainer.model.kl().item()
+    trainer.fit(graphs[:32], graphs[32:])
+    record = trainer.history[0]
+    assert record["train_kl"] == pytest.approx(0.3 * kl_before / 32, rel=1e-5)
+    assert record["kl_total"] == pytest.approx(kl_before, rel=1e-5)
+
+
+# ---------------------------------------------------------------------- resume
+def _final(trainer):
+    return trainer.history[-1]["val_nll"], trainer.history[-1]["train_nll"]
+
+
+def test_resume_after_interruption_matches_uninterrupted_run(graphs, tmp_path):
+    # weight sampling (noise generator), plateau schedule and early stopping state all resume
+    cfg = config("fullbnn", epochs=12, patience=3, stop_metric="rmse", lr=0.01)  # stops early at 10
+    full = fresh(cfg, graphs, tmp_path / "a")
+    res_a = full.fit(graphs[:32], graphs[32:])
+
+    part = fresh(cfg, graphs, tmp_path / "b")
+    res_b1 = part.fit(graphs[:32], graphs[32:], stop_after=8)
+    assert not res_b1.finished and res_b1.epochs_run == 8
+    resumed = fresh(cfg, graphs, tmp_path / "b")  # a new process: new model, then load
+    res_b = resumed.fit(graphs[:32], graphs[32:], resume=True)
+    assert res_b.finished and res_b.epochs_run == res_a.epochs_run
+    assert (res_b.best_epoch, res_b.stopped_early) == (res_a.best_epoch, res_a.stopped_early)
+    assert res_a.stopped_early and res_a.epochs_run < cfg.train.epochs
+    assert len(resumed.history) == res_a.epochs_run
+    assert _final(resumed) == pytest.approx(_final(full), rel=1e-6, abs=1e-7)
+    hist = json.loads((tmp_path / "b" / "history.json").read_text())
+    assert [r["epoch"] for r in hist] == list(range(res_a.epochs_run))
+    for key, value in full.model.state_dict().items():  # the restored best weights agree
+        torch.testing.assert_close(resumed.model.state_dict()[key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_resume_after_a_crash_in_a_callback(graphs, tmp_path):
+    cfg = config("mcdropout", epochs=5, scheduler="cosine")  # dropout draws from torch's global RNG
+    full = fresh(cfg, graphs, tmp_path / "a")
+    full.fit(graphs[:32], graphs[32:])
+
+    def crash(epoch, record):
+        if epoch == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fresh(cfg, graphs, tmp_path / "b").fit(graphs[:32], graphs[32:], callbacks=[crash])
+    resumed = fresh(cfg, graphs, tmp_path / "b")
+    resumed.fit(graphs[:32], graphs[32:], resume=True)
+    assert resumed.epoch == full.epoch == 5
+    assert _final(resumed) == pytest.approx(_final(full), rel=1e-6, abs=1e-7)
+
+
+def test_resume_refuses_damaged_or_foreign_checkpoints(graphs, tmp_path):
+    cfg = config(epochs=2)
+    fresh(cfg, graphs, tmp_path).fit(graphs[:32], graphs[32:], stop_after=1)
+    other = fresh(config(epochs=2, lr=0.5), graphs, tmp_path)
+    with pytest.raises(CheckpointError, match="different config"):
+        other.fit(graphs[:32], graphs[32:], resume=True)
+    ckpt = tmp_path / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        fresh(cfg, graphs, tmp_path).fit(graphs[:32], graphs[32:], resume=True)
+
+
+# ---------------------------------------------------------------------- history, hook
+def test_history_and_regulariser_hook(graphs, tmp_path):
+    cfg = config("agl", epochs=3, reg_lambda=0.5, reg_warmup=1, reg_ramp=1)
+    assert cfg.train.regularizer == "agl_mean"
+    trainer = fresh(cfg, graphs, tmp_path)
+    trainer.fit(graphs[:32], graphs[32:])
+    hist = json.loads((tmp_path / "history.json").read_text())
+    for key in ("train_nll", "train_kl", "train_reg", "val_rmse", "val_nll", "lambda", "effective_rank", "mean_s"):
+        assert key in hist[0], key
+    assert [r["lambda"] for r in hist] == [0.0, 0.0, 0.5]
+    assert hist[0]["train_reg"] == 0.0 and hist[2]["train_reg"] > 0.0
+
+
+@pytest.mark.parametrize("intervention", ["isotropy", "anti", "rotation"])
+def test_interventions(graphs, intervention):
+    cfg = config(epochs=1, intervention=intervention, reg_warmup=0, reg_ramp=0)
+    trainer = fresh(cfg, graphs)
+    trainer.fit(graphs[:32], graphs[32:])
+    if intervention == "rotation":
+        assert trainer.model.rotation is not None and trainer.history[0]["train_reg"] == 0.0
+    else:
+        assert trainer.reg_kind == intervention and trainer.history[0]["train_reg"] != 0.0
+
+
+def test_freeze_posterior_from_baseline(graphs, tmp_path):
+    base = config(epochs=1)
+    torch.manual_seed(5)
+    donor = build_model(base)
+    save_checkpoint(tmp_path / "base.pt", model_payload(donor, base, {"n_targets": 1}))
+    cfg = config(epochs=2, intervention="isotropy", reg_warmup=0)
+    _, metrics = train_property_model(
+        cfg, graphs[:30], graphs[30:35], graphs[35:], out_dir=tmp_path / "run",
+        freeze_posterior=tmp_path / "base.pt",
+    )
+    from mlip_unc.models.property import PropertyPredictor
+
+    head = PropertyPredictor.load(tmp_path / "run").model.head
+    torch.testing.assert_close(head.weight_mu, donor.head.weight_mu)
+    torch.testing.assert_close(head.weight_rho, donor.head.weight_rho)
+    assert metrics["rmse"] > 0
+
+
+def test_laplace_posterior_is_fitted_after_training(graphs):
+    trainer = fresh(config("laplace", epochs=2), graphs)
+    trainer.fit(graphs[:32], graphs[32:])
+    assert bool(trainer.model.head.fitted) and (trainer.model.head.prior_precision > 0).all()
+
+
+# ---------------------------------------------------------------------- config
+def test_config_round_trip_and_validation(tmp_path):
+    cfg = PropertyConfig().with_overrides(method="mcdropout", epochs=7, intervention="rotation")
+    assert cfg.model.dropout == 0.1 and cfg.train.reg_warmup == 1
+    again = PropertyConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+    (tmp_path / "c.yaml").write_text("model:\n  method: mve\ntrain:\n  epochs: 3\n")
+    loaded = load_config(tmp_path / "c.yaml")
+    assert loaded.model.likelihood.value == "heteroscedastic" and loaded.train.epochs == 3
+    assert loaded.with_overrides(method="bgnn").model.likelihood.value == "homoscedastic"
+    with pytest.raises(ValueError, match="unknown"):
+        PropertyConfig.from_dict({"train": {"epochz": 3}})
+    with pytest.raises(ValueError):
+        TrainConfig(calibration="platt")
+    with pytest.raises(ValueError, match="Bayesian last layer"):
+        PropertyConfig().with_overrides(method="mve", regularizer="agl_mean")
