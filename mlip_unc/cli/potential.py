@@ -1,0 +1,152 @@
+"""``mlip-unc train`` and ``mlip-unc eval``: interatomic potentials; thin, parse -> config -> library.
+
+    mlip-unc train --config configs/ethanol_gin.yaml --set train.epochs=3 --set seed=1
+    mlip-unc eval --model runs/ethanol_gin/model.pt --data test_MD.xyz --uncertainty exact \\
+        --per-frame frames.csv --out metrics.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import torch
+import typer
+
+from mlip_unc.data.errors import DataError
+from mlip_unc.data.structures import StructureDataset, TypeMap
+from mlip_unc.train.checkpoint import CheckpointError
+from mlip_unc.train.evaluate import evaluate_potential, load_potential, write_frame_csv
+from mlip_unc.train.potential_config import ConfigError, load_config
+
+_ERRORS = (ConfigError, DataError, CheckpointError, FileNotFoundError, ValueError)
+
+
+class EvalUncertainty(str, Enum):
+    """Uncertainty mode of ``mlip-unc eval`` (see ``UncertaintyMode``)."""
+
+    NONE = "none"
+    ENERGY = "energy"
+    SAMPLED = "sampled"
+    EXACT = "exact"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train", help="Train a Bayesian interatomic potential from a YAML config.")(train)
+    app.command("eval", help="Evaluate a trained potential on a structure file.")(evaluate)
+
+
+def _fail(err: Exception) -> None:
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(code=1)
+
+
+def train(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML config (see configs/)."),
+    overrides: Optional[list[str]] = typer.Option(
+        None, "--set", "-s", help="Override a config key, e.g. --set train.epochs=3 (repeatable)."
+    ),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (overrides 'out')."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt."),
+) -> None:
+    """Train; writes OUT/model.pt (best on validation), OUT/last.pt and OUT/history.json."""
+    from mlip_unc.train.potential_trainer import run_training
+
+    items = list(overrides or [])
+    if out is not None:
+        items.append(f"out={out}")
+    if resume:
+        items.append("train.resume=true")
+    try:
+        cfg = load_config(config, items)
+        results = run_training(cfg, log=typer.echo)
+    except _ERRORS as err:
+        _fail(err)
+    for result in results:
+        typer.echo(f"model: {result.model_path} (epoch {result.best_epoch}, {result.stop_reason}, "
+                   f"{result.train_minutes:.2f} min)")  # fmt: skip
+
+
+_TABLE = (
+    ("energy_mae_meV_atom", "energy MAE (meV/atom)"),
+    ("energy_rmse_meV_atom", "energy RMSE (meV/atom)"),
+    ("energy_mae_meV", "energy MAE (meV)"),
+    ("energy_rmse_meV", "energy RMSE (meV)"),
+    ("forces_mae_meV_A", "force MAE (meV/A)"),
+    ("forces_rmse_meV_A", "force RMSE (meV/A)"),
+    ("energy_nll", "energy NLL (eV)"),
+    ("energy_spearman", "energy Spearman(std, |err|)"),
+    ("energy_miscalibration_area", "energy miscalibration area"),
+    ("energy_coverage_95", "energy 95% coverage"),
+    ("forces_nll", "force NLL (eV/A, per component)"),
+    ("forces_spearman", "force Spearman(std, |err|), per component"),
+    ("forces_frame_spearman", "force Spearman, frame mean std vs mean |err|"),
+    ("forces_miscalibration_area", "force miscalibration area"),
+    ("forces_coverage_95", "force 95% coverage"),
+)
+
+
+def _print_metrics(metrics: dict) -> None:
+    typer.echo(f"{metrics['n_frames']} frames, {metrics['n_atoms']} atoms")
+    for key, label in _TABLE:
+        if key in metrics:
+            value = metrics[key]
+            typer.echo(f"  {label:<48} {'nan' if value is None or math.isnan(value) else f'{value:.4g}'}")
+
+
+def evaluate(
+    model: list[Path] = typer.Option(
+        ..., "--model", "-m", help="Checkpoint (model.pt) or run folder; repeat for a committee."
+    ),
+    data: Path = typer.Option(..., "--data", "-d", help="Structure file (extxyz, ...)."),
+    energy_key: str = typer.Option("energy", "--energy-key"),
+    forces_key: str = typer.Option("forces", "--forces-key"),
+    index: str = typer.Option(":", "--index", help="ASE-style frame selection, e.g. 0:100."),
+    uncertainty: EvalUncertainty = typer.Option(EvalUncertainty.EXACT, "--uncertainty", "-u"),
+    n_samples: int = typer.Option(4, "--n-samples", help="Posterior draws of the sampled mode."),
+    batch_size: int = typer.Option(16, "--batch-size"),
+    seed: int = typer.Option(0, "--seed"),
+    per_frame: Optional[Path] = typer.Option(None, "--per-frame", help="Write a per-frame CSV."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the metrics as JSON."),
+) -> None:
+    """Energy/force errors (meV) and calibration of the uncertainties on DATA."""
+    try:
+        potential = load_potential(model)
+        first = potential.members[0] if hasattr(potential, "members") else potential
+        dataset = StructureDataset.from_files(
+            data, first.r_max, TypeMap.from_list(first.type_map), index=index,
+            energy_key=energy_key, forces_key=forces_key, require_energy=False,
+            require_forces=False, dtype=first.dtype,
+        )  # fmt: skip
+        report = evaluate_potential(
+            potential, dataset, uncertainty=uncertainty.value, n_samples=n_samples,
+            batch_size=batch_size, seed=seed,
+        )  # fmt: skip
+    except _ERRORS as err:
+        _fail(err)
+    metrics = {
+        **report.metrics, "uncertainty": uncertainty.value, "data": str(data),
+        "model": [str(m) for m in model], "threads": torch.get_num_threads(),
+    }  # fmt: skip
+    _print_metrics(report.metrics)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(_json_safe(metrics), indent=1))
+        typer.echo(f"metrics: {out}")
+    if per_frame is not None:
+        write_frame_csv(report.frames, per_frame)
+        typer.echo(f"per-frame table: {per_frame}")
+
+
+def _json_safe(value):
+    """NaN/inf -> None so the JSON is standard."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,147 @@
+"""Potential training on tiny EMT data: loss falls, checkpoints load, resume, KL / N_train."""
+
+import json
+
+import ase
+import ase.io
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+from ase.calculators.emt import EMT
+from ase.calculators.singlepoint import SinglePointCalculator
+
+from mlip_unc import keys
+from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.train import potential_trainer
+from mlip_unc.train.evaluate import Committee, load_potential
+from mlip_unc.train.potential_config import config_from_dict
+from mlip_unc.train.potential_trainer import prepare_data, run_training, train_potential
+
+
+def _labelled(atoms):
+    atoms.calc = EMT()
+    energy, forces = atoms.get_potential_energy(), atoms.get_forces()
+    atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces)
+    return atoms
+
+
+def _emt_frames(n=8):
+    """Rattled 4-atom fcc cells (Cu, every other one with an Al), plus isolated Cu and Al."""
+    frames = []
+    for k in range(n):
+        atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+        if k % 2:
+            atoms[0].symbol = "Al"
+        atoms.rattle(0.1, seed=k)
+        frames.append(_labelled(atoms))
+    isolated = [_labelled(ase.Atoms(s, positions=[[0, 0, 0]])) for s in ("Cu", "Al")]
+    return frames, isolated
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("emt")
+    frames, isolated = _emt_frames()
+    ase.io.write(root / "train.xyz", frames + isolated)
+    return root
+
+
+def _config(data_dir, out, **train):
+    return config_from_dict({
+        "seed": 0, "out": str(out),
+        "data": {"train": str(data_dir / "train.xyz"), "valid_fraction": 0.25, "r_max": 4.0},
+        "model": {"backbone": "gin", "backbone_kwargs": {"hidden": 8, "num_layers": 1}, "latent_dim": 4},
+        "train": {"epochs": 2, "batch_size": 2, "lr": 0.02, "progress": False, **train},
+    })  # fmt: skip
+
+
+def test_prepare_data_uses_isolated_frames(data_dir, tmp_path):
+    data = prepare_data(_config(data_dir, tmp_path))
+    assert (len(data.train), len(data.valid)) == (6, 2)  # the two one-atom frames are references
+    cu = _labelled(ase.Atoms("Cu", positions=[[0, 0, 0]])).get_potential_energy()
+    assert data.reference_energies[29] == pytest.approx(cu)
+    assert data.avg_num_neighbors > 1
+
+
+def test_training_lowers_loss_and_writes_loadable_checkpoint(data_dir, tmp_path):
+    result = train_potential(_config(data_dir, tmp_path / "run", epochs=4))
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert len(history["epochs"]) == 4 and history["n_train"] == 6
+    assert history["epochs"][-1]["valid_loss"] < history["initial"]["valid_loss"]
+    assert history["epochs"][-1]["train_loss"] < history["epochs"][0]["train_loss"]
+    model = BayesianPotential.from_checkpoint(result.model_path)
+    data = prepare_data(_config(data_dir, tmp_path))
+    out = model(data.valid.graphs[0], uncertainty="exact")
+    assert out[keys.FORCES].shape == (4, 3) and torch.isfinite(out[keys.FORCES_VAR]).all()
+    assert result.best_epoch == history["best_epoch"] >= 1
+
+
+def test_kl_divided_by_number_of_training_structures(data_dir, tmp_path, monkeypatch):
+    seen = []
+    original = potential_trainer.potential_loss
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["n_train"], kwargs["beta"], kwargs["kl"] is not None))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(potential_trainer, "potential_loss", spy)
+    train_potential(_config(data_dir, tmp_path, epochs=1))
+    assert seen and all(entry == (6, 1.0, True) for entry in seen)
+
+
+def test_resume_reaches_the_same_state(data_dir, tmp_path):
+    straight = train_potential(_config(data_dir, tmp_path / "a", epochs=2))
+    train_potential(_config(data_dir, tmp_path / "b", epochs=1))
+    resumed = train_potential(_config(data_dir, tmp_path / "b", epochs=2, resume=True))
+    assert len(resumed.history) == 2 and resumed.history[-1]["epoch"] == 2
+    a = torch.load(tmp_path / "a" / "last.pt", weights_only=True)["model"]["model_state"]
+    b = torch.load(tmp_path / "b" / "last.pt", weights_only=True)["model"]["model_state"]
+    assert all(torch.allclose(a[k], b[k]) for k in a)
+    again = train_potential(_config(data_dir, tmp_path / "b", epochs=2, resume=True))
+    assert len(again.history) == 2 and again.stop_reason == "epochs"
+    assert straight.history[-1]["valid_loss"] == pytest.approx(resumed.history[-1]["valid_loss"])
+
+
+def test_time_budget_stops(data_dir, tmp_path):
+    result = train_potential(_config(data_dir, tmp_path, epochs=50, max_minutes=1e-6))
+    assert result.stop_reason == "time" and len(result.history) == 1
+    assert result.history[0]["partial"]
+
+
+def test_map_ensemble_is_a_committee(data_dir, tmp_path):
+    cfg = _config(data_dir, tmp_path / "ens", epochs=1, ensemble=2)
+    cfg = config_from_dict({**_as_raw(cfg), "model": {**_as_raw(cfg)["model"], "head": "map"}})
+    results = run_training(cfg)
+    assert [r.model_path.parent.name for r in results] == ["member_0", "member_1"]
+    committee = load_potential(tmp_path / "ens")
+    assert isinstance(committee, Committee)
+    graph = prepare_data(cfg).valid.graphs[0]
+    out = committee(graph, uncertainty="energy")
+    assert out[keys.FORCES_VAR].sum() > 0
+    member = BayesianPotential.from_checkpoint(results[0].model_path)
+    assert float(member.posterior()[1].detach().max()) < 1e-12  # MAP: no posterior width
+
+
+def _as_raw(cfg):
+    from mlip_unc.train.potential_config import config_to_dict
+
+    return config_to_dict(cfg)
+
+
+def test_agl_regularizer_runs(data_dir, tmp_path):
+    raw = _as_raw(_config(data_dir, tmp_path, epochs=1))
+    raw["regularizer"] = {"kind": "agl_rayleigh", "lambda_max": 0.5}
+    raw["train"]["ema_decay"] = 0.9
+    result = train_potential(config_from_dict(raw))
+    assert result.history[0]["train_regularizer"] > 0 and np.isfinite(result.history[0]["valid_loss"])
+
+
+def test_init_from_fine_tunes_a_checkpoint(data_dir, tmp_path):
+    first = train_potential(_config(data_dir, tmp_path / "a", epochs=1))
+    raw = _as_raw(_config(data_dir, tmp_path / "b", epochs=1, init_from=str(first.model_path)))
+    raw["model"]["latent_dim"] = 7  # ignored: the architecture comes from the checkpoint
+    tuned = train_potential(config_from_dict(raw))
+    start = BayesianPotential.from_checkpoint(first.model_path)
+    assert tuned.history[0]["valid_loss"] < json.loads((tmp_path / "a" / "history.json").read_text())["initial"]["valid_loss"]
+    assert BayesianPotential.from_checkpoint(tuned.model_path).latent_dim == start.latent_dim == 4
