@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-minutes", type=float, default=30.0, help="training wall time per model")
     parser.add_argument("--ensemble-budget-minutes", type=float, default=None,
                         help="per committee member (default: budget / 5, the same total as one model)")
+    parser.add_argument("--budget-for", action="append", default=[], metavar="TAG=MINUTES",
+                        help="budget of one model, e.g. ethanol_equivariant=28 (repeatable)")
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--backbones", default=",".join(BACKBONES))
     parser.add_argument("--skip-train", action="store_true", help="reuse checkpoints under results/checkpoints")
@@ -83,6 +85,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.data_root = Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
     if args.ensemble_budget_minutes is None:
         args.ensemble_budget_minutes = args.budget_minutes / 5.0
+    try:
+        args.budget_for = {k.strip(): float(v) for k, v in (item.split("=", 1) for item in args.budget_for)}
+    except ValueError:
+        parser.error("--budget-for takes TAG=MINUTES, e.g. ethanol_equivariant=28")
     return args
 
 
@@ -132,6 +138,7 @@ def train_model(dataset: str, backbone: str, files: dict[str, Path], args: argpa
             raise SystemExit(f"--skip-train: no checkpoint {done}; train it first")
         return out
     minutes = args.ensemble_budget_minutes if ensemble > 1 else args.budget_minutes
+    minutes = args.budget_for.get(tag, minutes)
     overrides = [
         f"data_root={args.data_root}", f"data.train={files['train']}", "data.test=null",
         f"out={out}", f"seed={args.seed}", f"train.max_minutes={minutes}", "train.progress=false",
@@ -307,7 +314,9 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         f"Command: `{results['command']}`", "",
         f"Seed {results['seed']}; {results['threads']} torch thread(s); training budget "
         f"{results['budget_minutes']:g} min per model (wall time, shared CPU), "
-        f"{results['ensemble_budget_minutes']:g} min per committee member; "
+        f"{results['ensemble_budget_minutes']:g} min per committee member"
+        + "".join(f"; {tag}: {m:g} min" for tag, m in results.get("budget_for", {}).items())
+        + "; "
         f"started {results['started']}; status: {results['status']}.", "",
         "## Accuracy and force-uncertainty quality (exact mode)", "",
         "| dataset | backbone | train min | E MAE (meV/atom) | F MAE (meV/A) | F Spearman frame | "
@@ -399,7 +408,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {
         "command": shlex.join(["python", "benchmarks/potential.py", *(sys.argv[1:] if argv is None else argv)]),
         "seed": args.seed, "threads": args.threads, "budget_minutes": args.budget_minutes,
-        "ensemble_budget_minutes": args.ensemble_budget_minutes, "data_root": str(args.data_root),
+        "ensemble_budget_minutes": args.ensemble_budget_minutes, "budget_for": args.budget_for,
+        "data_root": str(args.data_root),
         "started": time.strftime("%Y-%m-%d %H:%M"), "status": "running", "datasets": {},
     }  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="mlip_unc_potential_bench_"))  # derived data files

@@ -1,3 +1,14 @@
 """mlip-unc: Bayesian output layers with closed-form, density-aware uncertainty for GNNs."""
 
 __version__ = "0.1.0"
+
+__all__ = ["UncertaintyCalculator", "__version__"]
+
+
+def __getattr__(name: str):
+    """Lazy attributes: ``mlip_unc.UncertaintyCalculator`` imports torch only when used."""
+    if name == "UncertaintyCalculator":
+        from mlip_unc.calculator import UncertaintyCalculator
+
+        return UncertaintyCalculator
+    raise AttributeError(f"module 'mlip_unc' has no attribute {name!r}")

@@ -1,0 +1,357 @@
+"""Watch uncertainty during ASE molecular dynamics: CSV log, flagged frames, optional stop.
+
+::
+
+    calc = UncertaintyCalculator("model.pt", thresholds={"max_force_std": 0.1})
+    atoms.calc = calc
+    dyn = VelocityVerlet(atoms, 0.5 * units.fs)
+    monitor = UncertaintyMonitor(atoms, "md.csv", flagged_path="flagged.xyz", dyn=dyn, max_flags=20)
+    dyn.attach(monitor, interval=10)
+    try:
+        dyn.run(10_000)
+    except UncertaintyLimitReached as stop:
+        print(stop)          # the run ended early after 20 flagged frames
+    monitor.close()
+
+Stopping: when ``max_flags`` flagged frames have been seen, the monitor sets
+``monitor.stop_requested = True`` and, with ``on_limit="raise"`` (the default), raises
+:class:`UncertaintyLimitReached`, which propagates out of ``dyn.run`` (ASE observers run
+inside the integration loop). With ``on_limit="flag"`` it only sets the attribute; a driver
+that runs MD in chunks checks it between chunks.
+
+The monitor reads what the calculator already computed at the current positions (forces,
+energy and their uncertainties come from one model call when the calculator's uncertainty
+mode is ``exact``/``sampled``), so monitoring adds no model call after an MD step.
+A frame is flagged by the calculator's ``flag`` property (its :class:`Thresholds`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+from ase import Atoms, units
+from ase.io import read, write
+
+__all__ = [
+    "UncertaintyMonitor",
+    "UncertaintyLimitReached",
+    "CSV_COLUMNS",
+    "frame_uncertainties",
+    "MDSettings",
+    "MDResult",
+    "run_md",
+]
+
+CSV_COLUMNS = (
+    "step",
+    "time_ps",
+    "epot",
+    "ekin",
+    "etot",
+    "temperature",
+    "energy_std",
+    "energy_std_per_atom",
+    "max_force_std",
+    "mean_force_std",
+    "alignment",
+    "flag",
+)
+
+
+class UncertaintyLimitReached(RuntimeError):
+    """Raised by :class:`UncertaintyMonitor` after ``max_flags`` flagged frames."""
+
+    def __init__(self, n_flags: int, step: int) -> None:
+        super().__init__(f"stopped after {n_flags} flagged frames (MD step {step})")
+        self.n_flags = n_flags
+        self.step = step
+
+
+def frame_uncertainties(atoms: Atoms) -> dict[str, Any]:
+    """Uncertainty results of ``atoms.calc`` at the current positions (computed if needed).
+
+    Returns a dict with scalar ``energy_std``, ``energy_std_per_atom``, ``max_force_std``,
+    ``mean_force_std``, ``alignment``, ``flag`` (NaN/False when the calculator lacks them)
+    and the arrays ``forces_std`` (n, 3) and ``energies_std`` (n,) when available.
+    """
+    calc = atoms.calc
+    available = set(getattr(calc, "implemented_properties", ()))
+    # Most demanding first: with an UncertaintyCalculator the first request computes all the
+    # rest in the same model call; the others then come from its cache.
+    for name in ("max_force_std", "forces", "energy", "energy_std", "flag"):
+        if name in available:
+            calc.get_property(name, atoms)
+    res = calc.results
+    n = len(atoms)
+    out: dict[str, Any] = {
+        "energy_std": float(res.get("energy_std", math.nan)),
+        "max_force_std": float(res.get("max_force_std", math.nan)),
+        "alignment": float(res.get("alignment", math.nan)),
+        "flag": bool(res.get("flag", False)),
+    }
+    epi = res.get("energy_epistemic_var")
+    out["energy_std_per_atom"] = math.sqrt(max(float(epi), 0.0)) / n if epi is not None else math.nan
+    if "forces_std" in res:
+        fstd = np.asarray(res["forces_std"])
+        out["forces_std"] = fstd
+        out["mean_force_std"] = float(np.sqrt((fstd**2).sum(axis=1)).mean())
+    else:
+        out["mean_force_std"] = math.nan
+    if "energies_std" in res:
+        out["energies_std"] = np.asarray(res["energies_std"])
+    return out
+
+
+class UncertaintyMonitor:
+    """An ASE dynamics observer logging energies, temperature and uncertainties.
+
+    Args:
+        atoms: the atoms being integrated (with an uncertainty-aware calculator).
+        csv_path: CSV log, one row per call (columns :data:`CSV_COLUMNS`; energies in eV,
+            time in ps, temperature in K, stds in eV, eV/atom and eV/A).
+        flagged_path: extended XYZ file receiving flagged frames (appended), with
+            ``info``: step, time_ps, energy_std, energy_std_per_atom, max_force_std, alignment,
+            ``mlip_energy``; ``arrays``: ``forces_std``, ``energies_std``, ``mlip_forces``.
+            Model predictions are stored under ``mlip_*`` names, never as labels.
+        dyn: the dynamics object (for the step count and time); without it the monitor counts
+            its own calls and ``timestep`` (fs) x ``interval`` gives the time.
+        max_flags: stop after this many flagged frames (``None``: never).
+        on_limit: ``"raise"`` (raise :class:`UncertaintyLimitReached`) or ``"flag"`` (only set
+            ``stop_requested``).
+        interval, timestep: used for step/time only when ``dyn`` is ``None``.
+    """
+
+    def __init__(
+        self,
+        atoms: Atoms,
+        csv_path: str | Path,
+        *,
+        flagged_path: str | Path | None = None,
+        dyn: Any = None,
+        max_flags: int | None = None,
+        on_limit: str = "raise",
+        interval: int = 1,
+        timestep: float | None = None,
+    ) -> None:
+        if on_limit not in ("raise", "flag"):
+            raise ValueError(f"on_limit must be 'raise' or 'flag', got {on_limit!r}")
+        if max_flags is not None and max_flags < 1:
+            raise ValueError(f"max_flags must be >= 1 or None, got {max_flags}")
+        self.atoms = atoms
+        self.dyn = dyn
+        self.csv_path = Path(csv_path)
+        self.flagged_path = None if flagged_path is None else Path(flagged_path)
+        self.max_flags = max_flags
+        self.on_limit = on_limit
+        self.interval = int(interval)
+        self.timestep = timestep
+        self.n_calls = 0
+        self.n_flags = 0
+        self.stop_requested = False
+        self.rows: list[dict[str, Any]] = []
+        self.csv_path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle: IO[str] | None = self.csv_path.open("w", newline="")
+        self._writer = csv.DictWriter(self._handle, fieldnames=CSV_COLUMNS)
+        self._writer.writeheader()
+        if self.flagged_path is not None:
+            self.flagged_path.parent.mkdir(parents=True, exist_ok=True)
+            self.flagged_path.write_text("")
+
+    # ------------------------------------------------------------------ observer
+    def _step_and_time(self) -> tuple[int, float]:
+        if self.dyn is not None:
+            step = int(getattr(self.dyn, "nsteps", self.n_calls))
+            time_fs = float(self.dyn.get_time()) / units.fs if hasattr(self.dyn, "get_time") else math.nan
+        else:
+            step = self.n_calls * self.interval
+            time_fs = step * self.timestep if self.timestep is not None else math.nan
+        return step, time_fs / 1000.0
+
+    def __call__(self) -> None:
+        atoms = self.atoms
+        unc = frame_uncertainties(atoms)
+        step, time_ps = self._step_and_time()
+        epot = float(atoms.get_potential_energy())
+        ekin = float(atoms.get_kinetic_energy())
+        row = {
+            "step": step,
+            "time_ps": time_ps,
+            "epot": epot,
+            "ekin": ekin,
+            "etot": epot + ekin,
+            "temperature": float(atoms.get_temperature()) if len(atoms) else 0.0,
+            "energy_std": unc["energy_std"],
+            "energy_std_per_atom": unc["energy_std_per_atom"],
+            "max_force_std": unc["max_force_std"],
+            "mean_force_std": unc["mean_force_std"],
+            "alignment": unc["alignment"],
+            "flag": int(unc["flag"]),
+        }
+        self.rows.append(row)
+        if self._handle is not None:
+            self._writer.writerow(row)
+            self._handle.flush()
+        self.n_calls += 1
+        if unc["flag"]:
+            self.n_flags += 1
+            if self.flagged_path is not None:
+                self._write_flagged(row, unc)
+            if self.max_flags is not None and self.n_flags >= self.max_flags:
+                self.stop_requested = True
+                if self.on_limit == "raise":
+                    raise UncertaintyLimitReached(self.n_flags, step)
+
+    def _write_flagged(self, row: dict[str, Any], unc: dict[str, Any]) -> None:
+        calc = self.atoms.calc
+        frame = self.atoms.copy()  # copy() drops the calculator: no model values pass as labels
+        frame.info.update(
+            {
+                k: row[k]
+                for k in ("step", "time_ps", "energy_std", "energy_std_per_atom", "max_force_std", "alignment")
+            }
+        )
+        frame.info["mlip_energy"] = row["epot"]
+        if "forces" in calc.results:
+            frame.arrays["mlip_forces"] = np.asarray(calc.results["forces"], dtype=np.float64)
+        for key in ("forces_std", "energies_std"):
+            if key in unc:
+                frame.arrays[key] = np.asarray(unc[key], dtype=np.float64)
+        write(self.flagged_path, frame, format="extxyz", append=True)
+
+    # ------------------------------------------------------------------ helpers
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> UncertaintyMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def column(self, name: str) -> np.ndarray:
+        """One logged column as an array (from memory, no file read)."""
+        return np.asarray([r[name] for r in self.rows], dtype=np.float64)
+
+
+# ====================================================================== MD driver
+@dataclass(frozen=True)
+class MDSettings:
+    """Molecular dynamics for ``mlip-unc md`` and the active-learning rounds.
+
+    Attributes:
+        ensemble: ``"nve"`` (velocity Verlet) or ``"langevin"`` (NVT).
+        temperature: K; initial Maxwell-Boltzmann velocities and the Langevin target.
+        steps: MD steps.
+        timestep: fs.
+        interval: log (and trajectory) every this many steps.
+        friction: Langevin friction, 1/fs.
+        max_flags: stop after this many flagged frames (``None``: run all steps).
+        seed: velocities and Langevin noise.
+    """
+
+    ensemble: str = "langevin"
+    temperature: float = 300.0
+    steps: int = 1000
+    timestep: float = 1.0
+    interval: int = 10
+    friction: float = 0.01
+    max_flags: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ensemble not in ("nve", "langevin"):
+            raise ValueError(f"md.ensemble must be 'nve' or 'langevin', got {self.ensemble!r}")
+        for name in ("steps", "interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"md.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("timestep", "friction"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"md.{name} must be positive, got {getattr(self, name)}")
+        if self.temperature < 0:
+            raise ValueError(f"md.temperature must be >= 0 K, got {self.temperature}")
+
+
+@dataclass
+class MDResult:
+    """What :func:`run_md` produced: paths, the in-memory log and the flagged frames."""
+
+    out_dir: Path
+    log: dict[str, np.ndarray]
+    flagged: list[Atoms]
+    steps_done: int
+    stopped_early: bool
+    trajectory: Path
+    csv: Path
+    flagged_path: Path
+    plot: Path | None = None
+    final: Atoms | None = field(default=None, repr=False)
+
+
+def run_md(
+    atoms: Atoms,
+    calc: Any,
+    settings: MDSettings,
+    out_dir: str | Path,
+    *,
+    plot: bool = True,
+    reference_level: float | None = None,
+    title: str = "",
+) -> MDResult:
+    """Run MD on a copy of ``atoms`` with ``calc`` and an :class:`UncertaintyMonitor`.
+
+    Writes ``md.traj`` (every ``interval`` steps), ``md.csv``, ``flagged.xyz`` and, with
+    ``plot``, ``md.png`` (uncertainty and energy against time) into ``out_dir``.
+    A run stopped by ``settings.max_flags`` ends normally with ``stopped_early=True``.
+    """
+    from ase.io.trajectory import Trajectory
+    from ase.md.langevin import Langevin
+    from ase.md.velocitydistribution import Stationary, thermalize_momenta
+    from ase.md.verlet import VelocityVerlet
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atoms = atoms.copy()
+    atoms.calc = calc
+    rng = np.random.default_rng(settings.seed)
+    thermalize_momenta(atoms, temperature_K=settings.temperature, rng=rng)
+    Stationary(atoms)
+    dt = settings.timestep * units.fs
+    if settings.ensemble == "nve":
+        dyn = VelocityVerlet(atoms, dt)
+    else:
+        dyn = Langevin(
+            atoms, dt, temperature_K=settings.temperature, friction=settings.friction / units.fs,
+            fixcm=False, rng=rng,
+        )  # fmt: skip
+    paths = {"trajectory": out_dir / "md.traj", "csv": out_dir / "md.csv", "flagged_path": out_dir / "flagged.xyz"}
+    stopped = False
+    with Trajectory(paths["trajectory"], "w", atoms) as traj, UncertaintyMonitor(
+        atoms, paths["csv"], flagged_path=paths["flagged_path"], dyn=dyn, max_flags=settings.max_flags
+    ) as monitor:
+        dyn.attach(monitor, interval=settings.interval)  # first: computes the uncertainties
+        dyn.attach(traj.write, interval=settings.interval)
+        try:
+            dyn.run(settings.steps)
+        except UncertaintyLimitReached:
+            stopped = True
+        log = {k: monitor.column(k) for k in CSV_COLUMNS}
+    flagged = read(paths["flagged_path"], ":", format="extxyz") if monitor.n_flags else []
+    result = MDResult(
+        out_dir=out_dir, log=log, flagged=flagged, steps_done=int(dyn.nsteps), stopped_early=stopped,
+        final=atoms, **paths,
+    )  # fmt: skip
+    if plot and len(monitor.rows) > 1:
+        from mlip_unc.active.report import plot_md_log
+
+        threshold = getattr(getattr(calc, "thresholds", None), "max_force_std", None)
+        result.plot = plot_md_log(
+            log, out_dir / "md.png", threshold=threshold, reference=reference_level, title=title
+        )
+    return result

@@ -1,0 +1,199 @@
+"""Reference calculators ("oracles") that label structures picked by active learning.
+
+An oracle is any ASE calculator. :func:`make_oracle` builds one from a short spec:
+
+- ``"emt"``: ASE's EMT (fast, for demos and tests; Al, Cu, Ag, Au, Ni, Pd, Pt, H, C, N, O);
+- ``"pyscf"`` or ``{"name": "pyscf", "xc": "pbe", "basis": "def2-svp", ...}``: DFT through PySCF
+  (:class:`PySCFCalculator`, molecules only);
+- ``"xtb"`` or ``{"name": "xtb", "method": "GFN2-xTB"}``: tblite's GFN-xTB;
+- ``"package.module:factory"`` (or ``{"name": "package.module:factory", **kwargs}``): any
+  callable returning an ASE calculator, called with the remaining keys as keyword arguments.
+
+:func:`label_structures` runs an oracle over structures and stores the labels under the
+plain ``energy``/``forces``/``stress`` keys of an extended XYZ file (a SinglePointCalculator),
+which is what the training reader takes by default.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+from ase import Atoms
+from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
+from ase.calculators.singlepoint import SinglePointCalculator
+from ase.units import Bohr, Hartree
+
+__all__ = ["OracleError", "PySCFCalculator", "make_oracle", "label_structures", "ORACLE_NAMES"]
+
+ORACLE_NAMES = ("emt", "pyscf", "xtb")
+
+
+class OracleError(RuntimeError):
+    """An oracle could not be built or failed to label a structure."""
+
+
+class PySCFCalculator(Calculator):
+    """Kohn-Sham DFT (or Hartree-Fock) energies and analytic forces from PySCF.
+
+    Restricted (RKS/RHF) for closed shells, unrestricted (UKS/UHF) when ``spin`` > 0.
+    Units are converted here: Hartree -> eV, Hartree/Bohr -> eV/Angstrom.
+
+    Args:
+        xc: exchange-correlation functional (``"pbe"``, ``"b3lyp"``, ...), or ``"hf"``.
+        basis: Gaussian basis set name (``"sto-3g"``, ``"def2-svp"``, ...).
+        charge: total charge.
+        spin: number of unpaired electrons (2S), PySCF's convention.
+        conv_tol: SCF energy convergence, Hartree.
+        max_cycle: SCF iterations before giving up.
+        grid_level: DFT integration grid level (0-9).
+    """
+
+    implemented_properties = ["energy", "free_energy", "forces"]
+    default_parameters = {
+        "xc": "pbe",
+        "basis": "def2-svp",
+        "charge": 0,
+        "spin": 0,
+        "conv_tol": 1e-9,
+        "max_cycle": 100,
+        "grid_level": 3,
+    }
+    discard_results_on_any_change = True
+
+    def calculate(
+        self,
+        atoms: Atoms | None = None,
+        properties: list[str] | None = None,
+        system_changes: list[str] = all_changes,
+    ) -> None:
+        properties = self.implemented_properties if properties is None else properties
+        Calculator.calculate(self, atoms, properties, system_changes)
+        if self.atoms.pbc.any():
+            raise OracleError("PySCFCalculator handles molecules only (atoms.pbc must be False)")
+        try:
+            from pyscf import dft, gto, scf
+        except ImportError as err:  # pragma: no cover - depends on the install
+            raise OracleError("the pyscf oracle needs PySCF: pip install 'mlip-unc[dft]'") from err
+        p = self.parameters
+        mol = gto.M(
+            atom=[(s, tuple(r)) for s, r in zip(self.atoms.get_chemical_symbols(), self.atoms.positions)],
+            unit="Angstrom",
+            basis=p.basis,
+            charge=int(p.charge),
+            spin=int(p.spin),
+            verbose=0,
+        )
+        restricted = int(p.spin) == 0
+        if str(p.xc).lower() == "hf":
+            mf = scf.RHF(mol) if restricted else scf.UHF(mol)
+        else:
+            mf = dft.RKS(mol) if restricted else dft.UKS(mol)
+            mf.xc = p.xc
+            mf.grids.level = int(p.grid_level)
+        mf.conv_tol = float(p.conv_tol)
+        mf.max_cycle = int(p.max_cycle)
+        energy = mf.kernel()
+        if not mf.converged:
+            raise OracleError(
+                f"PySCF SCF did not converge in {p.max_cycle} cycles for {self.atoms.get_chemical_formula()}"
+            )
+        self.results["energy"] = self.results["free_energy"] = float(energy) * Hartree
+        if "forces" in properties:
+            gradient = mf.nuc_grad_method().kernel()  # (n_atoms, 3) Hartree/Bohr
+            self.results["forces"] = -np.asarray(gradient) * (Hartree / Bohr)
+
+
+def _emt(**kwargs: Any) -> Calculator:
+    from ase.calculators.emt import EMT
+
+    return EMT(**kwargs)
+
+
+def _xtb(**kwargs: Any) -> Calculator:
+    try:
+        from tblite.ase import TBLite
+    except ImportError as err:  # pragma: no cover - depends on the install
+        raise OracleError("the xtb oracle needs tblite: pip install 'mlip-unc[dft]'") from err
+    kwargs.setdefault("method", "GFN2-xTB")
+    kwargs.setdefault("verbosity", 0)
+    return TBLite(**kwargs)
+
+
+_BUILT_IN: dict[str, Callable[..., Calculator]] = {
+    "emt": _emt,
+    "pyscf": lambda **kw: PySCFCalculator(**kw),
+    "xtb": _xtb,
+}
+
+
+def _from_factory(path: str, kwargs: Mapping[str, Any]) -> Calculator:
+    module_name, _, attr = path.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise OracleError(f"cannot import oracle factory {path!r}: {err}") from err
+    calc = factory(**kwargs)
+    if not hasattr(calc, "get_potential_energy"):
+        raise OracleError(f"oracle factory {path!r} returned {type(calc).__name__}, not an ASE calculator")
+    return calc
+
+
+def make_oracle(spec: str | Mapping[str, Any] | Calculator) -> Calculator:
+    """Build an ASE calculator from ``"emt"``, ``"pyscf"``, ``"xtb"``, ``"module:factory"``
+    or a mapping ``{"name": ..., **kwargs}``; an ASE calculator is returned unchanged."""
+    if isinstance(spec, Calculator) or hasattr(spec, "get_potential_energy"):
+        return spec  # type: ignore[return-value]
+    if isinstance(spec, str):
+        name, kwargs = spec, {}
+    elif isinstance(spec, Mapping):
+        kwargs = dict(spec)
+        if "name" not in kwargs:
+            raise OracleError(f"an oracle mapping needs a 'name' key, got {sorted(kwargs)}")
+        name = str(kwargs.pop("name"))
+    else:
+        raise OracleError(f"cannot build an oracle from {type(spec).__name__}")
+    if ":" in name:
+        return _from_factory(name, kwargs)
+    if name.lower() not in _BUILT_IN:
+        raise OracleError(
+            f"unknown oracle {name!r}: use one of {', '.join(ORACLE_NAMES)} or 'package.module:factory'"
+        )
+    return _BUILT_IN[name.lower()](**kwargs)
+
+
+def label_structures(
+    structures: Iterable[Atoms], oracle: Calculator, *, stress: bool | None = None
+) -> list[Atoms]:
+    """Label copies of ``structures`` with ``oracle``: energy, forces and (periodic) stress.
+
+    Labels are attached as a SinglePointCalculator, so ``ase.io.write(..., format="extxyz")``
+    stores them under ``energy``/``forces``/``stress``. Uncertainty info/arrays of the input
+    (e.g. from :class:`~mlip_unc.active.monitor.UncertaintyMonitor`) are kept.
+
+    Args:
+        stress: also label stress; default: when the structure is fully periodic and the oracle
+            implements it.
+    """
+    labelled = []
+    for k, atoms in enumerate(structures):
+        atoms = atoms.copy()
+        atoms.calc = None
+        try:
+            energy = float(oracle.get_potential_energy(atoms))
+            forces = np.asarray(oracle.get_forces(atoms), dtype=np.float64)
+            results: dict[str, Any] = {"energy": energy, "forces": forces}
+            want_stress = stress
+            if want_stress is None:
+                want_stress = bool(atoms.pbc.all()) and "stress" in getattr(
+                    oracle, "implemented_properties", ()
+                )
+            if want_stress:
+                results["stress"] = np.asarray(oracle.get_stress(atoms), dtype=np.float64)
+        except PropertyNotImplementedError as err:
+            raise OracleError(f"oracle {type(oracle).__name__} cannot label structure {k}: {err}") from err
+        atoms.calc = SinglePointCalculator(atoms, **results)
+        labelled.append(atoms)
+    return labelled

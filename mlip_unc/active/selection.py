@@ -1,0 +1,141 @@
+"""Pick structures for reference (DFT) labelling: rank by uncertainty, optionally diversify.
+
+:func:`select` ranks by a score (e.g. the max force std) and keeps the top ``k`` and/or those
+above a threshold. With ``features`` it diversifies: among a pool of the highest-scoring
+candidates it runs farthest-point sampling (FPS), starting from the top-scoring one, so that
+near-duplicate frames of one MD excursion do not all get labelled.
+
+Features for FPS are either a model-independent structure descriptor
+(:func:`distance_histogram`, the sorted-interatomic-distance histogram of docs/method.md s.7)
+or the model's latent (mean per-atom latent), provided by the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from ase import Atoms
+from ase.neighborlist import neighbor_list
+
+__all__ = [
+    "select",
+    "farthest_point_sampling",
+    "distance_histogram",
+    "distance_histograms",
+    "score_structures",
+    "SCORE_METRICS",
+]
+
+
+def farthest_point_sampling(features: np.ndarray, k: int, *, start: int = 0) -> np.ndarray:
+    """Greedy max-min selection of ``k`` rows of ``features`` (n, f), starting at ``start``.
+
+    Features are standardised per column first (zero-variance columns are left unscaled).
+    Returns row indices in pick order.
+    """
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2:
+        raise ValueError(f"features must have shape (n, f), got {x.shape}")
+    n = x.shape[0]
+    k = min(int(k), n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    scale = x.std(axis=0)
+    x = (x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)
+    picked = [int(start)]
+    dist = np.linalg.norm(x - x[start], axis=1)
+    for _ in range(k - 1):
+        dist[picked] = -np.inf
+        nxt = int(np.argmax(dist))
+        picked.append(nxt)
+        dist = np.minimum(dist, np.linalg.norm(x - x[nxt], axis=1))
+    return np.asarray(picked, dtype=np.int64)
+
+
+def select(
+    scores: Sequence[float] | np.ndarray,
+    *,
+    top_k: int | None = None,
+    threshold: float | None = None,
+    features: np.ndarray | None = None,
+    pool_factor: int = 4,
+) -> np.ndarray:
+    """Indices of the structures to label, highest score first (or FPS order when diverse).
+
+    Args:
+        scores: (n,) uncertainty per structure (higher = less supported).
+        top_k: keep at most this many.
+        threshold: keep only scores strictly above it.
+        features: (n, f) descriptors; given together with ``top_k``, the ``top_k`` are chosen by
+            FPS from the ``pool_factor * top_k`` best-scoring candidates (after the threshold).
+        pool_factor: size of the FPS pool relative to ``top_k``.
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if top_k is None and threshold is None:
+        raise ValueError("select needs top_k, threshold or both")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if np.isnan(s).any():
+        raise ValueError("scores contain NaN")
+    order = np.argsort(-s, kind="stable")  # best first
+    if threshold is not None:
+        order = order[s[order] > threshold]
+    if top_k is None:
+        return order
+    if features is None or len(order) <= top_k:
+        return order[:top_k]
+    feats = np.asarray(features, dtype=np.float64)
+    if feats.shape[0] != s.shape[0]:
+        raise ValueError(f"features have {feats.shape[0]} rows for {s.shape[0]} scores")
+    pool = order[: max(top_k, pool_factor * top_k)]
+    return pool[farthest_point_sampling(feats[pool], top_k, start=0)]
+
+
+def distance_histogram(atoms: Atoms, *, r_max: float = 5.0, n_bins: int = 32) -> np.ndarray:
+    """Histogram of interatomic distances below ``r_max`` per atom, Gaussian-smeared (n_bins,).
+
+    A fixed, model-independent structure descriptor (periodic images included); it ignores
+    chemistry, which is enough to tell a hot or compressed frame from an equilibrium one.
+    """
+    if len(atoms) == 0:
+        return np.zeros(n_bins)
+    d = neighbor_list("d", atoms, r_max)
+    centres = np.linspace(0.0, r_max, n_bins)
+    width = r_max / n_bins
+    hist = np.exp(-0.5 * ((d[:, None] - centres[None, :]) / width) ** 2).sum(axis=0)
+    return hist / len(atoms)
+
+
+def distance_histograms(structures: Sequence[Atoms], *, r_max: float = 5.0, n_bins: int = 32) -> np.ndarray:
+    """(n_structures, n_bins) stack of :func:`distance_histogram`."""
+    return np.stack([distance_histogram(a, r_max=r_max, n_bins=n_bins) for a in structures])
+
+
+# ====================================================================== scoring
+SCORE_METRICS = ("max_force_std", "energy_std_per_atom")
+
+
+def score_structures(calc: Any, structures: Sequence[Atoms], *, forces: bool = True) -> dict[str, np.ndarray]:
+    """Uncertainties of each structure under ``calc`` (an ``UncertaintyCalculator``).
+
+    Returns ``(n,)`` arrays: ``max_force_std`` (eV/A; NaN without force uncertainty),
+    ``energy_std_per_atom`` (epistemic, eV/atom), ``energy_std`` (total, eV), ``alignment``,
+    ``flag`` (bool),    With ``forces`` the calculator's force uncertainty is computed (its exact/sampled cost).
+    """
+    props = ["energy_std"] + (["max_force_std"] if forces and "max_force_std" in calc.implemented_properties else [])
+    if "flag" in calc.implemented_properties:
+        props.append("flag")
+    rows: dict[str, list] = {k: [] for k in (*SCORE_METRICS, "energy_std", "alignment", "flag")}
+    for atoms in structures:
+        atoms = atoms.copy()
+        calc.calculate(atoms, props)
+        res = calc.results
+        rows["max_force_std"].append(res.get("max_force_std", np.nan))
+        rows["energy_std_per_atom"].append(calc.energy_std_per_atom(res))
+        rows["energy_std"].append(res["energy_std"])
+        rows["alignment"].append(res["alignment"])
+        rows["flag"].append(bool(res.get("flag", False)))
+    out = {k: np.asarray(v, dtype=bool if k == "flag" else np.float64) for k, v in rows.items()}
+    return out

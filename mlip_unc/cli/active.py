@@ -1,0 +1,237 @@
+"""``mlip-unc md``, ``flag``, ``active-learn`` and ``demo``: thin, parse -> library call.
+
+    mlip-unc demo                                   # offline, a few minutes, see the report
+    mlip-unc md --model model.pt --structure start.xyz --ensemble langevin --temperature 800 \\
+        --steps 2000 --timestep 1 --out md_run --max-force-std 2 --relative
+    mlip-unc flag --model model.pt --data candidates.xyz --top-k 20 --diverse descriptor --out flagged.xyz
+    mlip-unc active-learn --config configs/al_emt.yaml
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mlip_unc.calculator import ThresholdError
+from mlip_unc.data.errors import DataError
+from mlip_unc.train.checkpoint import CheckpointError
+
+_ERRORS = (DataError, CheckpointError, ThresholdError, FileNotFoundError, ValueError)
+
+
+class Ensemble(str, Enum):
+    """MD ensemble."""
+
+    NVE = "nve"
+    LANGEVIN = "langevin"
+
+
+class Mode(str, Enum):
+    """Force-uncertainty mode of the calculator."""
+
+    EXACT = "exact"
+    SAMPLED = "sampled"
+
+
+class Metric(str, Enum):
+    """Ranking score of ``mlip-unc flag``."""
+
+    MAX_FORCE_STD = "max_force_std"
+    ENERGY_STD_PER_ATOM = "energy_std_per_atom"
+
+
+class Diverse(str, Enum):
+    """Feature space of the farthest-point selection (``none``: plain ranking)."""
+
+    NONE = "none"
+    DESCRIPTOR = "descriptor"
+    LATENT = "latent"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("md", help="Molecular dynamics with uncertainty monitoring.")(md)
+    app.command("flag", help="Rank structures by uncertainty and write those to label.")(flag)
+    app.command("active-learn", help="Rounds of MD -> flag -> label -> retrain from a YAML config.")(
+        active_learn
+    )
+    app.command("demo", help="Offline active-learning demo on EMT copper (a few minutes).")(demo)
+
+
+def _fail(err: Exception) -> None:
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(code=1)
+
+
+_THREADS_HELP = "torch threads (0: torch's default). Small models run fastest on one thread."
+
+
+def _set_threads(threads: int) -> None:
+    """Application-level choice (the library never touches the thread count)."""
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _thresholds(max_force_std: float | None, energy_std_per_atom: float | None, relative: bool) -> dict:
+    return {"max_force_std": max_force_std, "energy_std_per_atom": energy_std_per_atom, "relative": relative}
+
+
+_THRESHOLD_HELP = "Flag threshold; eV/Å (absolute) or a multiple of the checkpoint's validation level (--relative)."
+
+
+def md(
+    model: Path = typer.Option(..., "--model", "-m", help="Checkpoint (model.pt)."),
+    structure: Path = typer.Option(..., "--structure", "-s", help="Starting structure (any ASE-readable file)."),
+    index: int = typer.Option(-1, "--index", help="Frame of STRUCTURE to start from."),
+    ensemble: Ensemble = typer.Option(Ensemble.LANGEVIN, "--ensemble"),
+    temperature: float = typer.Option(300.0, "--temperature", "-T", help="K (initial velocities; Langevin target)."),
+    steps: int = typer.Option(1000, "--steps", "-n"),
+    timestep: float = typer.Option(1.0, "--timestep", help="fs."),
+    friction: float = typer.Option(0.01, "--friction", help="Langevin friction, 1/fs."),
+    interval: int = typer.Option(10, "--interval", help="Log/trajectory every N steps."),
+    out: Path = typer.Option(Path("md_run"), "--out", "-o", help="Output folder."),
+    uncertainty: Mode = typer.Option(Mode.EXACT, "--uncertainty", "-u"),
+    max_force_std: Optional[float] = typer.Option(None, "--max-force-std", help=_THRESHOLD_HELP),
+    energy_std_per_atom: Optional[float] = typer.Option(
+        None, "--energy-std-per-atom", help="Flag threshold on the epistemic energy std, eV/atom (or relative)."
+    ),
+    relative: bool = typer.Option(False, "--relative", help="Thresholds are multiples of the validation level."),
+    max_flags: Optional[int] = typer.Option(None, "--max-flags", help="Stop after this many flagged frames."),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = typer.Option("cpu", "--device"),
+    threads: int = typer.Option(0, "--threads", help=_THREADS_HELP),
+) -> None:
+    """Run MD; writes OUT/md.traj, md.csv (energies, temperature, uncertainties), flagged.xyz, md.png."""
+    from mlip_unc.active.monitor import MDSettings, run_md
+    from mlip_unc.calculator import UncertaintyCalculator
+    from mlip_unc.data.structures import read_structures
+
+    _set_threads(threads)
+    try:
+        start = read_structures(structure, index=index, require_energy=False, require_forces=False)[0]
+        calc = UncertaintyCalculator(
+            model, device=device, uncertainty=uncertainty.value, seed=seed,
+            thresholds=_thresholds(max_force_std, energy_std_per_atom, relative),
+        )  # fmt: skip
+        settings = MDSettings(ensemble=ensemble.value, temperature=temperature, steps=steps, timestep=timestep,
+                              interval=interval, friction=friction, max_flags=max_flags, seed=seed)  # fmt: skip
+        levels = calc.uncertainty_levels or {}
+        result = run_md(start, calc, settings, out, reference_level=levels.get("max_force_std"))
+    except _ERRORS as err:
+        _fail(err)
+    log = result.log
+    stop = " (stopped: --max-flags reached)" if result.stopped_early else ""
+    typer.echo(f"{result.steps_done} steps{stop}; {len(result.flagged)} of {len(log['step'])} logged frames flagged")
+    typer.echo(f"max force std: mean {log['max_force_std'].mean():.4g}, max {log['max_force_std'].max():.4g} eV/Å; "
+               f"temperature mean {log['temperature'].mean():.0f} K")  # fmt: skip
+    typer.echo(f"wrote {result.trajectory}, {result.csv}, {result.flagged_path}" + (f", {result.plot}" if result.plot else ""))
+
+
+def flag(
+    model: Path = typer.Option(..., "--model", "-m", help="Checkpoint (model.pt)."),
+    data: Path = typer.Option(..., "--data", "-d", help="Candidate structures (extxyz, ...)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help="Keep the K most uncertain."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="Keep those with score above X."),
+    relative: bool = typer.Option(False, "--relative", help="--threshold is a multiple of the validation level."),
+    metric: Metric = typer.Option(Metric.MAX_FORCE_STD, "--metric", help="Ranking score."),
+    diverse: Diverse = typer.Option(Diverse.NONE, "--diverse", help="Farthest-point selection (needs --top-k)."),
+    uncertainty: Mode = typer.Option(Mode.EXACT, "--uncertainty", "-u"),
+    out: Path = typer.Option(Path("flagged.xyz"), "--out", "-o", help="Selected structures (extxyz)."),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = typer.Option("cpu", "--device"),
+    threads: int = typer.Option(0, "--threads", help=_THREADS_HELP),
+) -> None:
+    """Rank DATA by uncertainty, write the selected structures (with their scores in info) to OUT."""
+    import ase.io
+    import numpy as np
+
+    from mlip_unc.active.selection import distance_histograms, score_structures, select
+    from mlip_unc.calculator import Thresholds, UncertaintyCalculator
+    from mlip_unc.data.structures import read_structures
+
+    if top_k is None and threshold is None:
+        _fail(ValueError("give --top-k, --threshold or both"))
+    if diverse is not Diverse.NONE and top_k is None:
+        _fail(ValueError("--diverse picks --top-k structures; give --top-k"))
+    _set_threads(threads)
+    try:
+        frames = read_structures(data, require_energy=False, require_forces=False)
+        calc = UncertaintyCalculator(model, device=device, uncertainty=uncertainty.value, seed=seed)
+        if threshold is not None and relative:
+            threshold = getattr(Thresholds(**{metric.value: threshold}, relative=True).absolute(
+                calc.uncertainty_levels), metric.value)  # fmt: skip
+        scores = score_structures(calc, frames, forces=metric is Metric.MAX_FORCE_STD)
+        features = None
+        if diverse is Diverse.DESCRIPTOR:
+            features = distance_histograms(frames)
+        elif diverse is Diverse.LATENT:
+            features = np.stack([calc.latent(a) for a in frames])
+        chosen = select(scores[metric.value], top_k=top_k, threshold=threshold, features=features)
+    except _ERRORS as err:
+        _fail(err)
+    selected = []
+    for rank, k in enumerate(chosen):
+        atoms = frames[int(k)]  # labels from the file (if any) are kept; no model values as labels
+        atoms.info.update({"source_index": int(k), "rank": rank, "max_force_std": float(scores["max_force_std"][k]),
+                           "energy_std_per_atom": float(scores["energy_std_per_atom"][k]),
+                           "alignment": float(scores["alignment"][k])})  # fmt: skip
+        selected.append(atoms)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ase.io.write(out, selected, format="extxyz")
+    values = scores[metric.value]
+    typer.echo(f"{len(frames)} structures; {metric.value}: median {np.median(values):.4g}, max {values.max():.4g}")
+    for atoms in selected[:10]:
+        typer.echo(f"  #{atoms.info['source_index']:<6} {metric.value} = {atoms.info[metric.value]:.4g}")
+    if len(selected) > 10:
+        typer.echo(f"  ... {len(selected) - 10} more")
+    typer.echo(f"wrote {len(selected)} structures to {out}")
+
+
+def active_learn(
+    config: Path = typer.Option(..., "--config", "-c", help="Active-learning YAML (see configs/al_emt.yaml)."),
+    overrides: Optional[list[str]] = typer.Option(None, "--set", "-s", help="Override, e.g. --set rounds=3."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (overrides 'out')."),
+    threads: int = typer.Option(0, "--threads", help=_THREADS_HELP),
+) -> None:
+    """Rounds of MD -> flag -> label with the oracle -> retrain; writes OUT/report.md and rounds.png."""
+    from mlip_unc.active.loop import load_al_config, run_active_learning
+    from mlip_unc.active.oracles import OracleError
+    from mlip_unc.train.potential_config import ConfigError
+
+    items = list(overrides or [])
+    if out is not None:
+        items.append(f"out={out}")
+    _set_threads(threads)
+    try:
+        cfg = load_al_config(config, items)
+        rows = run_active_learning(cfg, log=typer.echo)
+    except (*_ERRORS, ConfigError, OracleError) as err:
+        _fail(err)
+    for row in rows:
+        err = row.get("test_force_rmse")
+        typer.echo(f"round {row['round']}: {row['n_train']} training structures"
+                   + (f", test force RMSE {err:.4g} eV/Å" if err is not None else "")
+                   + (f", {row['n_flagged']} flagged" if "n_flagged" in row else ""))  # fmt: skip
+
+
+def demo(
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default ./mlip-unc-demo-<time>)."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny settings (seconds; numbers not meaningful)."),
+    seed: int = typer.Option(0, "--seed"),
+    threads: int = typer.Option(1, "--threads", help=_THREADS_HELP),
+) -> None:
+    """Train on 300 K EMT copper, run hot MD, flag, label with EMT, retrain, compare: fully offline."""
+    import dataclasses
+
+    from mlip_unc.active.demo import DemoSettings, run_demo, summary
+
+    settings = DemoSettings.quick() if quick else DemoSettings()
+    settings = dataclasses.replace(settings, seed=seed)
+    _set_threads(threads)
+    typer.echo("mlip-unc demo: EMT copper stands in for DFT" + (" (quick settings)" if quick else ""))
+    result = run_demo(out, settings=settings, log=typer.echo)
+    typer.echo(summary(result))

@@ -1,0 +1,50 @@
+import numpy as np
+import pytest
+from ase import Atoms
+from ase.build import bulk
+
+from mlip_unc.active.oracles import OracleError, label_structures, make_oracle
+
+
+def test_emt_labels_energy_forces_stress():
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+    atoms.rattle(0.05, seed=0)
+    atoms.info["max_force_std"] = 0.3
+    (lab,) = label_structures([atoms], make_oracle("emt"))
+    assert set(lab.calc.results) == {"energy", "forces", "stress"}
+    assert lab.info["max_force_std"] == 0.3 and atoms.calc is None
+
+
+def test_factory_and_errors():
+    calc = make_oracle({"name": "ase.calculators.lj:LennardJones", "sigma": 2.0})
+    assert calc.parameters.sigma == 2.0
+    with pytest.raises(OracleError, match="unknown oracle 'dft'"):
+        make_oracle("dft")
+    with pytest.raises(OracleError, match="cannot import"):
+        make_oracle("nowhere.module:factory")
+
+
+def test_pyscf_oracle_h2_forces_match_finite_differences():
+    pytest.importorskip("pyscf")
+    calc = make_oracle({"name": "pyscf", "xc": "pbe", "basis": "sto-3g"})
+    h2 = Atoms("H2", positions=[[0, 0, 0], [0.1, 0.05, 0.78]])
+    (lab,) = label_structures([h2], calc)
+    forces = lab.get_forces()
+    assert lab.get_potential_energy() == pytest.approx(-31.3, abs=0.3)  # eV, PBE/STO-3G
+    h, numeric = 1e-3, np.zeros(3)
+    for c in range(3):
+        plus, minus = h2.copy(), h2.copy()
+        plus.positions[1, c] += h
+        minus.positions[1, c] -= h
+        numeric[c] = -(calc.get_potential_energy(plus) - calc.get_potential_energy(minus)) / (2 * h)
+    assert np.allclose(forces[1], numeric, atol=2e-3)
+    assert np.allclose(forces.sum(axis=0), 0.0, atol=1e-3)
+
+
+def test_xtb_oracle_labels_h2():
+    pytest.importorskip("tblite")
+    h2 = Atoms("H2", positions=[[0, 0, 0], [0, 0, 0.9]])
+    (lab,) = label_structures([h2], make_oracle("xtb"))
+    forces = lab.get_forces()
+    assert forces[1, 2] < 0 < forces[0, 2]  # stretched bond pulls the atoms together
+    assert np.allclose(forces.sum(axis=0), 0.0, atol=1e-6)
