@@ -292,6 +292,22 @@ def frame_table(pred: Predictions) -> dict[str, np.ndarray]:
     return table
 
 
+def uncertainty_levels(model: nn.Module, data: Any, *, batch_size: int = 16) -> dict[str, float]:
+    """Calibrated levels for relative flagging thresholds, over ``data`` (the validation set).
+
+    The mean over frames of ``max_force_std`` (max over atoms of sqrt(sum_c Var F_ic), exact
+    mode) and of ``energy_std_per_atom`` (epistemic energy std / n_atoms): the definitions of
+    :class:`mlip_unc.calculator.UncertaintyCalculator`, stored in a checkpoint's
+    ``metadata["uncertainty_levels"]``.
+    """
+    table = frame_table(predict(model, data, uncertainty="exact", batch_size=batch_size))
+    return {
+        "max_force_std": float(np.nanmean(table["forces_max_std"])),
+        "energy_std_per_atom": float(np.nanmean(table["energy_epistemic_std"] / table["num_atoms"])),
+        "n_structures": int(len(table["num_atoms"])),
+    }
+
+
 def write_frame_csv(table: Mapping[str, np.ndarray], path: str | os.PathLike) -> Path:
     """Write :func:`frame_table` as CSV (one header line, one row per frame)."""
     path = Path(path)

@@ -51,7 +51,7 @@ from mlip_unc.data.structures import (
 )
 from mlip_unc.models.potential import BayesianPotential, build_backbone
 from mlip_unc.train.checkpoint import load_checkpoint, save_checkpoint
-from mlip_unc.train.evaluate import evaluate_potential, predict
+from mlip_unc.train.evaluate import evaluate_potential, predict, uncertainty_levels
 from mlip_unc.train.potential_config import (
     ConfigError,
     HeadKind,
@@ -634,10 +634,21 @@ class _Run:
         self.history.append(record)
         self.log(f"epoch {self.epoch}: {_describe(record)}")
 
+    def _store_uncertainty_levels(self, model_path: Path) -> None:
+        """Validation-set uncertainty levels into the best checkpoint (relative thresholds)."""
+        if not len(self.data.valid) or self.config.model.head is not HeadKind.BAYESIAN:
+            return
+        payload = load_checkpoint(model_path, kind="potential")
+        best = BayesianPotential.from_checkpoint(payload)
+        levels = uncertainty_levels(best, self.data.valid, batch_size=self.config.train.valid_batch_size)
+        payload["metadata"] = {**(payload.get("metadata") or {}), "uncertainty_levels": levels}
+        save_checkpoint(model_path, payload)
+
     def finish(self, reason: str) -> TrainResult:
         model_path = self.out / "model.pt"
         if not model_path.is_file():  # e.g. resumed after the budget was already spent
             self.save_best()
+        self._store_uncertainty_levels(model_path)
         test = None
         if self.data.test is not None:
             best = BayesianPotential.from_checkpoint(model_path)

@@ -6,6 +6,8 @@ import ase
 import ase.io
 import numpy as np
 import pytest
+
+from mlip_unc.train.checkpoint import load_checkpoint
 import torch
 from ase.build import bulk
 from ase.calculators.emt import EMT
@@ -75,6 +77,8 @@ def test_training_lowers_loss_and_writes_loadable_checkpoint(data_dir, tmp_path)
     out = model(data.valid.graphs[0], uncertainty="exact")
     assert out[keys.FORCES].shape == (4, 3) and torch.isfinite(out[keys.FORCES_VAR]).all()
     assert result.best_epoch == history["best_epoch"] >= 1
+    levels = load_checkpoint(result.model_path)["metadata"]["uncertainty_levels"]
+    assert levels["max_force_std"] > 0 and levels["energy_std_per_atom"] > 0 and levels["n_structures"] == 2
 
 
 def test_kl_divided_by_number_of_training_structures(data_dir, tmp_path, monkeypatch):
