@@ -154,7 +154,7 @@ _STATE: dict[str, Any] = {}
 def init_worker(dataset: str, data_root: str, threads: int) -> None:
     """Per process: one torch thread, the dataset and the split loaded once."""
     torch.set_num_threads(threads)
-    by_row = {int(g.row_index): g for g in load_dataset(dataset, data_root)}
+    by_row = {int(g.row_id): g for g in load_dataset(dataset, data_root)}
     split = load_split(Path(data_root) / "splits" / f"{dataset}.json")
     missing = [r for part in (split.train, split.val, split.test) for r in part if r not in by_row]
     if missing:

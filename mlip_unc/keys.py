@@ -31,7 +31,7 @@ CELL: Final[str] = "cell"  # (1, 3, 3) per graph -> (n_graphs, 3, 3) batched | r
 PBC: Final[str] = "pbc"  # (1, 3) bool per graph -> (n_graphs, 3) batched
 NUM_ATOMS: Final[str] = "num_atoms"  # (1,) long per graph -> (n_graphs,) batched
 BATCH: Final[str] = "batch"  # (n_atoms,) long | graph index of each atom (added by PyG)
-FRAME_INDEX: Final[str] = "frame_index"  # (1,) long | index of the frame in its source file
+FRAME_INDEX: Final[str] = "frame_id"  # (1,) long | index of the frame in its source file (no "index" in the name: PyG would offset it when batching)
 
 # ---------------------------------------------------------------- structure labels
 ENERGY: Final[str] = "energy"  # (1,) per graph -> (n_graphs,) | total energy, eV
@@ -46,7 +46,7 @@ NODE_FEATURES: Final[str] = "x"  # (n_atoms, 9) long | RDKit categorical atom fe
 EDGE_FEATURES: Final[str] = "edge_attr"  # (n_edges, 3) long | RDKit categorical bond features
 TARGET: Final[str] = "y"  # (1, n_targets) float | regression targets
 SMILES: Final[str] = "smiles"  # str per graph | input SMILES
-ROW_INDEX: Final[str] = "row_index"  # (1,) long | 0-based data row in the source CSV
+ROW_INDEX: Final[str] = "row_id"  # (1,) long | 0-based data row in the source CSV (not offset by PyG batching)
 
 # ---------------------------------------------------------------- model outputs
 LATENT: Final[str] = "latent"  # (n_graphs, d) | graph latent z (property) or Phi = sum_a z_a

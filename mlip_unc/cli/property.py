@@ -97,7 +97,7 @@ def _split(graphs: list, split_file: Path | None, split: str, seed: int) -> Spli
 
 
 def _select(graphs: list, rows: tuple[int, ...]) -> list:
-    by_row = {int(g.row_index): g for g in graphs}
+    by_row = {int(g.row_id): g for g in graphs}
     missing = [r for r in rows if r not in by_row]
     if missing:
         raise DataError(f"split rows {missing[:5]} are not in the data ({len(graphs)} valid rows)")

@@ -1,7 +1,7 @@
 """Molecular graphs from SMILES (PyG's ``from_smiles`` features) and CSV datasets.
 
 Graphs carry ``x`` (n_atoms, 9) long, ``edge_index`` (2, n_edges), ``edge_attr`` (n_edges, 3)
-long, ``y`` (1, n_targets) float32, ``smiles`` (str) and ``row_index`` (1,) long = 0-based
+long, ``y`` (1, n_targets) float32, ``smiles`` (str) and ``row_id`` (1,) long = 0-based
 data row of the source CSV (header excluded, original order; the split files index these).
 
 MoleculeNet files use PyG's ``torch_geometric.datasets.MoleculeNet`` layout and column table
@@ -182,7 +182,7 @@ def load_csv(
         skip_invalid: skip unparsable SMILES with a warning instead of raising.
 
     Returns:
-        One graph per valid data row, in file order; ``row_index`` counts all data rows
+        One graph per valid data row, in file order; ``row_id`` counts all data rows
         (header and blank lines excluded), so skipped rows leave gaps.
 
     Raises:

@@ -160,8 +160,7 @@ def _graphs_and_loader(data: Any, batch_size: int) -> tuple[list, Iterable]:
 
 
 def _frame_indices(graphs: list) -> np.ndarray:
-    """``FRAME_INDEX`` read from the single graphs: PyG batching offsets fields whose name
-    contains "index" by the node count, so the batched values cannot be used."""
+    """``FRAME_INDEX`` of each graph (its position in the list when a graph has none)."""
     return np.array([int(g[keys.FRAME_INDEX].reshape(-1)[0]) if keys.FRAME_INDEX in g else k
                      for k, g in enumerate(graphs)], dtype=np.int64)  # fmt: skip
 

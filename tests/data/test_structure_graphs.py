@@ -259,3 +259,12 @@ def test_mlearn_kbar_stress_sign(data_root: Path) -> None:
     stretched = next(a for a in atoms_list if "mode 0, strain 0.02" in a.info["description"])
     stress = frame_stress(stretched, "virial_stress_kbar")
     assert stress[0, 0] > 0  # stretched along x: tensile, positive in ASE's convention
+
+
+def test_frame_ids_survive_batching():
+    """PyG offsets fields named like "*index*" when batching; ours must not be."""
+    from torch_geometric.data import Batch
+
+    atoms = ase.Atoms("H2", positions=[[0, 0, 0], [0, 0, 0.7]])
+    graphs = [atoms_to_graph(atoms, 3.0, TYPE_MAP, frame_index=k) for k in (5, 9)]
+    assert Batch.from_data_list(graphs)[keys.FRAME_INDEX].tolist() == [5, 9]

@@ -31,7 +31,7 @@ def tiny_graphs(n=40, seed=0):
         heavy, oxygens, aromatic = g.x.shape[0], int((g.x[:, 0] == 8).sum()), int(g.x[:, 7].sum())
         y = 0.4 * heavy - 0.8 * oxygens + 0.3 * aromatic + 0.05 * torch.randn((), generator=gen)
         g.y = torch.tensor([[float(y)]])
-        g.row_index = torch.tensor([k])
+        g.row_id = torch.tensor([k])
         graphs.append(g)
     return graphs
 

@@ -28,7 +28,7 @@ def graphs():
         g = from_smiles(smi)
         y = 0.4 * g.x.shape[0] - 0.8 * int((g.x[:, 0] == 8).sum()) + 0.1 * ((k * 7) % 5)
         g.y = torch.tensor([[float(y)]])
-        g.row_index = torch.tensor([k])
+        g.row_id = torch.tensor([k])
         out.append(g)
     return out
 
