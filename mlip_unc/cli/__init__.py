@@ -9,7 +9,11 @@ import importlib
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="mlip-unc: Bayesian GNN potentials and property models with cheap, calibrated uncertainty.",
+)
 
 _COMMAND_MODULES = ("property", "potential", "active")
 
