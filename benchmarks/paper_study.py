@@ -38,11 +38,14 @@ from typing import Any
 import torch
 
 from mlip_unc.data import load_dataset, load_split, training_subset
-from mlip_unc.train.checkpoint import save_checkpoint
-from mlip_unc.train.config import ModelConfig, PropertyConfig, TrainConfig
-from mlip_unc.train.trainer import model_payload, write_json
+from mlip_unc.models.checkpoint import save_checkpoint
+from mlip_unc.config import PropertyConfig
+from mlip_unc.config import PropertyModelConfig as ModelConfig
+from mlip_unc.config import PropertyTrainConfig as TrainConfig
+from mlip_unc.train.io import write_json
+from mlip_unc.train.property import model_payload
 from mlip_unc.uncertainty import plots
-from mlip_unc.uncertainty.study import (
+from mlip_unc.study import (
     INTERVENTIONS,
     VARIANTS,
     acceptance,
@@ -120,7 +123,7 @@ def base_config(s: dict[str, Any], epochs: int) -> PropertyConfig:
     """
     model = ModelConfig(method="bgnn", hidden=s["hidden"], layers=s["layers"], latent_dim=s["latent_dim"])
     train = TrainConfig(
-        epochs=epochs, batch_size=s["batch_size"], lr=s["lr"], scheduler=s["scheduler"], patience=0,
+        epochs=epochs, batch_size=s["batch_size"], lr=s["lr"], lr_schedule=s["scheduler"], patience=0,
         reg_lambda=s["reg_lambda"], eval_every=s["eval_every"], progress=False,
     )  # fmt: skip
     return PropertyConfig(model=model, train=train)
@@ -183,9 +186,9 @@ def run_one(task: Task, s: dict[str, Any], work_dir: str, top_fraction: float) -
     record.update(
         variant=variant, fraction=fraction, seed=seed, epochs_run=result.epochs_run,
         n_steps=result.epochs_run * math.ceil(len(train) / s["batch_size"]),
-        regularizer=config.train.regularizer_kind, intervention=getattr(config.train.intervention, "value", None),
+        regularizer=config.train.regularizer_kind.value, intervention=getattr(config.train.intervention, "value", None),
         final_train_nll=last.get("train_nll"), final_train_kl_term=last.get("train_kl"),
-        final_lambda=last.get("lambda"), train_seconds=result.seconds,
+        final_lambda=last.get("train_lambda"), train_seconds=60.0 * result.minutes,
         seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
     )  # fmt: skip
     return record

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import shlex
@@ -39,11 +40,12 @@ import ase.io
 import numpy as np
 import torch
 
-from mlip_unc.data.structures import StructureDataset, TypeMap
+from mlip_unc.data import StructureDataset, TypeMap
+from mlip_unc.models.committee import Committee, load_potential
 from mlip_unc.models.potential import BayesianPotential
-from mlip_unc.train.evaluate import Committee, evaluate_potential, frame_table, load_potential, predict
-from mlip_unc.train.potential_config import load_config
-from mlip_unc.train.potential_trainer import run_training
+from mlip_unc.train.evaluate import evaluate_potential, frame_table, predict
+from mlip_unc.config import load_potential_config as load_config
+from mlip_unc.train.potential import run_training
 from mlip_unc.uncertainty.calibration import auroc, spearman_corr
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,14 +150,10 @@ def train_model(dataset: str, backbone: str, files: dict[str, Path], args: argpa
         overrides += [f"train.ensemble={ensemble}", "model.head=map"]
     config = load_config(REPO / "configs" / f"{dataset}_{backbone}.yaml", overrides)
     print(f"[train] {tag}: {minutes:g} min per model", flush=True)
-    run_training(config, log=lambda line: print(f"  {line}", flush=True) if _verbose(line) else None)
+    run_training(config)
     for last in out.rglob("last.pt"):  # keep the committed checkpoints small
         last.unlink()
     return out
-
-
-def _verbose(line: str) -> bool:
-    return not line.startswith("epoch ") or line.split(":")[0].endswith(("0", "5"))
 
 
 def history_minutes(out: Path) -> float:
@@ -405,6 +403,7 @@ def save(results: dict[str, Any], out: Path) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="  %(message)s")  # the trainer's per-epoch lines
     results: dict[str, Any] = {
         "command": shlex.join(["python", "benchmarks/potential.py", *(sys.argv[1:] if argv is None else argv)]),
         "seed": args.seed, "threads": args.threads, "budget_minutes": args.budget_minutes,

@@ -55,7 +55,10 @@ from ase.stress import full_3x3_to_voigt_6_stress
 from torch_geometric.data import Batch
 
 from mlip_unc import keys
-from mlip_unc.data.structures import TypeMap, atoms_to_graph
+from mlip_unc.data.graphs import atoms_to_graph
+from mlip_unc.data.typemap import TypeMap
+from mlip_unc.models.checkpoint import load_checkpoint
+from mlip_unc.models.potential import BayesianPotential
 
 __all__ = ["UncertaintyCalculator", "Thresholds", "ThresholdError", "UNCERTAINTY_MODES", "LEVELS_KEY"]
 
@@ -162,9 +165,6 @@ class Thresholds:
 
 def _load_model(model: Any, device: torch.device) -> tuple[torch.nn.Module, dict]:
     """(model, metadata) from a model instance, a checkpoint path or a checkpoint payload."""
-    from mlip_unc.models.potential import BayesianPotential
-    from mlip_unc.train.checkpoint import load_checkpoint
-
     if isinstance(model, torch.nn.Module):
         return model, dict(getattr(model, "metadata", None) or {})
     if isinstance(model, (str, os.PathLike)):

@@ -15,7 +15,8 @@ from ase.md.verlet import VelocityVerlet
 
 from mlip_unc.calculator import Thresholds, ThresholdError, UncertaintyCalculator
 from mlip_unc.data.errors import DataError
-from mlip_unc.models.potential import BayesianPotential, build_backbone
+from mlip_unc.models.backbones import build_backbone
+from mlip_unc.models.potential import BayesianPotential
 
 R_MAX = 4.0
 

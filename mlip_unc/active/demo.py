@@ -22,34 +22,27 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ase.io
 import numpy as np
 from ase import Atoms
 
-from mlip_unc.active.loop import (
-    GenerateSettings,
-    SelectionSettings,
-    build_structure,
-    evaluate_structures,
-    label_selected,
-    oracle_md,
-    select_flagged,
-    split_labelled,
-    train_model,
-)
-from mlip_unc.active.monitor import MDResult, MDSettings, run_md
+from mlip_unc.active.data import build_structure, oracle_md, split_labelled, write_frames
+from mlip_unc.active.evaluation import evaluate_structures
+from mlip_unc.active.loop import label_selected, select_flagged
+from mlip_unc.active.monitor import MDResult, run_md
 from mlip_unc.active.oracles import make_oracle
+from mlip_unc.active.training import train_model
+from mlip_unc.config import GenerateSettings, MDSettings, SelectionSettings
 
 __all__ = ["DemoSettings", "DemoResult", "run_demo", "default_out_dir", "summary"]
 
-Log = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -124,11 +117,6 @@ def default_out_dir() -> Path:
     return Path(f"mlip-unc-demo-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def _write(path: Path, frames: list[Atoms]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ase.io.write(path, frames, format="extxyz")
-
-
 @dataclass
 class _Data:
     cell: Atoms
@@ -149,7 +137,7 @@ def _make_data(s: DemoSettings, emt: Any, out: Path) -> _Data:
         hot_test=oracle_md(cell, emt, hot),
     )
     for name, frames in (("train_300K", data.train), ("valid_300K", data.valid), ("test_hot", data.hot_test)):
-        _write(out / "data" / f"{name}.xyz", frames)
+        write_frames(out / "data" / f"{name}.xyz", frames)
     return data
 
 
@@ -172,13 +160,14 @@ def _hot_md(model: Path, s: DemoSettings, data: _Data, out: Path) -> tuple[MDRes
     return result, calc
 
 
-def run_demo(out: str | Path | None = None, *, settings: DemoSettings | None = None,
-             log: Log | None = None) -> DemoResult:  # fmt: skip
-    """Run the demo into ``out`` (default :func:`default_out_dir`); see the module docstring."""
+def run_demo(out: str | Path | None = None, *, settings: DemoSettings | None = None) -> DemoResult:
+    """Run the demo into ``out`` (default :func:`default_out_dir`); see the module docstring.
+
+    Progress goes to ``logging`` (INFO); :func:`summary` formats the result for the user.
+    """
     from mlip_unc.active.report import write_demo_report
 
     s = settings or DemoSettings()
-    log = log or (lambda _: None)
     out = Path(out) if out is not None else default_out_dir()
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -192,37 +181,37 @@ def run_demo(out: str | Path | None = None, *, settings: DemoSettings | None = N
     emt = make_oracle("emt")
     data = _make_data(s, emt, out)
     t0 = lap("data", t0)
-    log(f"[1/5] EMT data: {len(data.train)} training + {len(data.valid)} validation frames at "
-        f"{s.train_temperature:.0f} K, {len(data.hot_test)} held-out test frames at {s.hot_temperature:.0f} K "
-        f"({len(data.cell)} Cu atoms each)")  # fmt: skip
+    log.info("[1/5] EMT data: %d training + %d validation frames at %.0f K, %d held-out test frames at %.0f K "
+             "(%d Cu atoms each)", len(data.train), len(data.valid), s.train_temperature, len(data.hot_test),
+             s.hot_temperature, len(data.cell))  # fmt: skip
 
     model0 = train_model(data.train, data.valid, s.training(), out / "initial", seed=s.seed, refit_offsets=True)
     before = _evaluate(model0, s, data)
     t0 = lap("train", t0)
-    log(f"[2/5] trained on {s.train_temperature:.0f} K data: force RMSE {before['valid']['force_rmse']:.3f} eV/Å "
-        f"(validation), {before['hot']['force_rmse']:.3f} eV/Å (hot test)")  # fmt: skip
+    log.info("[2/5] trained on %.0f K data: force RMSE %.3f eV/Å (validation), %.3f eV/Å (hot test)",
+             s.train_temperature, before["valid"]["force_rmse"], before["hot"]["force_rmse"])  # fmt: skip
 
     md, calc0 = _hot_md(model0, s, data, out)
     t0 = lap("md", t0)
     n_md = len(md.log["step"])
     level = (calc0.uncertainty_levels or {}).get("max_force_std", float("nan"))
     stop = f", stopped at step {md.steps_done} after {s.max_flags} flags" if md.stopped_early else ""
-    log(f"[3/5] MD at {s.hot_temperature:.0f} K with the model: {len(md.flagged)} of {n_md} monitored frames "
-        f"flagged{stop}; max force std up to {md.log['max_force_std'].max():.3f} eV/Å "
-        f"(training level {level:.3f})")  # fmt: skip
+    log.info("[3/5] MD at %.0f K with the model: %d of %d monitored frames flagged%s; max force std up to "
+             "%.3f eV/Å (training level %.3f)", s.hot_temperature, len(md.flagged), n_md, stop,
+             md.log["max_force_std"].max(), level)  # fmt: skip
 
     selection = SelectionSettings(top_k=s.top_k, diverse=True, max_label_force=s.max_label_force)
     labelled, n_dropped = label_selected(select_flagged(md.flagged, selection), emt, selection)
     if labelled:
-        _write(out / "data" / "labelled_hot.xyz", labelled)
+        write_frames(out / "data" / "labelled_hot.xyz", labelled)
     new_train, new_valid = split_labelled(labelled, 0.2, np.random.default_rng(s.seed))
     model1 = train_model(data.train + new_train, data.valid + new_valid, s.training(), out / "retrained",
                          init_from=model0, epochs=s.retrain_epochs, refit_offsets=True)  # fmt: skip
     after = _evaluate(model1, s, data)
     t0 = lap("retrain", t0)
-    log(f"[4/5] labelled {len(labelled)} flagged frames with EMT"
-        + (f" ({n_dropped} dropped: reference force > {s.max_label_force} eV/Å)" if n_dropped else "")
-        + f"; trained {s.retrain_epochs} more epochs on {len(data.train) + len(new_train)} frames")  # fmt: skip
+    dropped = f" ({n_dropped} dropped: reference force > {s.max_label_force} eV/Å)" if n_dropped else ""
+    log.info("[4/5] labelled %d flagged frames with EMT%s; trained %d more epochs on %d frames", len(labelled),
+             dropped, s.retrain_epochs, len(data.train) + len(new_train))  # fmt: skip
 
     control = None
     if s.control:
@@ -230,9 +219,9 @@ def run_demo(out: str | Path | None = None, *, settings: DemoSettings | None = N
                               epochs=s.retrain_epochs, refit_offsets=True)  # fmt: skip
         control = _evaluate(model_c, s, data)
         t0 = lap("control", t0)
-        log(f"[5/5] control: {s.retrain_epochs} more epochs on the {s.train_temperature:.0f} K data only")
+        log.info("[5/5] control: %d more epochs on the %.0f K data only", s.retrain_epochs, s.train_temperature)
     else:
-        log("[5/5] control run skipped")
+        log.info("[5/5] control run skipped")
 
     shutil.copyfile(model1, out / "model.pt")
     numbers = {

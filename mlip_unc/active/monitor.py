@@ -37,12 +37,13 @@ import numpy as np
 from ase import Atoms, units
 from ase.io import read, write
 
+from mlip_unc.config import MDSettings
+
 __all__ = [
     "UncertaintyMonitor",
     "UncertaintyLimitReached",
     "CSV_COLUMNS",
     "frame_uncertainties",
-    "MDSettings",
     "MDResult",
     "run_md",
 ]
@@ -241,43 +242,6 @@ class UncertaintyMonitor:
 
 
 # ====================================================================== MD driver
-@dataclass(frozen=True)
-class MDSettings:
-    """Molecular dynamics for ``mlip-unc md`` and the active-learning rounds.
-
-    Attributes:
-        ensemble: ``"nve"`` (velocity Verlet) or ``"langevin"`` (NVT).
-        temperature: K; initial Maxwell-Boltzmann velocities and the Langevin target.
-        steps: MD steps.
-        timestep: fs.
-        interval: log (and trajectory) every this many steps.
-        friction: Langevin friction, 1/fs.
-        max_flags: stop after this many flagged frames (``None``: run all steps).
-        seed: velocities and Langevin noise.
-    """
-
-    ensemble: str = "langevin"
-    temperature: float = 300.0
-    steps: int = 1000
-    timestep: float = 1.0
-    interval: int = 10
-    friction: float = 0.01
-    max_flags: int | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.ensemble not in ("nve", "langevin"):
-            raise ValueError(f"md.ensemble must be 'nve' or 'langevin', got {self.ensemble!r}")
-        for name in ("steps", "interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"md.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("timestep", "friction"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"md.{name} must be positive, got {getattr(self, name)}")
-        if self.temperature < 0:
-            raise ValueError(f"md.temperature must be >= 0 K, got {self.temperature}")
-
-
 @dataclass
 class MDResult:
     """What :func:`run_md` produced: paths, the in-memory log and the flagged frames."""

@@ -6,8 +6,9 @@ candidates it runs farthest-point sampling (FPS), starting from the top-scoring 
 near-duplicate frames of one MD excursion do not all get labelled.
 
 Features for FPS are either a model-independent structure descriptor
-(:func:`distance_histogram`, the sorted-interatomic-distance histogram of docs/method.md s.7)
-or the model's latent (mean per-atom latent), provided by the caller.
+(:func:`distance_histograms`: the interatomic-distance histogram of docs/method.md s.7,
+:func:`mlip_unc.uncertainty.density.structure_descriptor`, Gaussian-smeared) or the model's
+latent (mean per-atom latent), provided by the caller.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from typing import Any
 
 import numpy as np
 from ase import Atoms
-from ase.neighborlist import neighbor_list
+
+from mlip_unc.uncertainty.density import structure_descriptor
 
 __all__ = [
     "select",
     "farthest_point_sampling",
-    "distance_histogram",
     "distance_histograms",
     "score_structures",
     "SCORE_METRICS",
@@ -93,24 +94,15 @@ def select(
     return pool[farthest_point_sampling(feats[pool], top_k, start=0)]
 
 
-def distance_histogram(atoms: Atoms, *, r_max: float = 5.0, n_bins: int = 32) -> np.ndarray:
-    """Histogram of interatomic distances below ``r_max`` per atom, Gaussian-smeared (n_bins,).
-
-    A fixed, model-independent structure descriptor (periodic images included); it ignores
-    chemistry, which is enough to tell a hot or compressed frame from an equilibrium one.
-    """
-    if len(atoms) == 0:
-        return np.zeros(n_bins)
-    d = neighbor_list("d", atoms, r_max)
-    centres = np.linspace(0.0, r_max, n_bins)
-    width = r_max / n_bins
-    hist = np.exp(-0.5 * ((d[:, None] - centres[None, :]) / width) ** 2).sum(axis=0)
-    return hist / len(atoms)
-
-
 def distance_histograms(structures: Sequence[Atoms], *, r_max: float = 5.0, n_bins: int = 32) -> np.ndarray:
-    """(n_structures, n_bins) stack of :func:`distance_histogram`."""
-    return np.stack([distance_histogram(a, r_max=r_max, n_bins=n_bins) for a in structures])
+    """(n_structures, n_bins) interatomic-distance histograms per atom, Gaussian-smeared.
+
+    The FPS features of active learning: :func:`~mlip_unc.uncertainty.density.structure_descriptor`
+    with a smearing of one bin width (``r_max / n_bins``), periodic images included. A fixed,
+    model-independent descriptor; it ignores chemistry, which is enough to tell a hot or
+    compressed frame from an equilibrium one.
+    """
+    return structure_descriptor(structures, n_bins=n_bins, r_max=r_max, smearing=r_max / n_bins)
 
 
 # ====================================================================== scoring

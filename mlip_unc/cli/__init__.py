@@ -1,35 +1,40 @@
 """The ``mlip-unc`` command line: thin, parse -> config -> library call.
 
-Each sub-module owns one group of commands and exposes ``register(app)``.
+Each sub-module owns one group of commands and exposes ``register(app)``; sub-modules import
+nothing heavy at module level (torch, the data layer, models load inside the commands), so
+``mlip-unc --help`` answers at once. ``-v`` / ``-q`` set the log level of the library's
+``logging`` output (INFO by default, on stderr).
 """
 
 from __future__ import annotations
 
-import importlib
+import logging
 
 import typer
+
+from mlip_unc.cli import active, potential, property
 
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
+    context_settings={"max_content_width": 120, "help_option_names": ["-h", "--help"]},
     help="mlip-unc: Bayesian GNN potentials and property models with cheap, calibrated uncertainty.",
 )
 
-_COMMAND_MODULES = ("property", "potential", "active")
+
+@app.callback()
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log messages."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Warnings and errors only; no progress bars."),
+) -> None:
+    """Set up logging for every command."""
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", force=True)
+    logging.getLogger("mlip_unc").setLevel(level)
 
 
-def _register_all() -> None:
-    for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"mlip_unc.cli.{name}")
-        except ModuleNotFoundError as err:  # a command group not built yet
-            if err.name != f"mlip_unc.cli.{name}":
-                raise
-            continue
-        module.register(app)
-
-
-_register_all()
+for _module in (property, potential, active):
+    _module.register(app)
 
 
 def main() -> None:

@@ -5,6 +5,10 @@
         --steps 2000 --timestep 1 --out md_run --max-force-std 2 --relative
     mlip-unc flag --model model.pt --data candidates.xyz --top-k 20 --diverse descriptor --out flagged.xyz
     mlip-unc active-learn --config configs/al_emt.yaml
+
+Nothing heavy at module level (no torch, data layer or calculator): the library and its
+exception classes are imported inside the commands. Progress goes through ``logging``
+(set up by the root command's ``-v``/``-q``).
 """
 
 from __future__ import annotations
@@ -15,11 +19,7 @@ from typing import Optional
 
 import typer
 
-from mlip_unc.calculator import ThresholdError
-from mlip_unc.data.errors import DataError
-from mlip_unc.train.checkpoint import CheckpointError
-
-_ERRORS = (DataError, CheckpointError, ThresholdError, FileNotFoundError, ValueError)
+from mlip_unc.cli._common import THREADS_HELP, fail, set_threads, user_errors
 
 
 class Ensemble(str, Enum):
@@ -60,22 +60,6 @@ def register(app: typer.Typer) -> None:
     app.command("demo", help="Offline active-learning demo on EMT copper (a few minutes).")(demo)
 
 
-def _fail(err: Exception) -> None:
-    typer.echo(f"error: {err}", err=True)
-    raise typer.Exit(code=1)
-
-
-_THREADS_HELP = "torch threads (0: torch's default). Small models run fastest on one thread."
-
-
-def _set_threads(threads: int) -> None:
-    """Application-level choice (the library never touches the thread count)."""
-    if threads > 0:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
 def _thresholds(max_force_std: float | None, energy_std_per_atom: float | None, relative: bool) -> dict:
     return {"max_force_std": max_force_std, "energy_std_per_atom": energy_std_per_atom, "relative": relative}
 
@@ -103,32 +87,36 @@ def md(
     max_flags: Optional[int] = typer.Option(None, "--max-flags", help="Stop after this many flagged frames."),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
-    threads: int = typer.Option(0, "--threads", help=_THREADS_HELP),
+    threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
     """Run MD; writes OUT/md.traj, md.csv (energies, temperature, uncertainties), flagged.xyz, md.png."""
-    from mlip_unc.active.monitor import MDSettings, run_md
+    from mlip_unc.active.monitor import run_md
     from mlip_unc.calculator import UncertaintyCalculator
-    from mlip_unc.data.structures import read_structures
+    from mlip_unc.config import MDSettings, validate
+    from mlip_unc.data.readers import read_structures
 
-    _set_threads(threads)
+    set_threads(threads)
     try:
         start = read_structures(structure, index=index, require_energy=False, require_forces=False)[0]
         calc = UncertaintyCalculator(
             model, device=device, uncertainty=uncertainty.value, seed=seed,
             thresholds=_thresholds(max_force_std, energy_std_per_atom, relative),
         )  # fmt: skip
-        settings = MDSettings(ensemble=ensemble.value, temperature=temperature, steps=steps, timestep=timestep,
-                              interval=interval, friction=friction, max_flags=max_flags, seed=seed)  # fmt: skip
+        settings = validate(MDSettings, dict(
+            ensemble=ensemble.value, temperature=temperature, steps=steps, timestep=timestep, interval=interval,
+            friction=friction, max_flags=max_flags, seed=seed,
+        ), resolve=False)  # fmt: skip
         levels = calc.uncertainty_levels or {}
         result = run_md(start, calc, settings, out, reference_level=levels.get("max_force_std"))
-    except _ERRORS as err:
-        _fail(err)
+    except user_errors() as err:
+        fail(err)
     log = result.log
     stop = " (stopped: --max-flags reached)" if result.stopped_early else ""
     typer.echo(f"{result.steps_done} steps{stop}; {len(result.flagged)} of {len(log['step'])} logged frames flagged")
     typer.echo(f"max force std: mean {log['max_force_std'].mean():.4g}, max {log['max_force_std'].max():.4g} eV/Å; "
                f"temperature mean {log['temperature'].mean():.0f} K")  # fmt: skip
-    typer.echo(f"wrote {result.trajectory}, {result.csv}, {result.flagged_path}" + (f", {result.plot}" if result.plot else ""))
+    plot = f", {result.plot}" if result.plot else ""
+    typer.echo(f"wrote {result.trajectory}, {result.csv}, {result.flagged_path}{plot}")
 
 
 def flag(
@@ -143,7 +131,7 @@ def flag(
     out: Path = typer.Option(Path("flagged.xyz"), "--out", "-o", help="Selected structures (extxyz)."),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
-    threads: int = typer.Option(0, "--threads", help=_THREADS_HELP),
+    threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
     """Rank DATA by uncertainty, write the selected structures (with their scores in info) to OUT."""
     import ase.io
@@ -151,13 +139,13 @@ def flag(
 
     from mlip_unc.active.selection import distance_histograms, score_structures, select
     from mlip_unc.calculator import Thresholds, UncertaintyCalculator
-    from mlip_unc.data.structures import read_structures
+    from mlip_unc.data.readers import read_structures
 
     if top_k is None and threshold is None:
-        _fail(ValueError("give --top-k, --threshold or both"))
+        fail(ValueError("give --top-k, --threshold or both"))
     if diverse is not Diverse.NONE and top_k is None:
-        _fail(ValueError("--diverse picks --top-k structures; give --top-k"))
-    _set_threads(threads)
+        fail(ValueError("--diverse picks --top-k structures; give --top-k"))
+    set_threads(threads)
     try:
         frames = read_structures(data, require_energy=False, require_forces=False)
         calc = UncertaintyCalculator(model, device=device, uncertainty=uncertainty.value, seed=seed)
@@ -171,8 +159,8 @@ def flag(
         elif diverse is Diverse.LATENT:
             features = np.stack([calc.latent(a) for a in frames])
         chosen = select(scores[metric.value], top_k=top_k, threshold=threshold, features=features)
-    except _ERRORS as err:
-        _fail(err)
+    except user_errors() as err:
+        fail(err)
     selected = []
     for rank, k in enumerate(chosen):
         atoms = frames[int(k)]  # labels from the file (if any) are kept; no model values as labels
@@ -195,22 +183,22 @@ def active_learn(
     config: Path = typer.Option(..., "--config", "-c", help="Active-learning YAML (see configs/al_emt.yaml)."),
     overrides: Optional[list[str]] = typer.Option(None, "--set", "-s", help="Override, e.g. --set rounds=3."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output folder (overrides 'out')."),
-    threads: int = typer.Option(0, "--threads", help=_THREADS_HELP),
+    threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
     """Rounds of MD -> flag -> label with the oracle -> retrain; writes OUT/report.md and rounds.png."""
-    from mlip_unc.active.loop import load_al_config, run_active_learning
+    from mlip_unc.active.loop import run_active_learning
     from mlip_unc.active.oracles import OracleError
-    from mlip_unc.train.potential_config import ConfigError
+    from mlip_unc.config import load_active_config
 
     items = list(overrides or [])
     if out is not None:
         items.append(f"out={out}")
-    _set_threads(threads)
+    set_threads(threads)
     try:
-        cfg = load_al_config(config, items)
-        rows = run_active_learning(cfg, log=typer.echo)
-    except (*_ERRORS, ConfigError, OracleError) as err:
-        _fail(err)
+        cfg = load_active_config(config, items)
+        rows = run_active_learning(cfg)
+    except (*user_errors(), OracleError) as err:
+        fail(err)
     for row in rows:
         err = row.get("test_force_rmse")
         typer.echo(f"round {row['round']}: {row['n_train']} training structures"
@@ -222,7 +210,7 @@ def demo(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default ./mlip-unc-demo-<time>)."),
     quick: bool = typer.Option(False, "--quick", help="Tiny settings (seconds; numbers not meaningful)."),
     seed: int = typer.Option(0, "--seed"),
-    threads: int = typer.Option(1, "--threads", help=_THREADS_HELP),
+    threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
 ) -> None:
     """Train on 300 K EMT copper, run hot MD, flag, label with EMT, retrain, compare: fully offline."""
     import dataclasses
@@ -231,7 +219,7 @@ def demo(
 
     settings = DemoSettings.quick() if quick else DemoSettings()
     settings = dataclasses.replace(settings, seed=seed)
-    _set_threads(threads)
+    set_threads(threads)
     typer.echo("mlip-unc demo: EMT copper stands in for DFT" + (" (quick settings)" if quick else ""))
-    result = run_demo(out, settings=settings, log=typer.echo)
+    result = run_demo(out, settings=settings)
     typer.echo(summary(result))

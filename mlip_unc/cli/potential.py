@@ -13,16 +13,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-import torch
 import typer
 
-from mlip_unc.data.errors import DataError
-from mlip_unc.data.structures import StructureDataset, TypeMap
-from mlip_unc.train.checkpoint import CheckpointError
-from mlip_unc.train.evaluate import evaluate_potential, load_potential, write_frame_csv
-from mlip_unc.train.potential_config import ConfigError, load_config
-
-_ERRORS = (ConfigError, DataError, CheckpointError, FileNotFoundError, ValueError)
+from mlip_unc.cli._common import THREADS_HELP, fail, quiet, set_threads, user_errors
 
 
 class EvalUncertainty(str, Enum):
@@ -39,11 +32,6 @@ def register(app: typer.Typer) -> None:
     app.command("eval", help="Evaluate a trained potential on a structure file.")(evaluate)
 
 
-def _fail(err: Exception) -> None:
-    typer.echo(f"error: {err}", err=True)
-    raise typer.Exit(code=1)
-
-
 def train(
     config: Path = typer.Option(..., "--config", "-c", help="YAML config (see configs/)."),
     overrides: Optional[list[str]] = typer.Option(
@@ -51,20 +39,25 @@ def train(
     ),
     out: Optional[Path] = typer.Option(None, "--out", help="Output folder (overrides 'out')."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt."),
+    threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
     """Train; writes OUT/model.pt (best on validation), OUT/last.pt and OUT/history.json."""
-    from mlip_unc.train.potential_trainer import run_training
+    from mlip_unc.config import load_potential_config
+    from mlip_unc.train.potential import run_training
 
     items = list(overrides or [])
     if out is not None:
         items.append(f"out={out}")
     if resume:
         items.append("train.resume=true")
+    if quiet():
+        items.append("train.progress=false")
+    set_threads(threads)
     try:
-        cfg = load_config(config, items)
-        results = run_training(cfg, log=typer.echo)
-    except _ERRORS as err:
-        _fail(err)
+        cfg = load_potential_config(config, items)
+        results = run_training(cfg)
+    except user_errors() as err:
+        fail(err)
     for result in results:
         typer.echo(f"model: {result.model_path} (epoch {result.best_epoch}, {result.stop_reason}, "
                    f"{result.train_minutes:.2f} min)")  # fmt: skip
@@ -111,8 +104,17 @@ def evaluate(
     seed: int = typer.Option(0, "--seed"),
     per_frame: Optional[Path] = typer.Option(None, "--per-frame", help="Write a per-frame CSV."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the metrics as JSON."),
+    threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
     """Energy/force errors (meV) and calibration of the uncertainties on DATA."""
+    import torch
+
+    from mlip_unc.data import StructureDataset, TypeMap
+    from mlip_unc.models.committee import load_potential
+    from mlip_unc.train.evaluate import evaluate_potential, write_frame_csv
+    from mlip_unc.train.io import json_safe
+
+    set_threads(threads)
     try:
         potential = load_potential(model)
         first = potential.members[0] if hasattr(potential, "members") else potential
@@ -125,8 +127,8 @@ def evaluate(
             potential, dataset, uncertainty=uncertainty.value, n_samples=n_samples,
             batch_size=batch_size, seed=seed,
         )  # fmt: skip
-    except _ERRORS as err:
-        _fail(err)
+    except user_errors() as err:
+        fail(err)
     metrics = {
         **report.metrics, "uncertainty": uncertainty.value, "data": str(data),
         "model": [str(m) for m in model], "threads": torch.get_num_threads(),
@@ -134,19 +136,8 @@ def evaluate(
     _print_metrics(report.metrics)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(_json_safe(metrics), indent=1))
+        out.write_text(json.dumps(json_safe(metrics), indent=1))
         typer.echo(f"metrics: {out}")
     if per_frame is not None:
         write_frame_csv(report.frames, per_frame)
         typer.echo(f"per-frame table: {per_frame}")
-
-
-def _json_safe(value):
-    """NaN/inf -> None so the JSON is standard."""
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

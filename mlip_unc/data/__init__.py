@@ -2,9 +2,15 @@
 
 Public API (see each module for details):
 
-* neighbours: :func:`neighbour_list`, :func:`edge_vectors`, :func:`edge_lengths`
-* structures: :class:`TypeMap`, :func:`atoms_to_graph`, :func:`read_structures`,
-  :class:`StructureDataset`, :func:`fit_reference_energies`, :class:`StressConvention`
+* neighbours: :func:`neighbour_list`, :func:`check_cell` (the differentiable
+  :func:`edge_vectors` and :func:`edge_lengths` live in :mod:`mlip_unc.geometry` and are
+  re-exported here)
+* typemap: :class:`TypeMap`
+* labels: :func:`validate_atoms`, :func:`frame_energy`, :func:`frame_forces`,
+  :func:`frame_stress`, :class:`StressConvention`
+* readers: :func:`read_structures`
+* graphs: :func:`atoms_to_graph`, :class:`StructureDataset`
+* references: :func:`fit_reference_energies`, :data:`ISOLATED_ATOM_CONFIG_TYPES`
 * molecules: :func:`smiles_to_graph`, :func:`load_csv`, :func:`load_moleculenet`,
   :func:`load_dataset`, :func:`bemis_murcko_scaffold`
 * splits: :class:`Split`, :func:`random_split`, :func:`scaffold_split`,
@@ -13,7 +19,17 @@ Public API (see each module for details):
 """
 
 from mlip_unc.data.errors import DataError
-from mlip_unc.data.neighbours import check_cell, edge_lengths, edge_vectors, neighbour_list
+from mlip_unc.data.graphs import StructureDataset, atoms_to_graph
+from mlip_unc.data.labels import (
+    StressConvention,
+    frame_energy,
+    frame_forces,
+    frame_stress,
+    validate_atoms,
+)
+from mlip_unc.data.neighbours import check_cell, neighbour_list
+from mlip_unc.data.readers import read_structures
+from mlip_unc.data.references import ISOLATED_ATOM_CONFIG_TYPES, fit_reference_energies
 from mlip_unc.data.splits import (
     SPLIT_PARTS,
     Split,
@@ -23,19 +39,8 @@ from mlip_unc.data.splits import (
     scaffold_split,
     training_subset,
 )
-from mlip_unc.data.structures import (
-    ISOLATED_ATOM_CONFIG_TYPES,
-    StressConvention,
-    StructureDataset,
-    TypeMap,
-    atoms_to_graph,
-    fit_reference_energies,
-    frame_energy,
-    frame_forces,
-    frame_stress,
-    read_structures,
-    validate_atoms,
-)
+from mlip_unc.data.typemap import TypeMap
+from mlip_unc.geometry import edge_lengths, edge_vectors
 
 # RDKit-backed names load on first use, so structure-only users do not import RDKit.
 _LAZY_MOLECULES = (
@@ -51,7 +56,8 @@ _LAZY_MOLECULES = (
 )
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
+    """Load the RDKit-backed names of :mod:`mlip_unc.data.molecules` on first access."""
     if name in _LAZY_MOLECULES:
         from mlip_unc.data import molecules
 
@@ -66,7 +72,7 @@ __all__ = [
     "edge_vectors",
     "edge_lengths",
     "check_cell",
-    # structures
+    # typemap, labels, readers, graphs, references
     "TypeMap",
     "StressConvention",
     "StructureDataset",

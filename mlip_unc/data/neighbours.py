@@ -1,22 +1,23 @@
-"""Radius neighbour lists (vesin) and differentiable edge vectors (torch).
+"""Radius neighbour lists (vesin, numpy) and periodic-cell checks.
 
 Edge convention (see ``mlip_unc.keys``): ``edge_index[0] = j`` is the sender (neighbour),
 ``edge_index[1] = i`` the receiver (centre), and::
 
     edge_vec = pos[j] - pos[i] + cell_shift @ cell[batch[i]]     # (n_edges, 3)
 
-which is ASE's ``neighbor_list("D")`` vector for the pair ``(i, j, S)``.
+which is ASE's ``neighbor_list("D")`` vector for the pair ``(i, j, S)``. This module finds the
+pairs and their integer shifts ``S`` once; the differentiable vectors are recomputed from
+``pos`` and ``cell`` by :mod:`mlip_unc.geometry` (:func:`~mlip_unc.geometry.edge_vectors`).
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 import vesin
 
 from mlip_unc.data.errors import DataError
 
-__all__ = ["neighbour_list", "edge_vectors", "edge_lengths", "check_cell"]
+__all__ = ["neighbour_list", "check_cell"]
 
 # |det| / prod(|a_k|) below this counts as a degenerate (zero-volume) periodic cell.
 _DEGENERATE_CELL_TOL = 1e-8
@@ -115,46 +116,3 @@ def neighbour_list(
     order = np.lexsort((shift[:, 2], shift[:, 1], shift[:, 0], j, i))
     edge_index = np.stack([j[order], i[order]])  # (2, n_edges) [sender, receiver]
     return edge_index, shift[order]
-
-
-def edge_vectors(
-    pos: torch.Tensor,
-    edge_index: torch.Tensor,
-    cell_shift: torch.Tensor,
-    cell: torch.Tensor,
-    batch: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Differentiable edge vectors ``pos[j] - pos[i] + cell_shift @ cell[batch[i]]``.
-
-    Gradients flow to ``pos`` and ``cell`` (needed for forces and stress).
-
-    Args:
-        pos: (n_atoms, 3) positions.
-        edge_index: (2, n_edges) long, ``[sender j, receiver i]``.
-        cell_shift: (n_edges, 3) integer image offsets (any numeric dtype).
-        cell: (n_graphs, 3, 3) or (3, 3) rows = lattice vectors.
-        batch: (n_atoms,) graph index of each atom; ``None`` means a single graph.
-
-    Returns:
-        (n_edges, 3) vectors from receiver i to sender j (and its image).
-    """
-    sender, receiver = edge_index[0], edge_index[1]
-    vec = pos[sender] - pos[receiver]  # (n_edges, 3)
-    cell = cell.reshape(-1, 3, 3).to(pos.dtype)  # (n_graphs, 3, 3)
-    if batch is None:
-        edge_graph = torch.zeros_like(receiver)
-    else:
-        edge_graph = batch[receiver]  # (n_edges,)
-    shift = cell_shift.to(pos.dtype)  # (n_edges, 3)
-    return vec + torch.einsum("ek,ekl->el", shift, cell[edge_graph])
-
-
-def edge_lengths(
-    pos: torch.Tensor,
-    edge_index: torch.Tensor,
-    cell_shift: torch.Tensor,
-    cell: torch.Tensor,
-    batch: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Lengths (n_edges,) of :func:`edge_vectors`, differentiable in ``pos`` and ``cell``."""
-    return torch.linalg.vector_norm(edge_vectors(pos, edge_index, cell_shift, cell, batch), dim=-1)

@@ -18,7 +18,8 @@ from ``predict``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ from mlip_unc.models.property import (
     make_noise_module,
     make_rotation,
 )
-from mlip_unc.train.config import Method, PropertyConfig
+from mlip_unc.config import Method, PropertyConfig
 
 __all__ = [
     "DeterministicHead",
@@ -45,6 +46,25 @@ __all__ = [
 ]
 
 _MC_SEED = 0
+
+
+@contextlib.contextmanager
+def _seeded_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Seed torch's default generator of ``device`` (the one dropout draws from) within the block.
+
+    Dropout takes no ``torch.Generator``, so the default generator is seeded locally: the CPU
+    generator (and, on a CUDA device, that device's) is saved on entry and restored on exit,
+    leaving the caller's global random state untouched. Same numbers as ``torch.manual_seed``.
+    """
+    cuda: list[int] = []
+    if device.type == "cuda":
+        cuda = [device.index if device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=cuda):
+        torch.random.default_generator.manual_seed(seed)
+        for index in cuda:
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(seed)
+        yield
 
 
 class DeterministicHead(nn.Module):
@@ -136,8 +156,9 @@ class LaplaceHead(DeterministicHead):
 class MCDropoutModel(PropertyModel):
     """PropertyModel whose predictive averages ``mc_samples`` passes with dropout on.
 
-    Batch-norm layers stay in eval mode; the draws use a fixed seed (torch's global RNG is
-    restored afterwards), so predictions are reproducible.
+    Batch-norm layers stay in eval mode; the draws use a fixed seed (or one drawn from
+    ``generator``) on a locally forked RNG (:func:`_seeded_rng`: torch's global random state is
+    untouched), so predictions are reproducible.
     """
 
     def predictive(self, batch: Batch, *, generator: torch.Generator | None = None) -> dict[str, Tensor]:
@@ -145,11 +166,8 @@ class MCDropoutModel(PropertyModel):
         dropouts = [m for m in self.modules() if isinstance(m, nn.Dropout)]
         modes = [m.training for m in dropouts]
         means, noise = [], []
-        with torch.random.fork_rng(devices=[]):
-            if generator is None:
-                torch.manual_seed(_MC_SEED)
-            else:
-                torch.manual_seed(int(torch.randint(0, 2**31 - 1, (), generator=generator)))
+        seed = _MC_SEED if generator is None else int(torch.randint(0, 2**31 - 1, (), generator=generator))
+        with _seeded_rng(seed, z.device):
             for m in dropouts:
                 m.train()
             try:

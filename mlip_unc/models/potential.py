@@ -12,100 +12,57 @@ backbone (species embeddings make ``z_iso`` non-zero otherwise). Switch it off w
 ``isolated_reference=False`` for a backbone that cannot run on edge-less graphs.
 
 Forces are ``-dE/dr`` by autograd; stress is ``(1/V) dE/d(strain)`` (ASE sign) for periodic
-graphs with a non-zero volume and 0 otherwise. Uncertainty modes (:class:`UncertaintyMode`)
-add the closed-form energy variances, and the exact or sampled force/stress variances
-(:mod:`mlip_unc.uncertainty.moments`).
-
-**Backbone contract.** Any ``nn.Module`` with
-
-- an int attribute ``latent_dim`` (= d),
-- ``forward(batch) -> z (n_atoms, latent_dim)``: invariant per-atom latents, computed from
-  ``batch.pos``, ``batch.cell``, ``batch.cell_shift``, ``batch.edge_index``, ``batch.batch`` and
-  ``batch.atom_type`` with :func:`mlip_unc.data.neighbours.edge_vectors` (never from
-  precomputed edge vectors), so that the potential can differentiate with respect to positions
-  and strain;
-- optionally ``r_max`` (checked against the potential's), ``reset_parameters()``, and, for
-  checkpoints, ``backbone_name`` (a key of :data:`BACKBONES`) and ``config() -> dict`` of
-  constructor kwargs.
-
-This is how a frozen external backbone (e.g. a MACE model's per-atom features) can sit under
-the Bayesian head.
+graphs with a non-zero volume and 0 otherwise (:mod:`mlip_unc.models.derivatives`).
+Uncertainty modes (:class:`UncertaintyMode`) add the closed-form energy variances, and the
+exact or sampled force/stress variances (:mod:`mlip_unc.models.potential_uncertainty`).
+The backbone follows the contract of :mod:`mlip_unc.models.backbones`; checkpoints are plain
+data (:mod:`mlip_unc.models.potential_checkpoint`).
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from enum import Enum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.data import Data
 
 from mlip_unc import keys
+from mlip_unc.models.backbones import BACKBONES, Backbone, build_backbone, isolated_atoms_batch
+from mlip_unc.models.checkpoint import save_checkpoint
+from mlip_unc.models.derivatives import (
+    PotentialState,
+    atom_types,
+    differentiable_inputs,
+    forces_and_stress,
+    graph_index,
+    num_graphs,
+)
+from mlip_unc.models.potential_checkpoint import (
+    potential_config,
+    potential_from_checkpoint,
+    potential_payload,
+)
+from mlip_unc.models.potential_uncertainty import (
+    UncertaintyMode,
+    energy_uncertainty,
+    exact_derivatives,
+    noise_variances,
+    sampled_derivatives,
+)
 from mlip_unc.nn.bayesian import BayesianLinear, inverse_softplus
-from mlip_unc.nn.equivariant import EquivariantBackbone
-from mlip_unc.nn.geometric_gin import GeometricGIN
-from mlip_unc.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from mlip_unc.uncertainty import moments
 
-__all__ = [
-    "Backbone",
-    "BACKBONES",
-    "build_backbone",
-    "UncertaintyMode",
-    "BayesianPotential",
-]
-
-
-@runtime_checkable
-class Backbone(Protocol):
-    """Per-atom invariant latents from a graph batch (see the module docstring)."""
-
-    latent_dim: int
-
-    def __call__(self, batch: Any) -> Tensor:  # (n_atoms, latent_dim)
-        ...
-
-
-BACKBONES: dict[str, type[nn.Module]] = {"gin": GeometricGIN, "equivariant": EquivariantBackbone}
-
-
-def build_backbone(name: str, **kwargs: Any) -> nn.Module:
-    """Build a registered backbone from plain data: ``"gin"`` or ``"equivariant"``."""
-    try:
-        cls = BACKBONES[name]
-    except KeyError:
-        raise ValueError(f"unknown backbone {name!r}; known: {sorted(BACKBONES)}") from None
-    return cls(**kwargs)
-
-
-class UncertaintyMode(str, Enum):
-    """Which uncertainties :meth:`BayesianPotential.forward` adds to the mean predictions."""
-
-    NONE = "none"
-    """Means only (energy, per-atom energies, forces/stress when asked)."""
-    ENERGY = "energy"
-    """Closed-form energy variances from the forward pass alone (no extra backward):
-    total, epistemic ``Phi^T S Phi``, aleatoric ``n_atoms sigma_e^2``, per-atom ``z^T S z``,
-    and the alignment factor kappa."""
-    SAMPLED = "sampled"
-    """ENERGY plus force (and stress) variances from ``n_samples`` posterior weight draws that
-    share the single forward pass: one vector-Jacobian product per draw (plus one for the
-    mean forces), unbiased sample variance."""
-    EXACT = "exact"
-    """ENERGY plus exact force (and stress) variances ``sum_k s_k^2 (dPhi_k/dr)^2``:
-    d vector-Jacobian products (one per latent coordinate; the mean forces come free),
-    serving every graph of the batch."""
+# Re-exported for importers that predate the split: models.backbones, models.potential_uncertainty.
+__all__ = ["BayesianPotential", "UncertaintyMode", "Backbone", "BACKBONES", "build_backbone"]
 
 
 class BayesianPotential(nn.Module):
     """Interatomic potential with a Bayesian linear energy head on per-atom latents.
 
     Args:
-        backbone: module following the backbone contract (module docstring).
+        backbone: module following the backbone contract (:mod:`mlip_unc.models.backbones`).
         type_map: atomic numbers of the species, in ``atom_type`` order.
         r_max: neighbour-list cutoff of the graphs (Angstrom); must be >= ``backbone.r_max``.
         atomic_energies: ``(n_types,)`` per-element energy offsets ``b`` (eV), deterministic
@@ -162,9 +119,7 @@ class BayesianPotential(nn.Module):
             "energy_noise": float(energy_noise), "force_noise": float(force_noise),
             "learn_noise": bool(learn_noise),
         }
-        self.head = BayesianLinear(
-            self.latent_dim, 1, bias=False, prior_std=prior_std, init_std=init_std
-        )
+        self.head = BayesianLinear(self.latent_dim, 1, bias=False, prior_std=prior_std, init_std=init_std)
         n_types = len(self.type_map)
         if atomic_energies is None:
             atomic_energies = torch.zeros(n_types)
@@ -227,63 +182,22 @@ class BayesianPotential(nn.Module):
         """Force noise std ``sigma_f`` per component (eV/Angstrom)."""
         return F.softplus(self.force_noise_rho)
 
+    @property
+    def noise_config(self) -> dict[str, Any]:
+        """The noise constructor arguments ``energy_noise``, ``force_noise``, ``learn_noise``."""
+        return dict(self._noise_config)
+
     def noise_variances(self, batch) -> dict[str, Tensor]:
         """Aleatoric variances: ``{ENERGY: (n_graphs,) n_atoms sigma_e^2, FORCES: (n_atoms, 3)}``."""
-        graph = self._graph_index(batch)
-        n_atoms = torch.bincount(graph, minlength=self._num_graphs(batch, graph))
-        forces = self.force_noise.square().expand(graph.shape[0], 3)
-        return {
-            keys.ENERGY: moments.energy_aleatoric_variance(n_atoms, self.energy_noise.square()),
-            keys.FORCES: forces,
-        }
-
-    # ------------------------------------------------------------------ batch helpers
-    @staticmethod
-    def _graph_index(batch) -> Tensor:
-        graph = getattr(batch, keys.BATCH, None)
-        if graph is None:
-            pos = batch[keys.POSITIONS]
-            graph = torch.zeros(pos.shape[0], dtype=torch.long, device=pos.device)
-        return graph
-
-    @staticmethod
-    def _num_graphs(batch, graph: Tensor) -> int:
-        n = getattr(batch, "num_graphs", None)
-        if isinstance(n, int):
-            return n
-        cell = getattr(batch, keys.CELL, None)
-        if cell is not None:
-            return cell.reshape(-1, 3, 3).shape[0]
-        return int(graph.max().item()) + 1 if graph.numel() else 1
+        return noise_variances(batch, self.energy_noise.square(), self.force_noise.square())
 
     def atom_types(self, batch) -> Tensor:
-        """``atom_type`` in this model's type map (from ``atomic_numbers`` when present)."""
-        numbers = getattr(batch, keys.ATOMIC_NUMBERS, None)
-        if numbers is None:
-            return batch[keys.ATOM_TYPE]
-        numbers = numbers.reshape(-1)
-        if numbers.numel() and int(numbers.max()) >= self.z_to_index.shape[0]:
-            raise ValueError(f"element {int(numbers.max())} is not in the type map {self.type_map}")
-        types = self.z_to_index[numbers]
-        if (types < 0).any():
-            missing = sorted(set(numbers[types < 0].tolist()))
-            raise ValueError(f"elements {missing} are not in the type map {self.type_map}")
-        return types
+        """``(n_atoms,)`` ``atom_type`` in this model's type map (from ``atomic_numbers`` when present)."""
+        return atom_types(batch, self.z_to_index, self.type_map)
 
     # ------------------------------------------------------------------ latents
-    def _isolated_batch(self) -> Data:
-        n, device, dtype = len(self.type_map), self.atomic_energies.device, self.dtype
-        return Data(
-            pos=torch.zeros(n, 3, dtype=dtype, device=device),
-            atom_type=torch.arange(n, device=device),
-            atomic_numbers=torch.tensor(self.type_map, device=device),
-            edge_index=torch.zeros(2, 0, dtype=torch.long, device=device),
-            cell_shift=torch.zeros(0, 3, dtype=dtype, device=device),
-            cell=torch.zeros(n, 3, 3, dtype=dtype, device=device),
-            pbc=torch.zeros(n, 3, dtype=torch.bool, device=device),
-            num_atoms=torch.ones(n, dtype=torch.long, device=device),
-            batch=torch.arange(n, device=device),
-        )
+    def _isolated_batch(self) -> Any:
+        return isolated_atoms_batch(self.type_map, dtype=self.dtype, device=self.atomic_energies.device)
 
     def isolated_latents(self) -> Tensor:
         """``z_iso (n_types, d)``: the backbone's latents of isolated atoms of each species.
@@ -301,6 +215,7 @@ class BayesianPotential(nn.Module):
         return self._iso_cache[1]
 
     def _latents(self, batch, pos: Tensor, cell: Tensor, atom_type: Tensor) -> Tensor:
+        """``z~ (n_atoms, d)``: the backbone on ``batch`` with the given (strained) geometry."""
         inputs = copy.copy(batch)
         inputs[keys.POSITIONS] = pos
         inputs[keys.CELL] = cell
@@ -316,6 +231,38 @@ class BayesianPotential(nn.Module):
         if self.isolated_reference:
             z = z - self.isolated_latents().to(z.dtype)[atom_type]
         return z
+
+    def _state(self, batch, *, forces: bool, stress: bool) -> PotentialState:
+        """Positions (and strain) as differentiable inputs, latents and per-graph sums."""
+        graph = graph_index(batch)
+        n_graphs = num_graphs(batch, graph)
+        pos = batch[keys.POSITIONS].to(self.dtype)
+        cell = getattr(batch, keys.CELL, None)
+        cell = pos.new_zeros(n_graphs, 3, 3) if cell is None else cell.to(self.dtype).reshape(-1, 3, 3)
+        pos, cell_strained, inputs, strain = differentiable_inputs(
+            pos, cell, graph, n_graphs, forces=forces, stress=stress
+        )
+        atom_type = self.atom_types(batch)
+        z = self._latents(batch, pos, cell_strained, atom_type)  # (n_atoms, d)
+        phi = z.new_zeros(n_graphs, self.latent_dim).index_add_(0, graph, z)  # (n_graphs, d)
+        return PotentialState(
+            batch=batch, graph=graph, n_graphs=n_graphs, inputs=inputs, strain=strain,
+            cell=cell, atom_type=atom_type, z=z, phi=phi,
+        )
+
+    def _energies(self, state: PotentialState, *, weights: Tensor) -> dict[str, Tensor]:
+        """Per-atom and total energies for head weights ``(d,)`` or per atom ``(n_atoms, d)``."""
+        z = state.z
+        offsets = self.atomic_energies.to(z.dtype)[state.atom_type]  # (n_atoms,)
+        latent_part = z @ weights if weights.dim() == 1 else (z * weights).sum(-1)
+        atomic = latent_part + offsets  # (n_atoms,)
+        energy = atomic.new_zeros(state.n_graphs).index_add_(0, state.graph, atomic)
+        return {
+            keys.ENERGY: energy,
+            keys.ATOMIC_ENERGIES: atomic,
+            keys.NODE_LATENT: z,
+            keys.LATENT: state.phi,
+        }
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -368,24 +315,18 @@ class BayesianPotential(nn.Module):
             mu, s2 = self.posterior()
             out = self._energies(state, weights=mu)
             if mode is not UncertaintyMode.NONE:
-                out.update(self._energy_uncertainty(state, s2))
+                out.update(energy_uncertainty(state, s2, self.energy_noise.square()))
             if mode is UncertaintyMode.EXACT:
-                eye = torch.eye(self.latent_dim, dtype=mu.dtype, device=mu.device)
-                grads = self._gradients(state, eye)
-                out.update(self._derivatives(state, [torch.tensordot(mu, g, dims=1) for g in grads]))
-                out.update(self._derivative_variances(state, grads, s2=s2))
+                out.update(exact_derivatives(state, mu, s2, method=self.gradient_method))
             elif mode is UncertaintyMode.SAMPLED:
                 with torch.no_grad():
-                    w, _ = self.head.sample_weights(n_samples, generator=generator)
-                weights = torch.cat([mu.detach()[None], w[:, 0, :]])  # (K+1, d)
-                grads = self._gradients(state, weights)
-                out.update(self._derivatives(state, [g[0] for g in grads]))
-                out.update(self._derivative_variances(state, [g[1:] for g in grads], s2=None))
+                    w, _ = self.head.sample_weights(n_samples, generator=generator)  # (K, 1, d)
+                out.update(sampled_derivatives(state, mu, w[:, 0, :], method=self.gradient_method))
             elif compute_forces or compute_stress:
                 grads = torch.autograd.grad(
-                    out[keys.ENERGY].sum(), state["inputs"], allow_unused=True, materialize_grads=True
+                    out[keys.ENERGY].sum(), state.inputs, allow_unused=True, materialize_grads=True
                 )
-                out.update(self._derivatives(state, list(grads)))
+                out.update(forces_and_stress(state, list(grads)))
         return out
 
     def sample_forward(
@@ -414,138 +355,29 @@ class BayesianPotential(nn.Module):
         with torch.enable_grad():
             state = self._state(batch, forces=compute_forces, stress=compute_stress)
             mu, s2 = self.posterior()
-            n_graphs = state["n_graphs"]
             eps = torch.randn(
-                (n_graphs, self.latent_dim), generator=generator, dtype=mu.dtype, device=mu.device
+                (state.n_graphs, self.latent_dim), generator=generator, dtype=mu.dtype, device=mu.device
             )
             weights = mu + self.head.weight_std[0] * eps  # (n_graphs, d), reparameterised
-            out = self._energies(state, weights=weights[state["graph"]])
+            out = self._energies(state, weights=weights[state.graph])
             if mode is UncertaintyMode.ENERGY:
-                out.update(self._energy_uncertainty(state, s2))
+                out.update(energy_uncertainty(state, s2, self.energy_noise.square()))
             if compute_forces or compute_stress:
                 grads = torch.autograd.grad(
-                    out[keys.ENERGY].sum(), state["inputs"], create_graph=True,
+                    out[keys.ENERGY].sum(), state.inputs, create_graph=True,
                     allow_unused=True, materialize_grads=True,
                 )
-                out.update(self._derivatives(state, list(grads)))
-        return out
-
-    # ------------------------------------------------------------------ forward pieces
-    def _state(self, batch, *, forces: bool, stress: bool) -> dict[str, Any]:
-        """Positions (and strain) as differentiable inputs, latents and per-graph sums."""
-        graph = self._graph_index(batch)
-        n_graphs = self._num_graphs(batch, graph)
-        pos = batch[keys.POSITIONS].to(self.dtype)
-        cell = getattr(batch, keys.CELL, None)
-        cell = pos.new_zeros(n_graphs, 3, 3) if cell is None else cell.to(self.dtype).reshape(-1, 3, 3)
-        inputs: list[Tensor] = []
-        if forces or stress:
-            if not pos.requires_grad:
-                pos = pos.detach().requires_grad_(True)
-            inputs.append(pos)
-        strain = None
-        if stress:
-            strain = pos.new_zeros(n_graphs, 3, 3, requires_grad=True)
-            inputs.append(strain)
-            sym = 0.5 * (strain + strain.transpose(-1, -2))  # (n_graphs, 3, 3)
-            pos = pos + torch.einsum("ni,nij->nj", pos, sym[graph])
-            cell_strained = cell + torch.bmm(cell, sym)
-        else:
-            cell_strained = cell
-        atom_type = self.atom_types(batch)
-        z = self._latents(batch, pos, cell_strained, atom_type)  # (n_atoms, d)
-        phi = z.new_zeros(n_graphs, self.latent_dim).index_add_(0, graph, z)  # (n_graphs, d)
-        return {
-            "graph": graph, "n_graphs": n_graphs, "inputs": inputs, "strain": strain,
-            "cell": cell, "atom_type": atom_type, "z": z, "phi": phi, "batch": batch,
-        }
-
-    def _energies(self, state: dict[str, Any], *, weights: Tensor) -> dict[str, Tensor]:
-        """Per-atom and total energies for head weights ``(d,)`` or per atom ``(n_atoms, d)``."""
-        z = state["z"]
-        offsets = self.atomic_energies.to(z.dtype)[state["atom_type"]]  # (n_atoms,)
-        latent_part = z @ weights if weights.dim() == 1 else (z * weights).sum(-1)
-        atomic = latent_part + offsets  # (n_atoms,)
-        energy = atomic.new_zeros(state["n_graphs"]).index_add_(0, state["graph"], atomic)
-        return {
-            keys.ENERGY: energy,
-            keys.ATOMIC_ENERGIES: atomic,
-            keys.NODE_LATENT: z,
-            keys.LATENT: state["phi"],
-        }
-
-    def _energy_uncertainty(self, state: dict[str, Any], s2: Tensor) -> dict[str, Tensor]:
-        phi, graph = state["phi"], state["graph"]
-        epistemic = moments.energy_variance(phi, s2)
-        n_atoms = torch.bincount(graph, minlength=state["n_graphs"])
-        aleatoric = moments.energy_aleatoric_variance(n_atoms, self.energy_noise.square())
-        return {
-            keys.ENERGY_VAR: epistemic + aleatoric,
-            keys.ENERGY_EPISTEMIC_VAR: epistemic,
-            keys.ENERGY_ALEATORIC_VAR: aleatoric,
-            keys.LOCAL_ENERGY_VAR: moments.local_energy_variance(state["z"], s2),
-            keys.KAPPA: moments.alignment_kappa(phi, s2),
-        }
-
-    def _gradients(self, state: dict[str, Any], weights: Tensor) -> list[Tensor]:
-        """``d(Phi @ w_k).sum() / d inputs`` for each row of ``weights (K, d)``."""
-        grads = moments.linear_gradients(
-            state["phi"], state["inputs"], weights, method=self.gradient_method
-        )
-        return list(grads)
-
-    def _inverse_volume(self, state: dict[str, Any]) -> Tensor:
-        """``1/V`` for periodic graphs with a non-zero volume, 0 otherwise ``(n_graphs,)``."""
-        cell = state["cell"]
-        volume = torch.linalg.det(cell).abs()  # (n_graphs,)
-        pbc = getattr(state["batch"], keys.PBC, None)
-        periodic = volume > 0
-        if pbc is not None:
-            periodic = periodic & pbc.reshape(-1, 3).any(-1)
-        return torch.where(periodic, 1.0 / torch.where(periodic, volume, torch.ones_like(volume)), 0.0)
-
-    def _derivatives(self, state: dict[str, Any], grads: list[Tensor]) -> dict[str, Tensor]:
-        """FORCES/STRESS from the gradients of the energy w.r.t. [pos, (strain)]."""
-        out: dict[str, Tensor] = {keys.FORCES: -grads[0]}
-        if state["strain"] is not None:
-            out[keys.STRESS] = grads[1] * self._inverse_volume(state)[:, None, None]
-        return out
-
-    def _derivative_variances(
-        self, state: dict[str, Any], grads: list[Tensor], *, s2: Tensor | None
-    ) -> dict[str, Tensor]:
-        """Exact (``s2`` given, grads ``(d, ...)``) or sampled (grads ``(K, ...)``) variances."""
-        var = (lambda g: moments.gradient_variance(g, s2)) if s2 is not None else moments.sample_variance
-        out = {keys.FORCES_VAR: var(grads[0])}
-        if state["strain"] is not None:
-            out[keys.STRESS_VAR] = var(grads[1]) * self._inverse_volume(state).square()[:, None, None]
+                out.update(forces_and_stress(state, list(grads)))
         return out
 
     # ------------------------------------------------------------------ checkpoints
     def config(self) -> dict[str, Any]:
-        """Everything needed to rebuild the model, as plain data."""
-        name = getattr(self.backbone, "backbone_name", None)
-        if name not in BACKBONES or not hasattr(self.backbone, "config"):
-            raise ValueError(
-                f"cannot checkpoint backbone {type(self.backbone).__name__}: only registered "
-                f"backbones ({sorted(BACKBONES)}) with a config() can be rebuilt from plain data"
-            )
-        return {
-            "backbone": {"name": name, "kwargs": self.backbone.config()},
-            "type_map": list(self.type_map),
-            "r_max": self.r_max,
-            "atomic_energies": self.atomic_energies.tolist(),
-            "head": {"prior_std": self.head.prior_std, "init_std": self.head.init_std},
-            "noise": dict(self._noise_config),
-            "isolated_reference": self.isolated_reference,
-            "gradient_method": self.gradient_method,
-            "dtype": str(self.dtype).removeprefix("torch."),
-        }
+        """Everything needed to rebuild the model, as plain data (see :func:`potential_config`)."""
+        return potential_config(self)
 
     def to_checkpoint(self) -> dict[str, Any]:
         """``{"kind": "potential", "config": ..., "model_state": ...}`` (plain data only)."""
-        state = {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}
-        return {"kind": "potential", "config": self.config(), "model_state": state}
+        return potential_payload(self)
 
     def save(self, path: str | os.PathLike, **extra: Any) -> None:
         """Write :meth:`to_checkpoint` (plus ``extra`` entries) atomically to ``path``."""
@@ -556,27 +388,4 @@ class BayesianPotential(nn.Module):
         cls, source: dict[str, Any] | str | os.PathLike, *, map_location: str | torch.device = "cpu"
     ) -> BayesianPotential:
         """Rebuild from a :meth:`to_checkpoint` payload or a checkpoint file (weights_only load)."""
-        if isinstance(source, dict):
-            payload = source
-            if payload.get("kind") != "potential":
-                raise CheckpointError(
-                    f"payload holds a {payload.get('kind')!r} model, expected 'potential'"
-                )
-        else:
-            payload = load_checkpoint(source, map_location=map_location, kind="potential")
-        cfg = payload["config"]
-        backbone = build_backbone(cfg["backbone"]["name"], **cfg["backbone"]["kwargs"])
-        model = cls(
-            backbone,
-            cfg["type_map"],
-            cfg["r_max"],
-            torch.tensor(cfg["atomic_energies"], dtype=torch.float64),
-            prior_std=cfg["head"]["prior_std"],
-            init_std=cfg["head"]["init_std"],
-            isolated_reference=cfg["isolated_reference"],
-            gradient_method=cfg.get("gradient_method", "auto"),
-            **cfg["noise"],
-        )
-        model.to(getattr(torch, cfg.get("dtype", "float32")))
-        model.load_state_dict(payload["model_state"])
-        return model.to(map_location)
+        return potential_from_checkpoint(cls, source, map_location=map_location)

@@ -10,17 +10,20 @@ Targets are standardised with the training mean and std (buffers ``y_mean``, ``y
 training; :meth:`PropertyModel.predict` un-standardises (means shifted and scaled, variances
 scaled by std^2).
 
-Methods (``build_model`` picks the class from the config's ``method``):
+Methods (:func:`mlip_unc.models.factory.build_model` picks the class from the config's
+``method``):
     bgnn / agl    ``BayesianLinear`` head, closed-form predictive (no sampling)
     fullbnn       ``BayesianMLP`` head, Monte Carlo predictive
     mcdropout, ensemble, mve, laplace   see :mod:`mlip_unc.models.baselines`
+
+This module holds what every method shares (the standardisation, :class:`PropertyModel`, the
+builders of its parts, batched prediction and calibration); :mod:`mlip_unc.models.baselines`
+builds on it and :mod:`mlip_unc.models.factory` sits above both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,26 +35,23 @@ from mlip_unc import keys
 from mlip_unc.nn.bayesian import BayesianLinear, BayesianMLP
 from mlip_unc.nn.gin import ATOM_VOCAB, BOND_VOCAB, MolecularGIN
 from mlip_unc.nn.likelihood import make_noise
-from mlip_unc.train.checkpoint import CheckpointError, load_checkpoint
-from mlip_unc.train.config import Intervention, Method, PropertyConfig
-from mlip_unc.train.regularizers import RandomRotation
+from mlip_unc.nn.rotation import RandomRotation
+from mlip_unc.config import Intervention, Method, PropertyConfig
 
 __all__ = [
     "CHECKPOINT_KIND",
     "StandardisedModel",
     "PropertyModel",
-    "build_model",
     "make_backbone",
     "make_noise_module",
     "make_rotation",
     "apply_calibration",
     "feature_metadata",
     "predict_graphs",
-    "PropertyPredictor",
 ]
 
 CHECKPOINT_KIND = "property"
-_MC_SEED = 0  # Monte Carlo predictions are reproducible: fixed seed, global RNG restored after
+_MC_SEED = 0  # Monte Carlo predictions are reproducible: a local generator with a fixed seed
 
 
 def feature_metadata() -> dict[str, Any]:
@@ -190,6 +190,7 @@ class PropertyModel(StandardisedModel):
 
 
 def make_backbone(config: PropertyConfig) -> MolecularGIN:
+    """The GIN backbone of ``config.model`` (parameters drawn from torch's global RNG)."""
     m = config.model
     return MolecularGIN(
         m.hidden, m.layers, m.latent_dim, pooling=m.pooling, dropout=m.dropout, norm=m.norm,
@@ -198,6 +199,7 @@ def make_backbone(config: PropertyConfig) -> MolecularGIN:
 
 
 def make_noise_module(config: PropertyConfig, n_targets: int) -> nn.Module:
+    """The aleatoric noise module of ``config.model.likelihood`` for ``n_targets`` targets."""
     m = config.model
     return make_noise(
         m.likelihood, m.latent_dim, n_targets, init_std=m.noise_init_std, dtype=config.train.dtype.torch
@@ -205,39 +207,10 @@ def make_noise_module(config: PropertyConfig, n_targets: int) -> nn.Module:
 
 
 def make_rotation(config: PropertyConfig) -> nn.Module | None:
+    """The rotation intervention Q z when ``config.train.intervention`` asks for it, else None."""
     if config.train.intervention is not Intervention.ROTATION:
         return None
     return RandomRotation(config.model.latent_dim, seed=config.train.seed, dtype=config.train.dtype.torch)
-
-
-def build_model(
-    config: PropertyConfig,
-    *,
-    n_targets: int = 1,
-    y_mean: Tensor | None = None,
-    y_std: Tensor | None = None,
-) -> StandardisedModel:
-    """The model for ``config.model.method`` (parameters drawn from torch's global RNG)."""
-    from mlip_unc.models import baselines  # baselines build on this module
-
-    m, dtype = config.model, config.train.dtype.torch
-    common = {"n_targets": n_targets, "y_mean": y_mean, "y_std": y_std, "dtype": dtype}
-    if m.method in (Method.BGNN, Method.AGL):
-        head = BayesianLinear(
-            m.latent_dim, n_targets, prior_std=m.prior_std, init_std=m.init_std,
-            estimator=m.estimator, dtype=dtype,
-        )
-    elif m.method is Method.FULLBNN:
-        head = BayesianMLP(
-            m.latent_dim, m.fullbnn_hidden, n_targets, prior_std=m.prior_std, init_std=m.init_std,
-            estimator=m.estimator, dtype=dtype,
-        )
-    else:
-        return baselines.build_baseline(config, **common)
-    return PropertyModel(
-        make_backbone(config), head, make_noise_module(config, n_targets), rotation=make_rotation(config),
-        mc_samples=m.mc_samples, **common,
-    )
 
 
 # ---------------------------------------------------------------------- prediction
@@ -263,54 +236,6 @@ def predict_graphs(
     finally:
         model.train(was_training)
     return {key: torch.cat(values) for key, values in parts.items()}
-
-
-@dataclass
-class PropertyPredictor:
-    """A trained model with its config, metadata and validation-fitted std calibrators.
-
-    ``predict(graphs)`` returns numpy arrays ``(n, n_targets)``: ``mean``, ``std``,
-    ``epistemic_std``, ``aleatoric_std``. A calibrator rescales the total std; epistemic and
-    aleatoric stds are rescaled by the same factor, so their squares still add up.
-    """
-
-    model: StandardisedModel
-    config: PropertyConfig
-    metadata: dict[str, Any] = field(default_factory=dict)
-    calibrators: list[Any] | None = None
-
-    @classmethod
-    def load(cls, path: str | Path) -> PropertyPredictor:
-        """From ``DIR/model.pt`` (or the folder holding it); raises CheckpointError on bad files."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "model.pt"
-        payload = load_checkpoint(path, kind=CHECKPOINT_KIND)
-        try:
-            config = PropertyConfig.from_dict(payload["config"])
-            meta = dict(payload.get("metadata", {}))
-            norm = payload["normalization"]
-            model = build_model(
-                config, n_targets=int(meta["n_targets"]),
-                y_mean=torch.tensor(norm["mean"]), y_std=torch.tensor(norm["std"]),
-            )
-            model.load_state_dict(payload["model_state"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as err:
-            raise CheckpointError(f"{path} is not a usable property model: {err}") from None
-        calibrators = None
-        if payload.get("calibration"):
-            from mlip_unc.uncertainty.recalibration import calibrator_from_state_dict
-
-            calibrators = [calibrator_from_state_dict(d) for d in payload["calibration"]]
-        return cls(model.eval(), config, meta, calibrators)
-
-    def predict(self, graphs: Sequence[Data], *, batch_size: int = 256) -> dict[str, np.ndarray]:
-        out = predict_graphs(self.model, graphs, batch_size=batch_size)
-        mean = out[keys.PREDICTION].double().cpu().numpy()
-        std = out[keys.PREDICTION_VAR].double().clamp_min(0).sqrt().cpu().numpy()
-        epi = out[keys.EPISTEMIC_VAR].double().clamp_min(0).sqrt().cpu().numpy()
-        alea = out[keys.ALEATORIC_VAR].double().clamp_min(0).sqrt().cpu().numpy()
-        return apply_calibration(self.calibrators, mean=mean, std=std, epistemic_std=epi, aleatoric_std=alea)
 
 
 def apply_calibration(calibrators: list[Any] | None, **arrays: np.ndarray) -> dict[str, np.ndarray]:

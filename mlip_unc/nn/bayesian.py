@@ -15,20 +15,13 @@ the closed form, no sampling.
 from __future__ import annotations
 
 import math
-from enum import Enum
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-class Estimator(str, Enum):
-    """How a training-time forward pass draws from the weight posterior."""
-
-    LOCAL = "local"
-    """Local reparameterisation: sample the pre-activation y ~ N(mu^T z, z^T S z) per example."""
-    FLIPOUT = "flipout"
-    """Flipout: one weight perturbation per batch, made per-example by random sign flips."""
+from mlip_unc.uncertainty.moments import latent_variance
+from mlip_unc.config.enums import Estimator
 
 
 def inverse_softplus(x: float) -> float:
@@ -136,7 +129,7 @@ class BayesianLinear(nn.Module):
         var = (z*z) s^2^T + s_b^2.
         """
         mean = z @ self.weight_mu.T + self._bias_mean(z)
-        var = (z * z) @ self.weight_var.T + self._bias_var(z)
+        var = latent_variance(z, self.weight_var) + self._bias_var(z)
         return mean, var
 
     def forward(

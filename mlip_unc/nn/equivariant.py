@@ -24,7 +24,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from mlip_unc import keys
-from mlip_unc.nn.radial import RadialEmbedding, batch_edge_vectors
+from mlip_unc.geometry import batch_edge_vectors
+from mlip_unc.nn.radial import RadialEmbedding
 
 __all__ = ["EquivariantBackbone", "EquivariantInteraction"]
 

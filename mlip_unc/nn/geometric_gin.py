@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from mlip_unc import keys
-from mlip_unc.nn.radial import RadialEmbedding, batch_edge_vectors
+from mlip_unc.geometry import batch_edge_vectors
+from mlip_unc.nn.radial import RadialEmbedding
 
 __all__ = ["GeometricGIN", "GeometricGINLayer"]
 

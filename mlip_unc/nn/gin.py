@@ -15,40 +15,18 @@ Bayesian latent width d (kept separate from the backbone width h). z has no fina
 
 from __future__ import annotations
 
-from enum import Enum
 
 import torch
 from torch import Tensor, nn
 from torch_geometric.nn import GINEConv, global_add_pool, global_max_pool, global_mean_pool
 from torch_geometric.nn.norm import BatchNorm, LayerNorm
 from torch_geometric.utils.smiles import e_map, x_map
+from mlip_unc.config.enums import Norm, Pooling
 
 ATOM_VOCAB: tuple[int, ...] = tuple(len(v) for v in x_map.values())
 """Vocabulary size of each of the 9 atom feature columns of ``from_smiles``."""
 BOND_VOCAB: tuple[int, ...] = tuple(len(v) for v in e_map.values())
 """Vocabulary size of each of the 3 bond feature columns of ``from_smiles``."""
-
-
-class Pooling(str, Enum):
-    """How atom features become one graph feature."""
-
-    MEAN = "mean"
-    """Average over atoms (size-independent)."""
-    SUM = "sum"
-    """Sum over atoms (extensive properties)."""
-    MAX = "max"
-    """Element-wise maximum over atoms."""
-
-
-class Norm(str, Enum):
-    """Normalisation after each GINE layer."""
-
-    BATCH = "batch"
-    """Batch norm over the atoms of the batch (running statistics at evaluation)."""
-    LAYER = "layer"
-    """Layer norm per graph."""
-    NONE = "none"
-    """No normalisation."""
 
 
 _POOL = {Pooling.MEAN: global_mean_pool, Pooling.SUM: global_add_pool, Pooling.MAX: global_max_pool}

@@ -12,22 +12,13 @@ The total predictive variance is ``epistemic (from the weight posterior) + noise
 
 from __future__ import annotations
 
-from enum import Enum
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mlip_unc.nn.bayesian import inverse_softplus
-
-
-class Likelihood(str, Enum):
-    """The Gaussian noise model."""
-
-    HOMOSCEDASTIC = "homoscedastic"
-    """One learned noise std per target, sigma_n = softplus(rho) + min_std."""
-    HETEROSCEDASTIC = "heteroscedastic"
-    """A second (deterministic) output of z through softplus: sigma_n(z) = softplus(a^T z + c) + min_std."""
+from mlip_unc.config.enums import Likelihood
 
 
 class HomoscedasticNoise(nn.Module):

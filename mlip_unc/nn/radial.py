@@ -10,7 +10,6 @@ forces stay continuous when a neighbour crosses the cutoff sphere.
 - :class:`PolynomialCutoff`: the DimeNet/NequIP/MACE polynomial envelope of degree ``p``.
 - :class:`CosineCutoff`: ``0.5 (cos(pi r / r_max) + 1)`` (zero value and slope at ``r_max``).
 - :class:`RadialEmbedding`: basis times envelope, the edge input of both backbones.
-- :func:`batch_edge_vectors`: differentiable edge vectors of a graph batch (keys.py contract).
 
 All modules are parameter-free by default and follow the input dtype.
 """
@@ -22,11 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from mlip_unc import keys
-from mlip_unc.data.neighbours import edge_vectors
-
 __all__ = [
-    "batch_edge_vectors",
     "BesselBasis",
     "GaussianBasis",
     "PolynomialCutoff",
@@ -192,22 +187,3 @@ class RadialEmbedding(nn.Module):
     def forward(self, r: Tensor) -> tuple[Tensor, Tensor]:
         env = self.envelope(r)  # (n_edges,)
         return self.basis(r) * env.unsqueeze(-1), env
-
-
-def batch_edge_vectors(batch) -> Tensor:
-    """Edge vectors ``pos[j] - pos[i] + cell_shift @ cell[batch[i]]`` of a PyG graph/batch.
-
-    Recomputed from ``batch.pos`` and ``batch.cell`` so that gradients reach both (forces and
-    stress). A graph without ``cell``/``cell_shift`` counts as non-periodic.
-
-    Shapes:
-        - **output:** ``(n_edges, 3)``
-    """
-    pos = batch[keys.POSITIONS]  # (n_atoms, 3)
-    edge_index = batch[keys.EDGE_INDEX]  # (2, n_edges)
-    graph = getattr(batch, keys.BATCH, None)  # (n_atoms,) or None for a single graph
-    cell = getattr(batch, keys.CELL, None)
-    shift = getattr(batch, keys.CELL_SHIFT, None)
-    if cell is None or shift is None:
-        return pos[edge_index[0]] - pos[edge_index[1]]
-    return edge_vectors(pos, edge_index, shift, cell, graph)

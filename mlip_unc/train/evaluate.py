@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,8 @@ from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
 from mlip_unc import keys
-from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
+from mlip_unc.models.committee import Committee, load_potential
+from mlip_unc.models.potential import UncertaintyMode
 from mlip_unc.uncertainty import calibration as cal
 
 __all__ = [
@@ -90,66 +91,6 @@ class Predictions:
     @property
     def atom_has_forces(self) -> np.ndarray:  # (n_atoms,) bool
         return self.has_forces[self.atom_frame]
-
-
-class Committee(nn.Module):
-    """Several potentials as one: mean prediction, variance across members (epistemic).
-
-    Follows MACE's committee convention (population variance over the M members); the
-    aleatoric variance is the members' mean noise variance. Every uncertainty mode other than
-    "none" returns ENERGY_VAR, ENERGY_EPISTEMIC_VAR, ENERGY_ALEATORIC_VAR and FORCES_VAR; the
-    cost is M forward and M backward passes whatever the mode.
-    """
-
-    def __init__(self, members: Sequence[nn.Module]) -> None:
-        super().__init__()
-        if len(members) < 2:
-            raise ValueError(f"a committee needs at least 2 members, got {len(members)}")
-        self.members = nn.ModuleList(members)
-
-    def noise_variances(self, batch) -> dict[str, Tensor]:
-        outs = [m.noise_variances(batch) for m in self.members]
-        return {k: torch.stack([o[k] for o in outs]).mean(0) for k in outs[0]}
-
-    def forward(
-        self, batch, *, compute_forces: bool = True, uncertainty: UncertaintyMode | str = "none", **_: Any
-    ) -> dict[str, Tensor]:
-        outs = [m(batch, compute_forces=compute_forces) for m in self.members]
-        energy = torch.stack([o[keys.ENERGY].detach() for o in outs])  # (M, n_graphs)
-        result = {keys.ENERGY: energy.mean(0)}
-        if compute_forces:
-            forces = torch.stack([o[keys.FORCES].detach() for o in outs])  # (M, n_atoms, 3)
-            result[keys.FORCES] = forces.mean(0)
-        if UncertaintyMode(uncertainty) is not UncertaintyMode.NONE:
-            epistemic = energy.var(0, unbiased=False)
-            aleatoric = self.noise_variances(batch)[keys.ENERGY].detach()
-            result.update({
-                keys.ENERGY_EPISTEMIC_VAR: epistemic, keys.ENERGY_ALEATORIC_VAR: aleatoric,
-                keys.ENERGY_VAR: epistemic + aleatoric,
-            })  # fmt: skip
-            if compute_forces:
-                result[keys.FORCES_VAR] = forces.var(0, unbiased=False)
-        return result
-
-
-def load_potential(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> nn.Module:
-    """A potential from checkpoint path(s); several paths (or an ensemble folder) -> Committee.
-
-    A folder is read as its ``model.pt``, or, for an ensemble run, its ``member_*/model.pt``.
-    """
-    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    files: list[Path] = []
-    for item in items:
-        path = Path(item)
-        if path.is_dir():
-            members = sorted(path.glob("member_*/model.pt"))
-            files.extend(members if members else [path / "model.pt"])
-        else:
-            files.append(path)
-    models = [BayesianPotential.from_checkpoint(f) for f in files]
-    for model in models:
-        model.eval()
-    return models[0] if len(models) == 1 else Committee(models).eval()
 
 
 def _graphs_and_loader(data: Any, batch_size: int) -> tuple[list, Iterable]:

@@ -11,10 +11,12 @@ Shapes: z (batch, d), mu (d,), s2 (d,); every term returns a scalar tensor ``()`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from mlip_unc.uncertainty.moments import latent_variance
+from mlip_unc.config.enums import RegularizerKind
 
 __all__ = [
     "RegularizerKind",
@@ -23,7 +25,6 @@ __all__ = [
     "decorrelation",
     "isotropy_penalty",
     "anti_alignment",
-    "RandomRotation",
     "LambdaSchedule",
     "regularizer_term",
 ]
@@ -31,27 +32,10 @@ __all__ = [
 EPS: float = 1e-8
 
 
-class RegularizerKind(str, Enum):
-    """Extra latent training terms (docs/method.md sections 5 and 6 of this project)."""
-
-    NONE = "none"
-    """No extra term (returns a zero scalar)."""
-    AGL_RAYLEIGH = "agl_rayleigh"
-    """AGL, Rayleigh form: ``mean_batch(z^T sg(S) z / (z^T z + eps))``; promotes LPA."""
-    AGL_MEAN = "agl_mean"
-    """AGL, mean form: ``mean_batch(1 - A(z))`` with ``mu`` and ``S`` detached; promotes LPA."""
-    ISOTROPY = "isotropy"
-    """Intervention: spread of the per-coordinate second moments of z (forces kappa -> 1)."""
-    ANTI = "anti"
-    """Intervention: anti-alignment ``-mean_batch(z^T sg(S) z / ||z||^2)``."""
-    DECORRELATION = "decorrelation"
-    """Optional AGL companion: ``||offdiag(Cov_batch(z))||_F^2``."""
-
-
 def _rayleigh(z: Tensor, s2: Tensor, eps: float) -> Tensor:
     """Per-example ``z^T sg(S) z / (z^T z + eps)``: (batch,)."""
     s2 = s2.detach().to(z.dtype)
-    return ((z * z) @ s2) / ((z * z).sum(dim=1) + eps)
+    return latent_variance(z, s2) / ((z * z).sum(dim=1) + eps)
 
 
 def agl_rayleigh(z: Tensor, s2: Tensor, eps: float = EPS) -> Tensor:
@@ -72,7 +56,7 @@ def agl_mean(z: Tensor, mu: Tensor, s2: Tensor, eps: float = EPS) -> Tensor:
     mu = mu.detach().to(z.dtype)
     s2 = s2.detach().to(z.dtype)
     m = z @ mu  # (batch,)
-    u = (z * z) @ s2  # (batch,)
+    u = latent_variance(z, s2)  # (batch,)
     c = (mu * mu / s2).sum()  # ()
     a = m * m / (u * c + eps)
     return (1.0 - a).mean()
@@ -103,58 +87,6 @@ def isotropy_penalty(z: Tensor, eps: float = EPS) -> Tensor:
 def anti_alignment(z: Tensor, s2: Tensor, eps: float = EPS) -> Tensor:
     """Anti-alignment intervention ``-mean_batch(z^T sg(S) z / ||z||^2)``, docs/method.md section 5 of this project."""
     return -_rayleigh(z, s2, eps).mean()
-
-
-def _haar_orthogonal(dim: int, generator: torch.Generator) -> Tensor:
-    """A Haar-random orthogonal (dim, dim) matrix (QR of a Gaussian with the sign fix), float64 CPU."""
-    a = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
-    q, r = torch.linalg.qr(a)
-    return q * torch.sign(torch.diagonal(r)).unsqueeze(0)
-
-
-class RandomRotation(nn.Module):
-    """Rotation intervention ``z -> Q z`` with a random orthogonal Q, docs/method.md section 5 of this project.
-
-    Q is drawn from an explicit ``torch.Generator`` (``generator``, or a new one seeded with
-    ``seed``) and kept as the buffer ``Q`` (saved in the state dict). With ``redraw=True`` a
-    new Q is drawn from the same generator on every forward call in training mode; in eval
-    mode the last Q is used.
-
-    Shapes:
-        input z (batch, dim) -> output (batch, dim), ``z @ Q^T``.
-    """
-
-    Q: Tensor
-
-    def __init__(
-        self,
-        dim: int,
-        *,
-        generator: torch.Generator | None = None,
-        seed: int = 0,
-        redraw: bool = False,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-    ) -> None:
-        super().__init__()
-        self.dim = int(dim)
-        self.redraw = bool(redraw)
-        self.generator = generator if generator is not None else torch.Generator().manual_seed(seed)
-        q = _haar_orthogonal(self.dim, self.generator).to(dtype=dtype or torch.get_default_dtype(), device=device)
-        self.register_buffer("Q", q)
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Draw a new Q from the generator (in place, keeping dtype and device)."""
-        self.Q.copy_(_haar_orthogonal(self.dim, self.generator))
-
-    def forward(self, z: Tensor) -> Tensor:
-        if self.redraw and self.training:
-            self.reset_parameters()
-        return z @ self.Q.T.to(z.dtype)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, redraw={self.redraw}"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""mlip_unc.uncertainty: calibration metrics, recalibration, LPA metrics, density proxies, plots.
+"""mlip_unc.uncertainty: closed-form moments, calibration metrics, recalibration, LPA metrics,
+density proxies, plots. Pure functions on tensors and arrays; nothing here trains a model
+(the LPA study that does lives in :mod:`mlip_unc.study`).
 
 Metric functions take ``(y_pred, y_std, y_true)`` in that order (uncertainty-toolbox's).
 matplotlib, RDKit and ASE are imported lazily inside the functions that need them.
@@ -9,10 +11,10 @@ from mlip_unc.uncertainty.alignment import (
     ThreeFactorSplit,
     alignment_index,
     effective_rank,
-    latent_variance,
     log_variance_decomposition,
     low_variance_energy_fraction,
     lpa_summary,
+    mean_log_factors,
     permutation_baseline,
     rho_lpa,
     three_factor_split,
@@ -27,7 +29,6 @@ from mlip_unc.uncertainty.calibration import (
     mae,
     miscalibration_area,
     nll,
-    rankdata,
     regression_metrics,
     rmse,
     sharpness,
@@ -41,6 +42,7 @@ from mlip_unc.uncertainty.density import (
     structure_descriptor,
     tanimoto_max_similarity,
 )
+from mlip_unc.uncertainty.moments import alignment_kappa, latent_variance
 from mlip_unc.uncertainty.plots import (
     plot_calibration_curve,
     plot_error_vs_std,
@@ -54,7 +56,6 @@ from mlip_unc.uncertainty.recalibration import (
     ZScaling,
     calibrator_from_state_dict,
     make_calibrator,
-    pava,
 )
 
 __all__ = [
@@ -72,7 +73,6 @@ __all__ = [
     "sharpness",
     "auroc",
     "regression_metrics",
-    "rankdata",
     "spearman_corr",
     # recalibration
     "CalibratorKind",
@@ -81,16 +81,18 @@ __all__ = [
     "IsotonicRecalibration",
     "make_calibrator",
     "calibrator_from_state_dict",
-    "pava",
+    # moments
+    "latent_variance",
+    "alignment_kappa",
     # alignment
     "ThreeFactorSplit",
     "LogUDecomposition",
-    "latent_variance",
     "three_factor_split",
     "alignment_index",
     "rho_lpa",
     "low_variance_energy_fraction",
     "permutation_baseline",
+    "mean_log_factors",
     "log_variance_decomposition",
     "effective_rank",
     "lpa_summary",

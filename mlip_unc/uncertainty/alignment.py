@@ -22,18 +22,19 @@ import torch
 from torch import Tensor
 
 from mlip_unc.uncertainty.calibration import spearman_corr
+from mlip_unc.uncertainty.moments import alignment_kappa, latent_variance
 
 TensorLike = Tensor | np.ndarray | Sequence[float]
 
 __all__ = [
     "ThreeFactorSplit",
     "LogUDecomposition",
-    "latent_variance",
     "three_factor_split",
     "alignment_index",
     "rho_lpa",
     "low_variance_energy_fraction",
     "permutation_baseline",
+    "mean_log_factors",
     "log_variance_decomposition",
     "effective_rank",
     "lpa_summary",
@@ -63,13 +64,7 @@ class ThreeFactorSplit(NamedTuple):
     mean_s2: Tensor
     """() | mean posterior variance ``s_bar^2 = mean_k s_k^2``."""
     kappa: Tensor
-    """(n,) | alignment factor ``(u^T S u) / s_bar^2`` with ``u = z/||z||``; NaN where z = 0."""
-
-
-def latent_variance(z: TensorLike, s2: TensorLike) -> Tensor:
-    """``U = z^T diag(s2) z`` per point: z (n, d), s2 (d,) -> (n,)."""
-    zt = _as_z(z)
-    return (zt * zt) @ _as_vec(s2, zt, "s2")
+    """(n,) | alignment factor ``(u^T S u) / s_bar^2`` with ``u = z/||z||``; 1 where z = 0."""
 
 
 def three_factor_split(z: TensorLike, s2: TensorLike) -> ThreeFactorSplit:
@@ -77,13 +72,12 @@ def three_factor_split(z: TensorLike, s2: TensorLike) -> ThreeFactorSplit:
 
     As defined in docs/method.md section 4 of this project. ``kappa = 1`` means no alignment
     (the expectation under a random permutation of the posterior axes); ``kappa < 1`` is LPA.
+    ``kappa`` is :func:`mlip_unc.uncertainty.moments.alignment_kappa`, with ``kappa(0) = 1``.
     """
     zt = _as_z(z)
     s2t = _as_vec(s2, zt, "s2")
     norm2 = (zt * zt).sum(dim=1)  # (n,)
-    mean_s2 = s2t.mean()  # ()
-    kappa = latent_variance(zt, s2t) / norm2 / mean_s2  # (n,), 0/0 -> NaN for z = 0
-    return ThreeFactorSplit(norm2, mean_s2, kappa)
+    return ThreeFactorSplit(norm2, s2t.mean(), alignment_kappa(zt, s2t))
 
 
 def alignment_index(z: TensorLike, mu: TensorLike, s2: TensorLike, min_abs_mean: float = 0.0) -> Tensor:
@@ -138,8 +132,10 @@ def permutation_baseline(z: TensorLike, s2: TensorLike) -> tuple[Tensor, Tensor]
     As defined in docs/method.md section 4 of this project. ``U_perm`` is the exact expectation
     of ``z^T S_pi z`` over uniformly random permutations ``pi`` of the posterior axes.
     """
-    split = three_factor_split(z, s2)
-    return latent_variance(z, s2), split.norm2 * split.mean_s2
+    zt = _as_z(z)
+    s2t = _as_vec(s2, zt, "s2")
+    split = three_factor_split(zt, s2t)
+    return latent_variance(zt, s2t), split.norm2 * split.mean_s2
 
 
 @dataclass(frozen=True)
@@ -169,12 +165,17 @@ class LogUDecomposition:
         return asdict(self)
 
 
-def _mean_logs(stats: ThreeFactorSplit | tuple[TensorLike, TensorLike, TensorLike]) -> tuple[float, float, float]:
+def mean_log_factors(
+    stats: ThreeFactorSplit | tuple[TensorLike, TensorLike, TensorLike],
+) -> tuple[float, float, float]:
+    """``(mean log ||z||^2, log s_bar^2, mean log kappa)`` of a :func:`three_factor_split`.
+
+    Means over the points with ``z != 0`` (and a finite, positive kappa); NaN means when there
+    is none. Their sum is ``mean log U`` over those points (docs/method.md section 4).
+    """
     norm2, mean_s2, kappa = (torch.as_tensor(np.asarray(v, dtype=np.float64)) if not isinstance(v, Tensor)
                              else v.detach().double().cpu() for v in stats)
     ok = (norm2 > 0) & (kappa > 0) & torch.isfinite(kappa)  # drop z = 0 points
-    if not bool(ok.any()):
-        raise ValueError("no point with ||z|| > 0")
     return (
         float(norm2[ok].log().mean()),
         math.log(float(mean_s2)),
@@ -194,7 +195,9 @@ def log_variance_decomposition(
     add up to the difference of ``mean log U`` (as defined in docs/method.md section 4 of this
     project). Points with ``z = 0`` are dropped.
     """
-    a, b = _mean_logs(model_a_stats), _mean_logs(model_b_stats)
+    a, b = mean_log_factors(model_a_stats), mean_log_factors(model_b_stats)
+    if math.isnan(a[0]) or math.isnan(b[0]):
+        raise ValueError("no point with ||z|| > 0")
     d = [bb - aa for aa, bb in zip(a, b)]
     return LogUDecomposition(log_norm2=d[0], log_mean_s2=d[1], log_kappa=d[2], log_u=sum(d))
 
@@ -226,7 +229,8 @@ def lpa_summary(
     """Summary of docs/method.md section 4 of this project over a set of latents.
 
     Keys: ``mean_u`` (mean z^T S z), ``mean_norm2``, ``mean_s2``, ``mean_s`` (mean posterior std
-    ``sqrt(s2_k)`` over k), ``mean_kappa``, ``median_alignment`` (NaN-ignoring median of A with
+    ``sqrt(s2_k)`` over k), ``mean_kappa`` (points with z = 0 count with ``kappa = 1``),
+    ``median_alignment`` (NaN-ignoring median of A with
     ``min_abs_mean``), ``rho_lpa``, ``low_variance_fraction`` (mean over points, ``r = d // 4``
     unless given, at least 1), ``effective_rank``.
     """

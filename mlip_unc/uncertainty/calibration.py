@@ -6,6 +6,11 @@ Inputs may be numpy arrays, torch tensors (any device; detached and copied to CP
 sequences of floats, of any shape: they are flattened to ``(n,)`` float64, and ``y_std`` is
 broadcast against ``y_pred`` (a scalar std is allowed). Metrics return Python floats.
 
+Library implementations are used where they exist: Spearman from ``scipy.stats.spearmanr``,
+AUROC as the Mann-Whitney U of ``scipy.stats.mannwhitneyu``, the Gaussian log density and CDF
+from ``scipy.stats.norm``. Miscalibration area, ENCE, coverage, CRPS and sharpness follow
+uncertainty-toolbox's (and chemprop's) definitions, written out here.
+
 Conventions (the metric list of docs/method.md section 7 of this project):
 
 * ``y_std`` is a standard deviation (not a variance). Negative entries raise ``ValueError``;
@@ -23,7 +28,8 @@ from typing import Literal
 
 import numpy as np
 import torch
-from scipy.special import ndtr, ndtri
+from scipy import stats
+from scipy.special import ndtri
 
 ArrayLike = np.ndarray | torch.Tensor | Sequence[float] | float
 NanPolicy = Literal["raise", "omit"]
@@ -31,12 +37,9 @@ NanPolicy = Literal["raise", "omit"]
 STD_FLOOR: float = 1e-12
 """Smallest standard deviation used; zero stds are clipped up to it."""
 
-_LOG_2PI = math.log(2.0 * math.pi)
-
 __all__ = [
     "STD_FLOOR",
     "as_numpy",
-    "rankdata",
     "spearman_corr",
     "rmse",
     "mae",
@@ -107,37 +110,20 @@ def _triple(
     return p, np.maximum(s, STD_FLOOR), t
 
 
-# ---------------------------------------------------------------- rank helpers
-def rankdata(x: ArrayLike) -> np.ndarray:
-    """Ranks 1..n of ``x`` (n,), ties given their average rank (scipy's ``method="average"``)."""
-    a = as_numpy(x)
-    order = np.argsort(a, kind="mergesort")
-    sorted_a = a[order]
-    # start of each run of equal values
-    new_run = np.concatenate([[True], sorted_a[1:] != sorted_a[:-1]])
-    run_id = np.cumsum(new_run) - 1  # (n,)
-    starts = np.flatnonzero(new_run)  # (n_runs,)
-    ends = np.concatenate([starts[1:], [a.size]])
-    avg_rank = 0.5 * (starts + 1 + ends)  # mean of ranks start+1..end
-    ranks = np.empty(a.size, dtype=np.float64)
-    ranks[order] = avg_rank[run_id]
-    return ranks
-
-
+# ---------------------------------------------------------------- rank correlation
 def spearman_corr(a: ArrayLike, b: ArrayLike, *, nan_policy: NanPolicy = "raise") -> float:
-    """Spearman rank correlation of two ``(n,)`` arrays; NaN if either is constant or n < 2."""
+    """Spearman rank correlation of two ``(n,)`` arrays (``scipy.stats.spearmanr``).
+
+    NaN if either array is constant or ``n < 2`` (no warning).
+    """
     x, y = as_numpy(a), as_numpy(b)
     if x.shape != y.shape:
         raise ValueError(f"arrays differ in size: {x.shape} vs {y.shape}")
     m = _finite_mask({"a": x, "b": y}, nan_policy)
     x, y = x[m], y[m]
-    if x.size < 2:
+    if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
-    rx, ry = rankdata(x), rankdata(y)
-    rx -= rx.mean()
-    ry -= ry.mean()
-    denom = math.sqrt(float(rx @ rx) * float(ry @ ry))
-    return float(rx @ ry) / denom if denom > 0 else float("nan")
+    return float(stats.spearmanr(x, y).statistic)
 
 
 # ---------------------------------------------------------------- accuracy
@@ -160,8 +146,7 @@ def nll(y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: N
     ``mean( 0.5 log(2 pi sigma^2) + (y - mu)^2 / (2 sigma^2) )``.
     """
     p, s, t = _triple(y_pred, y_std, y_true, nan_policy)
-    z2 = ((t - p) / s) ** 2
-    return float(np.mean(0.5 * _LOG_2PI + np.log(s) + 0.5 * z2))
+    return float(-np.mean(stats.norm.logpdf(t, loc=p, scale=s)))
 
 
 def crps(y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: NanPolicy = "raise") -> float:
@@ -172,8 +157,7 @@ def crps(y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: 
     """
     p, s, t = _triple(y_pred, y_std, y_true, nan_policy)
     z = (t - p) / s
-    pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
-    per_point = s * (z * (2.0 * ndtr(z) - 1.0) + 2.0 * pdf - 1.0 / math.sqrt(math.pi))
+    per_point = s * (z * (2.0 * stats.norm.cdf(z) - 1.0) + 2.0 * stats.norm.pdf(z) - 1.0 / math.sqrt(math.pi))
     return float(np.mean(per_point))
 
 
@@ -282,7 +266,7 @@ def sharpness(y_std: ArrayLike, *, nan_policy: NanPolicy = "raise") -> float:
 
 # ---------------------------------------------------------------- OOD detection
 def auroc(scores: ArrayLike, labels: ArrayLike) -> float:
-    """Area under the ROC curve, rank-based (Mann-Whitney U / (n_pos n_neg)).
+    """Area under the ROC curve: Mann-Whitney ``U / (n_pos n_neg)`` (``scipy.stats.mannwhitneyu``).
 
     Args:
         scores: ``(n,)`` higher = more likely positive (e.g. predictive std for OOD).
@@ -302,8 +286,7 @@ def auroc(scores: ArrayLike, labels: ArrayLike) -> float:
     n_pos, n_neg = int(pos.sum()), int((~pos).sum())
     if n_pos == 0 or n_neg == 0:
         raise ValueError("auroc needs both positive and negative labels")
-    ranks = rankdata(s)
-    u = ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0
+    u = stats.mannwhitneyu(s[pos], s[~pos], method="asymptotic").statistic
     return float(u / (n_pos * n_neg))
 
 

@@ -6,7 +6,8 @@ the training set covers it, and ``structural calibration = Spearman(predictive s
 * latent kNN distance (model-dependent): mean distance to the k nearest training latents;
 * max Tanimoto similarity of Morgan fingerprints (molecules, model-independent);
 * kNN distance in a fixed structure descriptor (periodic or molecular structures): a histogram
-  of interatomic distances per structure (SOAP-free).
+  of interatomic distances per structure (SOAP-free), hard-binned or Gaussian-smeared. It is
+  the package's one structure descriptor (active learning's farthest-point features use it).
 
 All functions return numpy float64 arrays; inputs may be numpy arrays or torch tensors.
 RDKit and ASE are imported inside the functions that need them.
@@ -119,7 +120,7 @@ def _pair_distances(structure: Any, r_max: float) -> tuple[np.ndarray, int]:
     """Distances of ordered pairs i != j within r_max (both directions) and the atom count."""
     if hasattr(structure, "get_positions"):  # ase.Atoms
         n = len(structure)
-        if bool(np.any(structure.get_pbc())):
+        if n > 0 and bool(np.any(structure.get_pbc())):
             from ase.neighborlist import neighbor_list
 
             return np.asarray(neighbor_list("d", structure, r_max), dtype=np.float64), n
@@ -130,6 +131,8 @@ def _pair_distances(structure: Any, r_max: float) -> tuple[np.ndarray, int]:
         n = pos.shape[0]
     if pos.ndim != 2 or pos.shape[1] != 3:
         raise ValueError(f"positions must be (n_atoms, 3), got {pos.shape}")
+    if n < 2:
+        return np.zeros(0), n
     from scipy.spatial import cKDTree
 
     pairs = cKDTree(pos).query_pairs(r_max, output_type="ndarray")  # (n_pairs, 2), i < j
@@ -139,24 +142,35 @@ def _pair_distances(structure: Any, r_max: float) -> tuple[np.ndarray, int]:
 
 
 def structure_descriptor(
-    structures: Sequence[Any], n_bins: int = 64, r_max: float = 6.0
+    structures: Sequence[Any], n_bins: int = 64, r_max: float = 6.0, *, smearing: float | None = None
 ) -> np.ndarray:
     """Interatomic-distance histogram per structure, a fixed SOAP-free descriptor.
 
     As defined in docs/method.md section 7 of this project. Each structure is an
     ``ase.Atoms`` (periodic images counted through ``ase.neighborlist.neighbor_list`` when any
     ``pbc`` is set) or a positions array (n_atoms, 3) (non-periodic). All ordered pairs
-    ``i != j`` with distance < ``r_max`` (Angstrom) are binned in ``n_bins`` equal bins on
-    ``[0, r_max)`` and divided by the atom count: the mean number of neighbours per atom in
-    each shell, comparable across structure sizes.
+    ``i != j`` with distance < ``r_max`` (Angstrom) are counted and divided by the atom count:
+    the mean number of neighbours per atom in each shell, comparable across structure sizes.
 
-    Returns: (n_structures, n_bins).
+    * ``smearing=None``: hard counts in ``n_bins`` equal bins on ``[0, r_max)``.
+    * ``smearing=w`` (Angstrom): each pair adds ``exp(-(d - c_b)^2 / (2 w^2))`` to the bins
+      centred at ``c_b = linspace(0, r_max, n_bins)``; smooth in the positions, so nearby
+      frames get nearby descriptors (what farthest-point sampling needs).
+
+    An empty structure gives zeros. Returns: (n_structures, n_bins).
     """
+    if smearing is not None and smearing <= 0:
+        raise ValueError(f"smearing must be positive or None, got {smearing}")
     edges = np.linspace(0.0, r_max, n_bins + 1)
+    centres = np.linspace(0.0, r_max, n_bins)
     out = np.zeros((len(structures), n_bins))
     for i, s in enumerate(structures):
-        dist, n = _pair_distances(s, r_max)
-        out[i] = np.histogram(dist, bins=edges)[0] / max(n, 1)
+        dist, n = _pair_distances(s, r_max)  # (n_pairs,)
+        if smearing is None:
+            counts = np.histogram(dist, bins=edges)[0]
+        else:
+            counts = np.exp(-0.5 * ((dist[:, None] - centres[None, :]) / smearing) ** 2).sum(axis=0)
+        out[i] = counts / max(n, 1)
     return out
 
 

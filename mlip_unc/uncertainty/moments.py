@@ -21,8 +21,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "energy_variance",
-    "local_energy_variance",
+    "latent_variance",
     "energy_aleatoric_variance",
     "alignment_kappa",
     "latent_gradients",
@@ -34,22 +33,20 @@ __all__ = [
 ]
 
 
-def energy_variance(phi: Tensor, s2: Tensor) -> Tensor:
-    """Epistemic ``Var[E] = Phi^T S Phi``.
+def latent_variance(z: Tensor, s2: Tensor) -> Tensor:
+    """Analytic variance ``z^T S z`` of ``w^T z`` under ``w ~ N(mu, S)``, ``S = diag(s2)``.
+
+    The one implementation of this formula in the package (docs/method.md s.2-4): the
+    epistemic ``Var[E] = Phi^T S Phi`` of graph latents, the per-atom view ``z_a^T S z_a``
+    (not a decomposition of ``Var[E]``), the latent part ``U(z)`` of the LPA metrics and the
+    closed-form variance of a Bayesian linear layer with several outputs.
 
     Shapes:
-        - **phi:** ``(n_graphs, d)``; **s2:** ``(d,)``; **output:** ``(n_graphs,)``
+        - **z:** ``(..., d)``
+        - **s2:** ``(d,)`` -> **output:** ``(...)``; or ``(n_out, d)`` (one row of variances
+          per output) -> **output:** ``(..., n_out)``
     """
-    return (phi * phi) @ s2
-
-
-def local_energy_variance(z: Tensor, s2: Tensor) -> Tensor:
-    """Per-atom view ``z_a^T S z_a`` (not a decomposition of ``Var[E]``).
-
-    Shapes:
-        - **z:** ``(n_atoms, d)``; **s2:** ``(d,)``; **output:** ``(n_atoms,)``
-    """
-    return (z * z) @ s2
+    return (z * z) @ (s2 if s2.dim() == 1 else s2.T)
 
 
 def energy_aleatoric_variance(num_atoms: Tensor, sigma_e2: Tensor) -> Tensor:
@@ -61,17 +58,22 @@ def energy_aleatoric_variance(num_atoms: Tensor, sigma_e2: Tensor) -> Tensor:
     return num_atoms.to(sigma_e2.dtype) * sigma_e2
 
 
-def alignment_kappa(phi: Tensor, s2: Tensor) -> Tensor:
-    """Alignment factor ``kappa = (u^T S u) / mean(s2)``, ``u = Phi / |Phi|`` (method.md s.4).
+def alignment_kappa(z: Tensor, s2: Tensor) -> Tensor:
+    """Alignment factor ``kappa(z) = (u^T S u) / mean(s2)``, ``u = z / |z|`` (docs/method.md s.4).
 
-    ``kappa = 1`` means no alignment, ``kappa < 1`` latent-posterior alignment. A zero latent
-    (e.g. isolated atoms) has no direction; it gets the neutral value 1.
+    ``kappa = 1`` is no alignment (the expectation under a random permutation of the
+    posterior axes), ``kappa < 1`` latent-posterior alignment; ``z^T S z = |z|^2 mean(s2) kappa``.
+
+    Convention: ``kappa(0) = 1``. A zero latent (e.g. an isolated atom, or a structure whose
+    latent equals the isolated-atom reference) has no direction and so carries no alignment
+    information; it gets the neutral value, which keeps every output finite. Differentiable
+    (the gradient at ``z = 0`` is 0).
 
     Shapes:
-        - **phi:** ``(n_graphs, d)``; **s2:** ``(d,)``; **output:** ``(n_graphs,)``
+        - **z:** ``(n, d)``; **s2:** ``(d,)``; **output:** ``(n,)``
     """
-    norm2 = (phi * phi).sum(-1)  # (n_graphs,)
-    ratio = energy_variance(phi, s2) / (norm2 * s2.mean()).clamp_min(torch.finfo(phi.dtype).tiny)
+    norm2 = (z * z).sum(-1)  # (n,)
+    ratio = latent_variance(z, s2) / (norm2 * s2.mean()).clamp_min(torch.finfo(z.dtype).tiny)
     return torch.where(norm2 > 0, ratio, torch.ones_like(ratio))
 
 

@@ -28,7 +28,6 @@ __all__ = [
     "IdentityCalibrator",
     "ZScaling",
     "IsotonicRecalibration",
-    "pava",
     "make_calibrator",
     "calibrator_from_state_dict",
 ]
@@ -109,36 +108,13 @@ class ZScaling:
 
 
 # ---------------------------------------------------------------- isotonic
-def pava(y: ArrayLike, weights: ArrayLike | None = None) -> np.ndarray:
-    """Pool-adjacent-violators: the non-decreasing least-squares fit to ``y`` (n,).
-
-    Minimises ``sum_i w_i (f_i - y_i)^2`` subject to ``f_1 <= ... <= f_n``. Returns ``f`` (n,).
-    """
-    yv = as_numpy(y)
-    wv = np.ones_like(yv) if weights is None else as_numpy(weights)
-    if wv.shape != yv.shape or (wv <= 0).any():
-        raise ValueError("weights must be positive and match y")
-    means: list[float] = []  # block means
-    wsum: list[float] = []  # block weights
-    count: list[int] = []  # block sizes
-    for yi, wi in zip(yv.tolist(), wv.tolist()):
-        means.append(yi)
-        wsum.append(wi)
-        count.append(1)
-        while len(means) > 1 and means[-2] > means[-1]:
-            w = wsum[-2] + wsum[-1]
-            m = (wsum[-2] * means[-2] + wsum[-1] * means[-1]) / w
-            c = count[-2] + count[-1]
-            del means[-1], wsum[-1], count[-1]
-            means[-1], wsum[-1], count[-1] = m, w, c
-    return np.repeat(np.asarray(means), np.asarray(count, dtype=np.int64))
-
-
 class IsotonicRecalibration:
     """Isotonic recalibration of the predictive CDF (Kuleshov et al. 2018), read as a std.
 
     Fit: with ``p_i = Phi((y_i - mu_i) / sigma_i)`` on validation data, regress the
-    empirical ``P_hat(p) = #{j: p_j <= p} / n`` on ``p`` with an isotonic (PAVA) fit ``R``,
+    empirical ``P_hat(p) = #{j: p_j <= p} / n`` on ``p`` with an isotonic fit ``R``. At the
+    sorted ``p_i`` the empirical CDF is already non-decreasing, so the isotonic least-squares
+    fit (pool-adjacent-violators) is ``P_hat`` itself and no solver is needed. ``R`` is
     pinned at ``R(0) = 0`` and ``R(1) = 1`` and linearly interpolated between knots. The
     recalibrated CDF is ``R(Phi((y - mu)/sigma))``.
 
@@ -169,8 +145,7 @@ class IsotonicRecalibration:
     ) -> IsotonicRecalibration:
         p, s, t = _triple(y_pred, y_std, y_true, nan_policy)  # type: ignore[arg-type]
         cdf = np.sort(ndtr((t - p) / s))  # (n,)
-        empirical = np.searchsorted(cdf, cdf, side="right") / cdf.size  # (n,)
-        fitted = np.clip(pava(empirical), 0.0, 1.0)
+        fitted = np.searchsorted(cdf, cdf, side="right") / cdf.size  # (n,) non-decreasing, in (0, 1]
         x = np.concatenate([[0.0], cdf, [1.0]])
         y = np.maximum.accumulate(np.concatenate([[0.0], fitted, [1.0]]))
         self.knots_x, self.knots_y = _compress_knots(x, y, self.max_knots)

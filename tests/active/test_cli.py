@@ -59,3 +59,24 @@ def test_flag_top_k_diverse_and_threshold(tmp_path, tiny_checkpoint):
     assert len(scores) == 6 and np.all(np.diff(scores) <= 0)
     result = runner.invoke(app, ["flag", "-m", str(tiny_checkpoint), "-d", str(tmp_path / "cand.xyz"), "--out", str(out)])
     assert result.exit_code == 1 and "--top-k" in result.output
+
+
+def test_active_module_imports_nothing_heavy():
+    import subprocess
+    import sys
+
+    heavy = ("torch", "mlip_unc.data", "mlip_unc.calculator", "mlip_unc.active")
+    code = f"import sys, mlip_unc.cli.active; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_active_learn_config_errors_name_the_key(tmp_path):
+    config = tmp_path / "al.yaml"
+    config.write_text("structures: {bulk: Cu, cubic: true}\nbootstrap: {frames: 2}\nmd: {temp: 300}\n")
+    result = runner.invoke(app, ["active-learn", "-c", str(config), "--out", str(tmp_path / "al")])
+    assert result.exit_code == 1 and "md.temp: unknown key" in result.output
+    result = runner.invoke(app, ["active-learn", "--config", str(config), "--set", "md={}",
+                                 "--set", "thresholds.max_force=2", "--out", str(tmp_path / "al")])  # fmt: skip
+    assert result.exit_code == 1 and "thresholds: unknown threshold keys ['max_force']" in result.output
+    assert not (tmp_path / "al").exists()

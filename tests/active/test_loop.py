@@ -4,28 +4,34 @@ import numpy as np
 import pytest
 from ase.build import bulk
 
-from mlip_unc.active.loop import (
-    GenerateSettings,
-    al_config_from_dict,
-    evaluate_structures,
-    oracle_md,
-    refit_energy_offsets,
-    run_active_learning,
-    train_model,
-)
+from mlip_unc.active.data import oracle_md
+from mlip_unc.active.evaluation import evaluate_structures
+from mlip_unc.active.loop import run_active_learning
 from mlip_unc.active.oracles import make_oracle
-from mlip_unc.calculator import UncertaintyCalculator
+from mlip_unc.active.training import refit_energy_offsets, train_model
+from mlip_unc.calculator import ThresholdError, UncertaintyCalculator
+from mlip_unc.config import ActiveLearningConfig, ConfigError, GenerateSettings, validate
 
 CU = {"bulk": "Cu", "crystalstructure": "fcc", "a": 3.61, "cubic": True}
 
 
 def test_config_validation_names_the_key():
-    with pytest.raises(ValueError, match=r"md: unknown keys \['temp'\]"):
-        al_config_from_dict({"structures": CU, "bootstrap": {}, "md": {"temp": 3}})
-    with pytest.raises(ValueError, match="nothing to start from"):
-        al_config_from_dict({"structures": CU})
-    with pytest.raises(ValueError, match="ensemble"):
-        al_config_from_dict({"structures": CU, "bootstrap": {}, "md": {"ensemble": "npt"}})
+    with pytest.raises(ConfigError, match=r"^md\.temp: unknown key"):
+        validate(ActiveLearningConfig, {"structures": CU, "bootstrap": {}, "md": {"temp": 3}})
+    with pytest.raises(ConfigError, match="nothing to start from"):
+        validate(ActiveLearningConfig, {"structures": CU})
+    with pytest.raises(ConfigError, match=r"^md\.ensemble"):
+        validate(ActiveLearningConfig, {"structures": CU, "bootstrap": {}, "md": {"ensemble": "npt"}})
+
+
+def test_bad_thresholds_fail_before_any_work(tmp_path):
+    out = tmp_path / "al"
+    for thresholds in ({"max_force": 2.0}, {"max_force_std": -1.0}):
+        config = validate(ActiveLearningConfig, {"out": str(out), "structures": CU, "bootstrap": {},
+                                                 "thresholds": thresholds})  # fmt: skip
+        with pytest.raises(ThresholdError, match="^thresholds: "):
+            run_active_learning(config)
+    assert not out.exists()
 
 
 def test_train_model_stores_levels_and_refit_offsets(tmp_path, tiny_training):
@@ -34,6 +40,7 @@ def test_train_model_stores_levels_and_refit_offsets(tmp_path, tiny_training):
     path = train_model(frames[:4], frames[4:], tiny_training, tmp_path / "run", refit_offsets=True)
     calc = UncertaintyCalculator(path)
     assert set(calc.uncertainty_levels) >= {"max_force_std", "energy_std_per_atom"}
+    assert calc.uncertainty_levels["n_structures"] == 2  # the trainer's, on the validation frames
     assert "energy_offset_refit" in calc.metadata
     errors = [calc.get_property("energy", a) - a.get_potential_energy() for a in frames[:4]]
     assert abs(np.mean(errors)) < 1e-6  # offsets fit the training energies on average
@@ -42,8 +49,17 @@ def test_train_model_stores_levels_and_refit_offsets(tmp_path, tiny_training):
     assert metrics["n"] == 2 and metrics["force_rmse"] > 0 and metrics["mean_max_force_std"] > 0
 
 
+def test_train_model_without_validation_levels_on_training_frames(tmp_path, tiny_training):
+    emt = make_oracle("emt")
+    frames = oracle_md(bulk("Cu", cubic=True, a=3.61), emt, GenerateSettings(frames=4, interval=3, equilibration=0))
+    tiny_training["data"]["valid_fraction"] = 0.0  # the trainer has no validation set: stores no levels
+    path = train_model(frames, [], tiny_training, tmp_path / "run")
+    levels = UncertaintyCalculator(path).uncertainty_levels
+    assert levels["n_structures"] == 4 and levels["max_force_std"] > 0 and levels["energy_std_per_atom"] > 0
+
+
 def test_one_round_with_the_emt_oracle(tmp_path, tiny_training):
-    config = al_config_from_dict({
+    config = validate(ActiveLearningConfig, {
         "out": str(tmp_path / "al"), "oracle": "emt", "structures": CU, "rounds": 1,
         "bootstrap": {"frames": 6, "valid_frames": 2, "interval": 3, "equilibration": 0},
         "test": {"temperature": 1000, "frames": 2, "interval": 3, "equilibration": 0},
@@ -62,7 +78,9 @@ def test_one_round_with_the_emt_oracle(tmp_path, tiny_training):
     assert (out / "report.md").is_file() and (out / "rounds.png").stat().st_size > 0
     assert (out / "round_0" / "md_0" / "md.png").is_file() and (out / "round_0" / "labelled.xyz").is_file()
     calc = UncertaintyCalculator(rows[1]["model"])
-    assert "fine_tuned_from" in calc.uncertainty_levels
+    # the retrained model's own levels, on the enlarged validation set (2 bootstrap + 1 labelled)
+    assert calc.uncertainty_levels["n_structures"] == rows[1]["n_valid"] == 3
+    assert calc.metadata["training_config"]["train"]["init_from"] == rows[0]["model"]
     history = json.loads((out / "round_0" / "retrained" / "history.json").read_text())
     assert history["config"]["train"]["init_from"] == rows[0]["model"]
     assert calc.model.backbone.config() == UncertaintyCalculator(rows[0]["model"]).model.backbone.config()

@@ -4,6 +4,7 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -17,7 +18,8 @@ SMILES = [
     "ClC", "CCCl", "FC(F)F", "CS", "CCS", "O=C=O", "CC(C)C", "CC(C)(C)C", "OCCO", "NCCN",
     "c1ccoc1", "c1ccsc1",
 ]
-SMALL = ["--hidden", "16", "--layers", "2", "--latent-dim", "8", "--batch-size", "8", "--no-progress"]
+SMALL = ["--set", "model.hidden=16", "--set", "model.layers=2", "--set", "model.latent_dim=8",
+         "--set", "batch_size=8", "--no-progress"]
 runner = CliRunner()
 
 
@@ -60,10 +62,30 @@ def test_train_then_predict(tiny_csv, tmp_path):
     rows = list(csv.DictReader(preds.open()))
     assert len(rows) == len(SMILES)
     assert list(rows[0]) == ["smiles", "mean", "std", "epistemic_std", "aleatoric_std"]
+    assert [r["smiles"] for r in rows] == SMILES
     for row in rows:
         std, epi, alea = float(row["std"]), float(row["epistemic_std"]), float(row["aleatoric_std"])
         assert std > 0 and epi > 0 and alea > 0
         assert std**2 == pytest.approx(epi**2 + alea**2, rel=1e-3)
+
+    # the test metrics of `train` are those of `predict`'s numbers on the recorded test rows
+    test_rows = raw["metadata"]["split"]["test"]
+    assert len(test_rows) == 4 and set(test_rows).isdisjoint(raw["metadata"]["split"]["train"])
+    targets = {r["mol"]: float(r["logS"]) for r in csv.DictReader(tiny_csv.open())}
+    y = np.array([targets[rows[i]["smiles"]] for i in test_rows])
+    mean = np.array([float(rows[i]["mean"]) for i in test_rows])
+    std = np.array([float(rows[i]["std"]) for i in test_rows])
+    err = mean - y
+    expected = {
+        "rmse": np.sqrt(np.mean(err**2)),
+        "mae": np.mean(np.abs(err)),
+        "nll": np.mean(0.5 * np.log(2 * np.pi * std**2) + err**2 / (2 * std**2)),
+        "coverage_95": np.mean(np.abs(err) <= 1.959964 * std),
+        "sharpness": np.sqrt(np.mean(std**2)),
+        "mean_std": np.mean(std),
+    }
+    for key, value in expected.items():  # the CSV keeps 6 significant digits
+        assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
 def test_split_file_train_fraction_and_resume(tiny_csv, tmp_path):
@@ -78,7 +100,7 @@ def test_split_file_train_fraction_and_resume(tiny_csv, tmp_path):
     assert second.exit_code == 0, second.output
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["n_train"] == 15 and metrics["n_test"] == 5 and metrics["epochs_run"] == 3
-    assert len(json.loads((out / "history.json").read_text())) == 3
+    assert len(json.loads((out / "history.json").read_text())["epochs"]) == 3
 
 
 def test_damaged_model_gives_a_clear_error(tiny_csv, tmp_path):

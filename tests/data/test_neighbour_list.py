@@ -1,4 +1,4 @@
-"""Neighbour list against ASE, edge direction, and differentiable edge vectors."""
+"""Neighbour list against ASE, edge direction, and differentiable edge vectors (mlip_unc.geometry)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import torch
 from ase.neighborlist import neighbor_list as ase_neighbor_list
 from torch_geometric.data import Batch, Data
 
-from mlip_unc.data import DataError, edge_lengths, edge_vectors, neighbour_list
+import mlip_unc.data
+from mlip_unc.data import DataError, neighbour_list
+from mlip_unc.geometry import batch_edge_vectors, edge_lengths, edge_vectors
 
 
 def _triclinic() -> ase.Atoms:
@@ -153,3 +155,33 @@ def test_batched_edge_vectors_equal_single_graphs() -> None:
     vec = edge_vectors(batch.pos, batch.edge_index, batch.cell_shift, batch.cell, batch.batch)
     single = torch.cat([edge_vectors(g.pos, g.edge_index, g.cell_shift, g.cell) for g in graphs])
     torch.testing.assert_close(vec, single)
+
+
+def test_batch_edge_vectors_periodic_and_without_cell() -> None:
+    graphs = [_graph(_triclinic(), 4.0), _graph(_molecule(), 3.0)]
+    batch = Batch.from_data_list(graphs)
+    ref = edge_vectors(batch.pos, batch.edge_index, batch.cell_shift, batch.cell, batch.batch)
+    torch.testing.assert_close(batch_edge_vectors(batch), ref, rtol=0.0, atol=0.0)
+    bare = Data(pos=graphs[1].pos, edge_index=graphs[1].edge_index)  # no cell: non-periodic
+    plain = bare.pos[bare.edge_index[0]] - bare.pos[bare.edge_index[1]]
+    torch.testing.assert_close(batch_edge_vectors(bare), plain, rtol=0.0, atol=0.0)
+
+
+def test_data_package_reexports_geometry() -> None:
+    assert mlip_unc.data.edge_vectors is edge_vectors
+    assert mlip_unc.data.edge_lengths is edge_lengths
+
+
+def test_geometry_imports_only_keys_of_mlip_unc() -> None:
+    import ast
+    import inspect
+
+    import mlip_unc.geometry
+
+    tree = ast.parse(inspect.getsource(mlip_unc.geometry))
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {
+        f"{n.module}.{a.name}" if n.module == "mlip_unc" else str(n.module)
+        for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names
+    }  # fmt: skip
+    assert {m for m in names if m.startswith("mlip_unc")} == {"mlip_unc.keys"}

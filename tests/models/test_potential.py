@@ -12,9 +12,11 @@ from e3nn import o3
 from torch_geometric.data import Batch
 
 from mlip_unc import keys
-from mlip_unc.data.structures import TypeMap, atoms_to_graph
-from mlip_unc.models.potential import BayesianPotential, UncertaintyMode, build_backbone
-from mlip_unc.train.checkpoint import load_checkpoint
+from mlip_unc.data import TypeMap, atoms_to_graph
+from mlip_unc.models.backbones import build_backbone
+from mlip_unc.models.checkpoint import load_checkpoint
+from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.models.potential_uncertainty import UncertaintyMode
 
 R_MAX = 3.0
 TYPES = TypeMap.from_list([1, 6, 8])

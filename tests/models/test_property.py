@@ -6,12 +6,13 @@ from torch_geometric.data import Batch
 from torch_geometric.utils import from_smiles
 
 from mlip_unc import keys
+from mlip_unc.config import Method, PropertyConfig
 from mlip_unc.models.baselines import LaplaceHead
-from mlip_unc.models.property import PropertyPredictor, build_model, predict_graphs
+from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
+from mlip_unc.models.factory import PropertyPredictor, build_model
+from mlip_unc.models.property import predict_graphs
 from mlip_unc.nn.gin import MolecularGIN
-from mlip_unc.train.checkpoint import load_checkpoint, save_checkpoint
-from mlip_unc.train.config import Method, PropertyConfig
-from mlip_unc.train.trainer import Trainer, model_payload, target_statistics
+from mlip_unc.train.property import model_payload, property_trainer, target_statistics
 
 SMILES = [
     "C", "CC", "CCC", "CCCC", "CCCCC", "CCCCCC", "CO", "CCO", "CCCO", "CCCCO",
@@ -81,7 +82,7 @@ def test_each_method_trains_two_epochs_and_predicts(method):
     torch.manual_seed(0)
     mean, std = target_statistics(graphs[:30])
     model = build_model(config, y_mean=mean, y_std=std)
-    result = Trainer(model, config).fit(graphs[:30], graphs[30:35])
+    result = property_trainer(model, config, graphs[:30], graphs[30:35]).fit()
     assert result.epochs_run == 2 and len(result.history) == 2
     out = predict_graphs(model, graphs[35:])
     for key in (keys.PREDICTION, keys.PREDICTION_VAR, keys.EPISTEMIC_VAR, keys.ALEATORIC_VAR):
@@ -168,7 +169,7 @@ def test_saved_model_reloads_with_weights_only(tmp_path):
         config = small_config(method)
         torch.manual_seed(0)
         model = build_model(config, y_mean=torch.tensor([1.0]), y_std=torch.tensor([2.0]))
-        Trainer(model, config).fit(graphs[:30], graphs[30:])
+        property_trainer(model, config, graphs[:30], graphs[30:]).fit()
         path = save_checkpoint(tmp_path / f"{method}.pt", model_payload(model, config, {"n_targets": 1}))
         raw = torch.load(path, weights_only=True)
         assert raw["normalization"] == {"mean": [1.0], "std": [2.0]}
@@ -178,3 +179,33 @@ def test_saved_model_reloads_with_weights_only(tmp_path):
         for key in ("mean", "std", "epistemic_std", "aleatoric_std"):
             assert loaded[key].shape == (5, 1)
             torch.testing.assert_close(torch.as_tensor(loaded[key]), torch.as_tensor(direct[key]))
+
+
+def test_mc_dropout_draws_equal_those_of_a_seeded_global_rng():
+    """The locally forked RNG gives the numbers of ``torch.manual_seed(seed)`` + dropout draws."""
+    graphs = tiny_graphs()
+    torch.manual_seed(0)
+    model = build_model(small_config("mcdropout")).eval()
+    batch = Batch.from_data_list(graphs[:6])
+    dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert dropouts
+
+    def reference(seed):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for m in dropouts:
+                m.train()
+            draws = torch.stack([model.head(model.latent(batch)) for _ in range(model.mc_samples)])
+            for m in dropouts:
+                m.eval()
+        return draws.mean(0), draws.var(0, unbiased=True)
+
+    out = model.predictive(batch)
+    mean, epi = reference(0)
+    assert torch.equal(out[keys.PREDICTION], mean) and torch.equal(out[keys.EPISTEMIC_VAR], epi)
+    gen = torch.Generator().manual_seed(5)
+    seed = int(torch.randint(0, 2**31 - 1, (), generator=torch.Generator().manual_seed(5)))
+    out = model.predictive(batch, generator=gen)
+    mean, epi = reference(seed)
+    assert torch.equal(out[keys.PREDICTION], mean) and torch.equal(out[keys.EPISTEMIC_VAR], epi)
+    assert not any(m.training for m in dropouts)

@@ -11,8 +11,8 @@ import torch
 from e3nn import o3
 from torch_geometric.data import Batch
 
-from mlip_unc.data.structures import TypeMap, atoms_to_graph
-from mlip_unc.models.potential import BACKBONES, Backbone, build_backbone
+from mlip_unc.data import TypeMap, atoms_to_graph
+from mlip_unc.models.backbones import BACKBONES, Backbone, build_backbone
 from mlip_unc.nn.radial import (
     BesselBasis,
     CosineCutoff,

@@ -2,16 +2,17 @@
 
 import pytest
 
-from mlip_unc.train.potential_config import (
+from mlip_unc.config import (
     Backbone,
     ConfigError,
     HeadKind,
+    PotentialConfig,
+    RegularizerKind,
     apply_overrides,
-    config_from_dict,
     config_to_dict,
-    load_config,
+    load_potential_config as load_config,
+    potential_config_from_dict as config_from_dict,
 )
-from mlip_unc.train.regularizers import RegularizerKind
 
 BASE = {"data": {"train": "train.xyz"}}
 
@@ -72,7 +73,7 @@ def test_overrides_bare_and_dotted(tmp_path):
     cfg = load_config(path, ["epochs=3", "model.latent_dim=8", "seed=4", "data.valid=null"])
     assert (cfg.train.epochs, cfg.model.latent_dim, cfg.seed, cfg.data.valid) == (3, 8, 4, None)
     with pytest.raises(ConfigError, match="^nonsense: unknown key"):
-        apply_overrides({}, ["nonsense=1"])
+        apply_overrides({}, ["nonsense=1"], PotentialConfig)
     with pytest.raises(ConfigError, match="key=value"):
         apply_overrides({}, ["epochs"])
 

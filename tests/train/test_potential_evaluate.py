@@ -10,8 +10,9 @@ from ase.calculators.emt import EMT
 from torch import nn
 
 from mlip_unc import keys
-from mlip_unc.data.structures import StructureDataset
-from mlip_unc.train.evaluate import Committee, evaluate_potential, frame_table, predict, write_frame_csv
+from mlip_unc.data import StructureDataset
+from mlip_unc.models.committee import Committee
+from mlip_unc.train.evaluate import evaluate_potential, frame_table, predict, write_frame_csv
 
 
 class Oracle(nn.Module):

@@ -7,7 +7,7 @@ import ase.io
 import numpy as np
 import pytest
 
-from mlip_unc.train.checkpoint import load_checkpoint
+from mlip_unc.models.checkpoint import load_checkpoint
 import torch
 from ase.build import bulk
 from ase.calculators.emt import EMT
@@ -15,10 +15,11 @@ from ase.calculators.singlepoint import SinglePointCalculator
 
 from mlip_unc import keys
 from mlip_unc.models.potential import BayesianPotential
-from mlip_unc.train import potential_trainer
-from mlip_unc.train.evaluate import Committee, load_potential
-from mlip_unc.train.potential_config import config_from_dict
-from mlip_unc.train.potential_trainer import prepare_data, run_training, train_potential
+from mlip_unc.train import potential as potential_trainer
+from mlip_unc.models.committee import Committee, load_potential
+from mlip_unc.config import potential_config_from_dict as config_from_dict
+from mlip_unc.train.potential import run_training, train_potential
+from mlip_unc.train.potential_data import prepare_data
 
 
 def _labelled(atoms):
@@ -99,8 +100,8 @@ def test_resume_reaches_the_same_state(data_dir, tmp_path):
     train_potential(_config(data_dir, tmp_path / "b", epochs=1))
     resumed = train_potential(_config(data_dir, tmp_path / "b", epochs=2, resume=True))
     assert len(resumed.history) == 2 and resumed.history[-1]["epoch"] == 2
-    a = torch.load(tmp_path / "a" / "last.pt", weights_only=True)["model"]["model_state"]
-    b = torch.load(tmp_path / "b" / "last.pt", weights_only=True)["model"]["model_state"]
+    a = torch.load(tmp_path / "a" / "last.pt", weights_only=True)["model_state"]
+    b = torch.load(tmp_path / "b" / "last.pt", weights_only=True)["model_state"]
     assert all(torch.allclose(a[k], b[k]) for k in a)
     again = train_potential(_config(data_dir, tmp_path / "b", epochs=2, resume=True))
     assert len(again.history) == 2 and again.stop_reason == "epochs"
@@ -128,9 +129,7 @@ def test_map_ensemble_is_a_committee(data_dir, tmp_path):
 
 
 def _as_raw(cfg):
-    from mlip_unc.train.potential_config import config_to_dict
-
-    return config_to_dict(cfg)
+    return cfg.to_dict()
 
 
 def test_agl_regularizer_runs(data_dir, tmp_path):

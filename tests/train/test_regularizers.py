@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mlip_unc.nn.rotation import RandomRotation
 from mlip_unc.train import regularizers as reg
-from mlip_unc.train.regularizers import LambdaSchedule, RandomRotation, RegularizerKind
+from mlip_unc.train.regularizers import LambdaSchedule, RegularizerKind
 
 
 def _inputs(seed: int = 0, n: int = 16, d: int = 6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -6,11 +6,13 @@ import pytest
 import torch
 from torch_geometric.utils import from_smiles
 
-from mlip_unc.models.property import build_model
-from mlip_unc.train.checkpoint import CheckpointError, save_checkpoint
-from mlip_unc.train.config import PropertyConfig, TrainConfig, load_config
+from mlip_unc.models.factory import build_model
+from mlip_unc.models.checkpoint import CheckpointError, save_checkpoint
+from mlip_unc.config import PropertyConfig
+from mlip_unc.config import PropertyTrainConfig as TrainConfig
+from mlip_unc.config import load_property_config as load_config
 from mlip_unc.train.losses import gaussian_nll, kl_weight, negative_elbo
-from mlip_unc.train.trainer import Trainer, model_payload, target_statistics, train_property_model
+from mlip_unc.train.property import model_payload, property_trainer, target_statistics, train_property_model
 
 SMILES = [
     "C", "CC", "CCC", "CCCC", "CCCCC", "CCCCCC", "CO", "CCO", "CCCO", "CCCCO",
@@ -42,7 +44,8 @@ def config(method="bgnn", **train):
 def fresh(cfg, graphs, out_dir=None):
     torch.manual_seed(cfg.train.seed)
     mean, std = target_statistics(graphs[:32])
-    return Trainer(build_model(cfg, y_mean=mean, y_std=std), cfg, out_dir=out_dir)
+    model = build_model(cfg, y_mean=mean, y_std=std)
+    return property_trainer(model, cfg, graphs[:32], graphs[32:], out_dir=out_dir)
 
 
 # ---------------------------------------------------------------------- ELBO
@@ -50,7 +53,9 @@ def test_negative_elbo_scales_kl_by_n_train():
     nll, kl = torch.tensor(0.7), torch.tensor(50.0)
     loss, term = negative_elbo(nll, kl, n_train=200, beta=0.5)
     assert term.item() == pytest.approx(0.5 * 50.0 / 200) and loss.item() == pytest.approx(0.7 + 0.125)
-    assert kl_weight(0, beta=1.0, anneal_epochs=4) == 0.25 and kl_weight(9, beta=1.0, anneal_epochs=4) == 1.0
+    # one convention: a linear ramp from 0 over the (fractional) epochs, evaluated every step
+    assert kl_weight(0, beta=1.0, warmup_epochs=4) == 0.0 and kl_weight(1, beta=1.0, warmup_epochs=4) == 0.25
+    assert kl_weight(9, beta=2.0, warmup_epochs=4) == 2.0 and kl_weight(0.5, beta=1.0) == 1.0
     with pytest.raises(ValueError):
         negative_elbo(nll, kl, n_train=0)
 
@@ -67,7 +72,7 @@ def test_trainer_kl_term_is_beta_kl_over_training_examples(graphs):
     cfg = config(epochs=1, beta=0.3, lr=1e-12, batch_size=8)
     trainer = fresh(cfg, graphs)
     kl_before = trainer.model.kl().item()
-    trainer.fit(graphs[:32], graphs[32:])
+    trainer.fit()
     record = trainer.history[0]
     assert record["train_kl"] == pytest.approx(0.3 * kl_before / 32, rel=1e-5)
     assert record["kl_total"] == pytest.approx(kl_before, rel=1e-5)
@@ -82,51 +87,51 @@ def test_resume_after_interruption_matches_uninterrupted_run(graphs, tmp_path):
     # weight sampling (noise generator), plateau schedule and early stopping state all resume
     cfg = config("fullbnn", epochs=12, patience=3, stop_metric="rmse", lr=0.01)  # stops early at 10
     full = fresh(cfg, graphs, tmp_path / "a")
-    res_a = full.fit(graphs[:32], graphs[32:])
+    res_a = full.fit()
 
     part = fresh(cfg, graphs, tmp_path / "b")
-    res_b1 = part.fit(graphs[:32], graphs[32:], stop_after=8)
+    res_b1 = part.fit(stop_after=8)
     assert not res_b1.finished and res_b1.epochs_run == 8
     resumed = fresh(cfg, graphs, tmp_path / "b")  # a new process: new model, then load
-    res_b = resumed.fit(graphs[:32], graphs[32:], resume=True)
+    res_b = resumed.fit(resume=True)
     assert res_b.finished and res_b.epochs_run == res_a.epochs_run
     assert (res_b.best_epoch, res_b.stopped_early) == (res_a.best_epoch, res_a.stopped_early)
     assert res_a.stopped_early and res_a.epochs_run < cfg.train.epochs
     assert len(resumed.history) == res_a.epochs_run
     assert _final(resumed) == pytest.approx(_final(full), rel=1e-6, abs=1e-7)
-    hist = json.loads((tmp_path / "b" / "history.json").read_text())
-    assert [r["epoch"] for r in hist] == list(range(res_a.epochs_run))
+    hist = json.loads((tmp_path / "b" / "history.json").read_text())["epochs"]
+    assert [r["epoch"] for r in hist] == list(range(1, res_a.epochs_run + 1))
     for key, value in full.model.state_dict().items():  # the restored best weights agree
         torch.testing.assert_close(resumed.model.state_dict()[key], value, rtol=1e-5, atol=1e-6)
 
 
 def test_resume_after_a_crash_in_a_callback(graphs, tmp_path):
-    cfg = config("mcdropout", epochs=5, scheduler="cosine")  # dropout draws from torch's global RNG
+    cfg = config("mcdropout", epochs=5, lr_schedule="cosine")  # dropout draws from torch's global RNG
     full = fresh(cfg, graphs, tmp_path / "a")
-    full.fit(graphs[:32], graphs[32:])
+    full.fit()
 
     def crash(epoch, record):
         if epoch == 1:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        fresh(cfg, graphs, tmp_path / "b").fit(graphs[:32], graphs[32:], callbacks=[crash])
+        fresh(cfg, graphs, tmp_path / "b").fit(callbacks=[crash])
     resumed = fresh(cfg, graphs, tmp_path / "b")
-    resumed.fit(graphs[:32], graphs[32:], resume=True)
+    resumed.fit(resume=True)
     assert resumed.epoch == full.epoch == 5
     assert _final(resumed) == pytest.approx(_final(full), rel=1e-6, abs=1e-7)
 
 
 def test_resume_refuses_damaged_or_foreign_checkpoints(graphs, tmp_path):
     cfg = config(epochs=2)
-    fresh(cfg, graphs, tmp_path).fit(graphs[:32], graphs[32:], stop_after=1)
+    fresh(cfg, graphs, tmp_path).fit(stop_after=1)
     other = fresh(config(epochs=2, lr=0.5), graphs, tmp_path)
     with pytest.raises(CheckpointError, match="different config"):
-        other.fit(graphs[:32], graphs[32:], resume=True)
-    ckpt = tmp_path / "checkpoint.pt"
+        other.fit(resume=True)
+    ckpt = tmp_path / "last.pt"
     ckpt.write_bytes(ckpt.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="truncated or corrupted"):
-        fresh(cfg, graphs, tmp_path).fit(graphs[:32], graphs[32:], resume=True)
+        fresh(cfg, graphs, tmp_path).fit(resume=True)
 
 
 # ---------------------------------------------------------------------- history, hook
@@ -134,11 +139,13 @@ def test_history_and_regulariser_hook(graphs, tmp_path):
     cfg = config("agl", epochs=3, reg_lambda=0.5, reg_warmup=1, reg_ramp=1)
     assert cfg.train.regularizer == "agl_mean"
     trainer = fresh(cfg, graphs, tmp_path)
-    trainer.fit(graphs[:32], graphs[32:])
-    hist = json.loads((tmp_path / "history.json").read_text())
-    for key in ("train_nll", "train_kl", "train_reg", "val_rmse", "val_nll", "lambda", "effective_rank", "mean_s"):
+    trainer.fit()
+    hist = json.loads((tmp_path / "history.json").read_text())["epochs"]
+    for key in ("train_nll", "train_kl", "train_reg", "val_rmse", "val_nll", "train_lambda", "effective_rank", "mean_s"):
         assert key in hist[0], key
-    assert [r["lambda"] for r in hist] == [0.0, 0.0, 0.5]
+    # lambda per step: 0 in the warm-up epoch, a ramp within the second, lambda_max in the third
+    lam = [r["train_lambda"] for r in hist]
+    assert lam[0] == 0.0 and 0.0 < lam[1] < 0.5 and lam[2] == 0.5
     assert hist[0]["train_reg"] == 0.0 and hist[2]["train_reg"] > 0.0
 
 
@@ -146,11 +153,11 @@ def test_history_and_regulariser_hook(graphs, tmp_path):
 def test_interventions(graphs, intervention):
     cfg = config(epochs=1, intervention=intervention, reg_warmup=0, reg_ramp=0)
     trainer = fresh(cfg, graphs)
-    trainer.fit(graphs[:32], graphs[32:])
+    trainer.fit()
     if intervention == "rotation":
         assert trainer.model.rotation is not None and trainer.history[0]["train_reg"] == 0.0
     else:
-        assert trainer.reg_kind == intervention and trainer.history[0]["train_reg"] != 0.0
+        assert trainer.task.reg_kind == intervention and trainer.history[0]["train_reg"] != 0.0
 
 
 def test_freeze_posterior_from_baseline(graphs, tmp_path):
@@ -163,7 +170,7 @@ def test_freeze_posterior_from_baseline(graphs, tmp_path):
         cfg, graphs[:30], graphs[30:35], graphs[35:], out_dir=tmp_path / "run",
         freeze_posterior=tmp_path / "base.pt",
     )
-    from mlip_unc.models.property import PropertyPredictor
+    from mlip_unc.models.factory import PropertyPredictor
 
     head = PropertyPredictor.load(tmp_path / "run").model.head
     torch.testing.assert_close(head.weight_mu, donor.head.weight_mu)
@@ -171,10 +178,39 @@ def test_freeze_posterior_from_baseline(graphs, tmp_path):
     assert metrics["rmse"] > 0
 
 
-def test_laplace_posterior_is_fitted_after_training(graphs):
-    trainer = fresh(config("laplace", epochs=2), graphs)
-    trainer.fit(graphs[:32], graphs[32:])
-    assert bool(trainer.model.head.fitted) and (trainer.model.head.prior_precision > 0).all()
+def test_laplace_posterior_is_fitted_after_training(graphs, tmp_path):
+    """After training, the last-layer Laplace posterior is the closed form on the TRAINING latents:
+    Sigma = (Z~^T Z~ / sigma_n^2 + lambda I)^-1, Z~ = [Z, 1], recomputed here from the model."""
+    from torch_geometric.data import Batch
+
+    from mlip_unc import keys
+
+    predictor, _ = train_property_model(config("laplace", epochs=2), graphs[:32], graphs[32:], out_dir=tmp_path)
+    model, head = predictor.model.eval(), predictor.model.head
+    assert bool(head.fitted)
+    with torch.no_grad():
+        z = model.latent(Batch.from_data_list(graphs[:32]))  # (32, d)
+        noise_var = model.noise(z).double()  # (32, 1) in standardised units
+        out = model.predictive(Batch.from_data_list(graphs[32:]))
+    zt = torch.cat([z.double(), torch.ones(32, 1, dtype=torch.float64)], 1)  # (32, p)
+    p = zt.shape[1]
+    lam = head.prior_precision[0].double()
+    precision = zt.T @ (zt / noise_var) + lam * torch.eye(p, dtype=torch.float64)  # (p, p)
+    cov = torch.linalg.inv(precision)
+    torch.testing.assert_close(head.posterior_cov[0].double(), cov, rtol=1e-4, atol=1e-6 * cov.abs().max().item())
+    # lambda maximises the Laplace evidence -1/2 [log det(lambda I + H) - p log lambda + lambda |theta|^2]
+    theta = torch.cat([head.linear.weight[0], head.linear.bias]).detach().double()
+    hess = precision - lam * torch.eye(p, dtype=torch.float64)
+
+    def log_evidence(value):
+        eye = torch.eye(p, dtype=torch.float64)
+        return -0.5 * (torch.logdet(hess + value * eye) - p * value.log() + value * theta @ theta)
+
+    assert all(log_evidence(lam) >= log_evidence(lam * f) for f in (0.5, 2.0))
+    # the predictive epistemic variance of held-out graphs uses that covariance: z~^T Sigma z~
+    zt_val = torch.cat([out[keys.LATENT].double(), torch.ones(len(graphs) - 32, 1, dtype=torch.float64)], 1)
+    expected = torch.einsum("np,pq,nq->n", zt_val, cov, zt_val)
+    torch.testing.assert_close(out[keys.EPISTEMIC_VAR][:, 0].double(), expected, rtol=1e-3, atol=1e-7)
 
 
 # ---------------------------------------------------------------------- config

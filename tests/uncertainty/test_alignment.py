@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mlip_unc.uncertainty import alignment as al
+from mlip_unc.uncertainty.moments import latent_variance
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -35,7 +36,20 @@ def test_three_factors_multiply_back(posterior) -> None:
     norm2, mean_s2, kappa = al.three_factor_split(z, s2)
     u = z.pow(2) @ s2
     torch.testing.assert_close(norm2 * mean_s2 * kappa, u)
-    torch.testing.assert_close(al.latent_variance(z, s2), u)
+    torch.testing.assert_close(latent_variance(z, s2), u)
+
+
+def test_zero_latent_has_neutral_kappa(posterior) -> None:
+    """kappa(0) = 1, the same convention as the potential's per-structure kappa."""
+    z, mu, s2 = posterior
+    z0 = torch.cat([torch.zeros(2, 8, dtype=torch.float64), z])
+    split = al.three_factor_split(z0, s2)
+    assert split.kappa[:2].tolist() == [1.0, 1.0] and split.norm2[:2].tolist() == [0.0, 0.0]
+    torch.testing.assert_close(split.kappa[2:], al.three_factor_split(z, s2).kappa)
+    # z = 0 points are dropped from the means of the logs
+    assert al.mean_log_factors(split) == pytest.approx(al.mean_log_factors(al.three_factor_split(z, s2)))
+    with pytest.raises(ValueError, match="no point"):
+        al.log_variance_decomposition(al.three_factor_split(z0[:2], s2), split)
 
 
 def test_alignment_index_is_one_on_s_inverse_mu(posterior) -> None:
@@ -94,7 +108,7 @@ def test_log_variance_decomposition_adds_up(posterior) -> None:
     s2_b = 1.7 * s2
     a, b = al.three_factor_split(z, s2), al.three_factor_split(z_b, s2_b)
     dec = al.log_variance_decomposition(a, b)
-    direct = float(al.latent_variance(z_b, s2_b).log().mean() - al.latent_variance(z, s2).log().mean())
+    direct = float(latent_variance(z_b, s2_b).log().mean() - latent_variance(z, s2).log().mean())
     assert dec.log_u == pytest.approx(direct, rel=1e-10)
     assert dec.log_norm2 + dec.log_mean_s2 + dec.log_kappa == pytest.approx(direct, rel=1e-10)
     # only the posterior width changes -> mean_s2 dominates, by exactly log 3

@@ -99,9 +99,23 @@ def test_auroc() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.integers(-3, 3), min_size=1, max_size=30))
-def test_rankdata_matches_scipy(values: list[int]) -> None:
-    np.testing.assert_allclose(cal.rankdata(values), scipy.stats.rankdata(values))
+@given(st.lists(st.tuples(st.integers(-3, 3), st.integers(-3, 3)), min_size=2, max_size=30))
+def test_auroc_counts_pairs(pairs: list[tuple[int, int]]) -> None:
+    """AUROC = P(score_pos > score_neg) + 0.5 P(tie), over all positive-negative pairs."""
+    scores = np.array([float(s) for s, _ in pairs])
+    labels = np.arange(len(pairs)) % 2
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    diff = pos[:, None] - neg[None, :]
+    expected = float(np.mean((diff > 0) + 0.5 * (diff == 0)))
+    assert cal.auroc(scores, labels) == pytest.approx(expected, abs=1e-12)
+
+
+def test_spearman_corr_constant_and_short() -> None:
+    assert math.isnan(cal.spearman_corr([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))
+    assert math.isnan(cal.spearman_corr([1.0], [2.0]))
+    assert cal.spearman_corr([1.0, 2.0, 2.0, 5.0], [3.0, 1.0, 1.0, 0.0]) == pytest.approx(
+        scipy.stats.spearmanr([1.0, 2.0, 2.0, 5.0], [3.0, 1.0, 1.0, 0.0]).statistic
+    )
 
 
 def test_spearman_corr_matches_scipy() -> None:

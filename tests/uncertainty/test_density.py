@@ -61,6 +61,23 @@ def test_structure_descriptor_molecule_and_periodic() -> None:
     assert knn[0] == pytest.approx(0.0)
 
 
+def test_structure_descriptor_smeared_and_empty() -> None:
+    from ase import Atoms
+
+    dimer = np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.5]])
+    smeared = den.structure_descriptor([dimer, Atoms(), dimer[:1]], n_bins=5, r_max=4.0, smearing=0.5)
+    centres = np.linspace(0.0, 4.0, 5)
+    np.testing.assert_allclose(smeared[0], np.exp(-0.5 * ((1.5 - centres) / 0.5) ** 2))  # 2 pairs / 2 atoms
+    np.testing.assert_allclose(smeared[1:], 0.0)  # empty structure, single atom
+    periodic = Atoms("Ar", positions=[[0, 0, 0]], cell=np.eye(3) * 3.0, pbc=True)
+    np.testing.assert_allclose(
+        den.structure_descriptor([periodic], n_bins=5, r_max=4.0, smearing=0.5)[0],
+        6.0 * np.exp(-0.5 * ((3.0 - centres) / 0.5) ** 2),
+    )
+    with pytest.raises(ValueError, match="smearing"):
+        den.structure_descriptor([dimer], smearing=0.0)
+
+
 def test_structural_calibration() -> None:
     proxy = np.array([0.1, 0.5, 0.3, 2.0, np.nan])
     assert den.structural_calibration(proxy * 3 + 1, proxy) == pytest.approx(1.0)

@@ -1,9 +1,10 @@
-"""Recalibration: z-scaling, isotonic (PAVA), state dicts."""
+"""Recalibration: z-scaling, isotonic, state dicts."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 
 from mlip_unc.uncertainty.calibration import miscalibration_area
@@ -13,7 +14,6 @@ from mlip_unc.uncertainty.recalibration import (
     ZScaling,
     calibrator_from_state_dict,
     make_calibrator,
-    pava,
 )
 
 
@@ -32,11 +32,13 @@ def test_zscaling_recovers_factor_three() -> None:
     np.testing.assert_allclose(cal.transform(np.array([1.0, 2.0])), [cal.scale, 2 * cal.scale])
 
 
-def test_pava() -> None:
-    np.testing.assert_allclose(pava([3.0, 1.0, 2.0]), [2.0, 2.0, 2.0])
-    np.testing.assert_allclose(pava([1.0, 3.0, 2.0, 4.0]), [1.0, 2.5, 2.5, 4.0])
-    np.testing.assert_allclose(pava([0.0, 1.0, 2.0]), [0.0, 1.0, 2.0])
-    np.testing.assert_allclose(pava([2.0, 0.0], weights=[3.0, 1.0]), [1.5, 1.5])
+def test_isotonic_map_is_the_empirical_cdf() -> None:
+    """Without thinning, R at the validation PIT values is their empirical CDF (monotone)."""
+    p, s, t = _sample(200, 0.5, seed=3)
+    cal = IsotonicRecalibration(max_knots=10_000).fit(p, s, t)
+    assert np.all(np.diff(cal.knots_y) >= 0) and cal.knots_y[0] == 0.0 and cal.knots_y[-1] == 1.0
+    pit = np.sort(scipy.stats.norm.cdf((t - p) / s))
+    np.testing.assert_allclose(cal.recalibrated_cdf(pit), np.arange(1, 201) / 200, atol=1e-12)
 
 
 def test_isotonic_improves_miscalibration_and_round_trips(tmp_path) -> None:

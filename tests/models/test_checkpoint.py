@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mlip_unc.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 
 def test_round_trip_weights_only(tmp_path):

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["FORMAT", "VERSION", "CheckpointError", "save_checkpoint", "load_checkpoint"]
+
 FORMAT = "mlip_unc"
 VERSION = 1
 

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from mlip_unc.data.molecules import smiles_to_graph
-from mlip_unc.train.checkpoint import save_checkpoint
-from mlip_unc.train.config import ModelConfig, PropertyConfig, TrainConfig
-from mlip_unc.train.trainer import model_payload
-from mlip_unc.uncertainty.study import (
+from mlip_unc.models.checkpoint import save_checkpoint
+from mlip_unc.config import PropertyConfig
+from mlip_unc.config import PropertyModelConfig as ModelConfig
+from mlip_unc.config import PropertyTrainConfig as TrainConfig
+from mlip_unc.train.property import model_payload
+from mlip_unc.study import (
     RECORD_KEYS,
     acceptance,
     aggregate,
@@ -44,7 +46,7 @@ def _synthetic_graphs(n: int = 40) -> list:
 def tiny() -> dict:
     graphs = _synthetic_graphs()
     model = ModelConfig(method="bgnn", hidden=16, layers=2, latent_dim=8)
-    train = TrainConfig(epochs=2, batch_size=8, scheduler="cosine", patience=0, progress=False)
+    train = TrainConfig(epochs=2, batch_size=8, lr_schedule="cosine", patience=0, progress=False)
     base = PropertyConfig(model=model, train=train)
     return {"train": graphs[:26], "val": graphs[26:32], "test": graphs[32:], "base": base}
 

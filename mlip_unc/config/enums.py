@@ -1,0 +1,204 @@
+"""Every option of the package as a ``str`` Enum with a docstring per member.
+
+Configs (``mlip_unc.config``) validate against these; the layers that implement an option
+(``nn``, ``models``, ``train``) import the Enum from here, so the names live in one place.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = [
+    "DType",
+    "Estimator",
+    "Likelihood",
+    "Pooling",
+    "Norm",
+    "Method",
+    "LRSchedule",
+    "StopMetric",
+    "Intervention",
+    "AGLForm",
+    "RegularizerKind",
+    "Calibration",
+    "Backbone",
+    "HeadKind",
+    "ReferenceEnergies",
+]
+
+
+class DType(str, Enum):
+    """Floating-point precision of model and data."""
+
+    FLOAT32 = "float32"
+    """Single precision (faster)."""
+    FLOAT64 = "float64"
+    """Double precision (exact force/energy consistency)."""
+
+    @property
+    def torch(self):  # -> torch.dtype; torch is imported lazily (configs load without it)
+        import torch
+
+        return torch.float32 if self is DType.FLOAT32 else torch.float64
+
+
+class Estimator(str, Enum):
+    """How a training-time forward pass draws from the weight posterior."""
+
+    LOCAL = "local"
+    """Local reparameterisation: sample the pre-activation y ~ N(mu^T z, z^T S z) per example."""
+    FLIPOUT = "flipout"
+    """Flipout: one weight perturbation per batch, made per-example by random sign flips."""
+
+
+class Likelihood(str, Enum):
+    """The Gaussian noise model."""
+
+    HOMOSCEDASTIC = "homoscedastic"
+    """One learned noise std per target, sigma_n = softplus(rho) + min_std."""
+    HETEROSCEDASTIC = "heteroscedastic"
+    """A second (deterministic) output of z through softplus: sigma_n(z) = softplus(a^T z + c) + min_std."""
+
+
+class Pooling(str, Enum):
+    """How atom features become one graph feature."""
+
+    MEAN = "mean"
+    """Average over atoms (size-independent)."""
+    SUM = "sum"
+    """Sum over atoms (extensive properties)."""
+    MAX = "max"
+    """Element-wise maximum over atoms."""
+
+
+class Norm(str, Enum):
+    """Normalisation after each GINE layer."""
+
+    BATCH = "batch"
+    """Batch norm over the atoms of the batch (running statistics at evaluation)."""
+    LAYER = "layer"
+    """Layer norm per graph."""
+    NONE = "none"
+    """No normalisation."""
+
+
+class Method(str, Enum):
+    """Uncertainty method of the property model (all share the GIN backbone and the trainer)."""
+
+    BGNN = "bgnn"
+    """GIN + mean-field Bayesian last layer, closed-form predictive (docs/method.md section 2)."""
+    AGL = "agl"
+    """BGNN trained with the alignment-guided learning term (docs/method.md section 6)."""
+    FULLBNN = "fullbnn"
+    """GIN + a head whose every dense layer is Bayesian; Monte Carlo predictive."""
+    MCDROPOUT = "mcdropout"
+    """Deterministic head, dropout kept on at prediction; Monte Carlo over dropout masks."""
+    ENSEMBLE = "ensemble"
+    """Deep ensemble of M independently initialised deterministic models (mixture moments)."""
+    MVE = "mve"
+    """Mean-variance estimation: deterministic mean and heteroscedastic noise, no epistemic part."""
+    LAPLACE = "laplace"
+    """MAP training, then the closed-form Gaussian last-layer Laplace posterior."""
+
+
+class LRSchedule(str, Enum):
+    """Learning-rate schedule of the training core (``mlip_unc.train.core``)."""
+
+    CONSTANT = "constant"
+    """Keep ``train.lr``."""
+    PLATEAU = "plateau"
+    """Multiply by ``train.lr_factor`` after ``train.lr_patience`` epochs without a better
+    validation metric."""
+    COSINE = "cosine"
+    """Cosine decay from ``train.lr`` to ``train.min_lr``, set every step from the progress
+    = the larger of epoch / ``train.epochs`` and elapsed / ``train.max_minutes``, so a run
+    limited by its wall-time budget also ends at ``min_lr``."""
+
+
+class StopMetric(str, Enum):
+    """Validation metric of a property model for early stopping, best model and plateau."""
+
+    NLL = "nll"
+    """Gaussian negative log-likelihood of the validation targets."""
+    RMSE = "rmse"
+    """Root-mean-square error of the predictive mean."""
+
+
+class Intervention(str, Enum):
+    """LPA-breaking interventions (docs/method.md section 5)."""
+
+    ISOTROPY = "isotropy"
+    """Penalise the spread of per-coordinate second moments of z (regulariser ``isotropy``)."""
+    ANTI = "anti"
+    """Anti-alignment term (regulariser ``anti``)."""
+    ROTATION = "rotation"
+    """Feed Q z with a fixed random orthogonal Q to the head."""
+
+
+class AGLForm(str, Enum):
+    """Form of the AGL term (docs/method.md section 6)."""
+
+    MEAN = "mean"
+    """mean_batch(1 - A(z)); the default (largest effect in the method.md scratch table)."""
+    RAYLEIGH = "rayleigh"
+    """mean_batch(z^T S z / z^T z)."""
+
+
+class RegularizerKind(str, Enum):
+    """Extra latent training terms (docs/method.md sections 5 and 6 of this project)."""
+
+    NONE = "none"
+    """No extra term (returns a zero scalar)."""
+    AGL_RAYLEIGH = "agl_rayleigh"
+    """AGL, Rayleigh form: ``mean_batch(z^T sg(S) z / (z^T z + eps))``; promotes LPA."""
+    AGL_MEAN = "agl_mean"
+    """AGL, mean form: ``mean_batch(1 - A(z))`` with ``mu`` and ``S`` detached; promotes LPA."""
+    ISOTROPY = "isotropy"
+    """Intervention: spread of the per-coordinate second moments of z (forces kappa -> 1)."""
+    ANTI = "anti"
+    """Intervention: anti-alignment ``-mean_batch(z^T sg(S) z / ||z||^2)``."""
+    DECORRELATION = "decorrelation"
+    """Optional AGL companion: ``||offdiag(Cov_batch(z))||_F^2``."""
+
+
+class Calibration(str, Enum):
+    """Post-hoc recalibration of predictive stds, fitted on the validation split."""
+
+    NONE = "none"
+    """Raw predictive stds."""
+    ZSCALING = "zscaling"
+    """One scale factor s: std -> s * std, s^2 = mean(z^2) of the validation z-scores."""
+    ISOTONIC = "isotonic"
+    """Isotonic regression of observed on expected quantile coverage (Kuleshov et al. 2018)."""
+
+
+class Backbone(str, Enum):
+    """Feature extractor producing the per-atom latents z_a of a potential."""
+
+    GIN = "gin"
+    """Geometric GIN (invariant; distances only), ``mlip_unc.nn.geometric_gin``."""
+    EQUIVARIANT = "equivariant"
+    """E(3)-equivariant e3nn network with invariant output latents, ``mlip_unc.nn.equivariant``."""
+
+
+class HeadKind(str, Enum):
+    """How the energy head of a potential is trained."""
+
+    BAYESIAN = "bayesian"
+    """Mean-field Gaussian head, Bayes-by-Backprop: one weight draw per batch, + beta KL / N."""
+    MAP = "map"
+    """Posterior mean only (no sampling, no KL): a deterministic model, e.g. a committee member."""
+
+
+class ReferenceEnergies(str, Enum):
+    """Where the per-element energy offsets E0(Z) come from."""
+
+    AUTO = "auto"
+    """Isolated-atom frames where available (``data.isolated_atoms`` or one-atom training
+    frames), least squares on the training energies for the remaining elements."""
+    ISOLATED = "isolated"
+    """Isolated-atom frames only; an element without one is an error."""
+    LEAST_SQUARES = "least_squares"
+    """Least squares of training energies on element counts (isolated frames ignored)."""
+    ZERO = "zero"
+    """No offsets."""

@@ -1,0 +1,190 @@
+"""Configuration of interatomic-potential training (``mlip-unc train --config X.yaml``).
+
+Example (see ``configs/``)::
+
+    seed: 0
+    dtype: float64
+    out: runs/ethanol_gin
+    data:
+      train: ${data_root}/structures/ethanol/train.xyz
+      valid_fraction: 0.05
+      isolated_atoms: ${data_root}/structures/ethanol/isolated_atoms.xyz
+      r_max: 5.0
+    model: {backbone: gin, backbone_kwargs: {hidden: 64}, latent_dim: 32}
+    train: {epochs: 100, max_minutes: 30, batch_size: 8, lr: 0.005}
+
+Relative paths are taken relative to the working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from mlip_unc.config.enums import (
+    Backbone,
+    DType,
+    HeadKind,
+    ReferenceEnergies,
+    RegularizerKind,
+)
+from mlip_unc.config.loader import Section, apply_overrides, load_raw, validate
+from mlip_unc.config.training import TrainCoreConfig
+
+__all__ = [
+    "DataConfig",
+    "PotentialModelConfig",
+    "LossConfig",
+    "RegularizerConfig",
+    "PotentialTrainConfig",
+    "PotentialConfig",
+    "load_potential_config",
+    "potential_config_from_dict",
+]
+
+
+class DataConfig(Section):
+    """Training data (extended XYZ or any format ``read_structures`` reads).
+
+    Attributes:
+        train: training file.
+        valid: validation file; when null, ``valid_fraction`` of ``train`` is held out.
+        valid_fraction: held-out fraction of ``train`` when ``valid`` is null (0 = none).
+        test: optional file evaluated with the best model at the end.
+        isolated_atoms: file of one-atom frames giving E0(Z).
+        index: ASE-style frame selection applied to every file (``":"``, ``"0:500"``).
+        max_train: use at most this many training frames (after the split; null = all).
+        energy_key, forces_key: label names; stress_key: null = no stress term.
+        r_max: cutoff radius, Angstrom.
+    """
+
+    train: str
+    valid: str | None = None
+    valid_fraction: float = Field(0.05, ge=0, lt=1)
+    test: str | None = None
+    isolated_atoms: str | None = None
+    index: str = ":"
+    max_train: int | None = Field(None, gt=0)
+    energy_key: str = "energy"
+    forces_key: str = "forces"
+    stress_key: str | None = None
+    r_max: float = Field(5.0, gt=0)
+
+
+class PotentialModelConfig(Section):
+    """Backbone and Bayesian energy head.
+
+    Attributes:
+        backbone: ``gin`` or ``equivariant``; backbone_kwargs: passed to ``build_backbone``.
+        latent_dim: d, the width of the per-atom latents.
+        prior_std: sigma_p of the Gaussian weight prior; init_std: initial posterior std.
+        head: ``bayesian`` or ``map``.
+        reference_energies: source of the per-element offsets.
+        standardise: shift/scale the head by the mean/std of the per-atom energy residuals
+            (E - sum E0) / n of the training set.
+    """
+
+    backbone: Backbone = Backbone.GIN
+    backbone_kwargs: dict[str, Any] = Field(default_factory=dict)
+    latent_dim: int = Field(32, gt=0)
+    prior_std: float = Field(1.0, gt=0)
+    init_std: float = Field(0.1, gt=0)
+    head: HeadKind = HeadKind.BAYESIAN
+    reference_energies: ReferenceEnergies = ReferenceEnergies.AUTO
+    standardise: bool = True
+
+
+class LossConfig(Section):
+    """Joint Gaussian likelihood weights and the KL scale.
+
+    loss = w_E NLL_E(per atom) + w_F NLL_F + w_S NLL_S + beta KL / N_train (+ regulariser).
+
+    Attributes:
+        energy_weight, forces_weight, stress_weight: weights of the NLL terms.
+        stress_noise: fixed stress noise std (eV/A^3) of the stress likelihood.
+        beta: KL weight (1 = proper ELBO).
+        kl_warmup_epochs: linear ramp of beta from 0 (``mlip_unc.train.losses.kl_weight``).
+    """
+
+    energy_weight: float = Field(1.0, ge=0)
+    forces_weight: float = Field(1.0, ge=0)
+    stress_weight: float = Field(0.0, ge=0)
+    stress_noise: float = Field(0.005, gt=0)
+    beta: float = Field(1.0, ge=0)
+    kl_warmup_epochs: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> LossConfig:
+        if self.energy_weight + self.forces_weight + self.stress_weight <= 0:
+            raise ValueError("loss.energy_weight: energy, forces and stress weights are all zero")
+        return self
+
+
+class RegularizerConfig(Section):
+    """AGL or an intervention on the per-atom latents z_a, with schedule lambda(epoch):
+    0 for ``warmup_epochs``, then a linear ramp to ``lambda_max`` over ``ramp_epochs``."""
+
+    kind: RegularizerKind = RegularizerKind.NONE
+    lambda_max: float = Field(0.0, ge=0)
+    warmup_epochs: int = Field(0, ge=0)
+    ramp_epochs: int = Field(0, ge=0)
+
+
+class PotentialTrainConfig(TrainCoreConfig):
+    """The training core's options with potential defaults, plus committees and restarts.
+
+    Attributes:
+        valid_batch_size: structures per validation batch.
+        ensemble: M > 1 trains M members (seeds seed..seed+M-1) under ``out/member_k``.
+        resume: continue from ``out/last.pt`` when it exists (if the data changed, the
+            best-on-validation tracking restarts).
+        init_from: fine-tune: start from the weights, architecture and offsets of this
+            ``model.pt`` (fresh optimiser and schedule); the ``model`` section is then unused.
+    """
+
+    min_lr: float | None = Field(1e-5, ge=0)
+    valid_batch_size: int = Field(32, gt=0)
+    ensemble: int = Field(1, gt=0)
+    resume: bool = False
+    init_from: str | None = None
+
+
+class PotentialConfig(Section):
+    """The whole training configuration.
+
+    Attributes:
+        data, model, loss, regularizer, train: the sections.
+        seed: random seed (weights, split, batches, posterior draws).
+        dtype: ``float32`` or ``float64``.
+        out: output folder (model.pt, last.pt, history.json, config.yaml).
+        data_root: value of ``${data_root}``; null = ``$MLIP_UNC_DATA`` or ``../shared/data``.
+    """
+
+    data: DataConfig
+    model: PotentialModelConfig = PotentialModelConfig()
+    loss: LossConfig = LossConfig()
+    regularizer: RegularizerConfig = RegularizerConfig()
+    train: PotentialTrainConfig = PotentialTrainConfig()
+    seed: int = 0
+    dtype: DType = DType.FLOAT64
+    out: str = "runs/potential"
+    data_root: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PotentialConfig:
+        if self.loss.stress_weight > 0 and self.data.stress_key is None:
+            raise ValueError("loss.stress_weight: > 0 needs data.stress_key")
+        return self
+
+
+def potential_config_from_dict(raw: Any) -> PotentialConfig:
+    """Validate a raw mapping (e.g. parsed YAML) into a :class:`PotentialConfig`."""
+    return validate(PotentialConfig, raw)
+
+
+def load_potential_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> PotentialConfig:
+    """Read, override (``--set``) and validate a YAML config."""
+    return validate(PotentialConfig, apply_overrides(load_raw(path), overrides, PotentialConfig))

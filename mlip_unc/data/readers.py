@@ -1,0 +1,145 @@
+"""Reading structure files: extxyz (ASE), CIF and POSCAR (pymatgen), other ASE formats.
+
+Every frame read here is validated (:func:`mlip_unc.data.labels.validate_atoms`) and its
+labels are checked (:mod:`mlip_unc.data.labels`); errors name the file and the frame.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ase
+import ase.io
+from ase.io.formats import string2index
+
+from mlip_unc.data.errors import DataError, where
+from mlip_unc.data.labels import (
+    StressConvention,
+    frame_energy,
+    frame_forces,
+    frame_stress,
+    validate_atoms,
+)
+
+__all__ = ["read_structures", "read_validated_frames"]
+
+_EXTXYZ_SUFFIXES = {".xyz", ".extxyz"}
+_POSCAR_SUFFIXES = {".vasp", ".poscar"}
+
+
+def _select(n: int, index: int | slice | str) -> list[int]:
+    """Frame indices picked by an ASE-style index (``":"``, ``"-1"``, ``"2:10:2"``, int, slice)."""
+    idx = string2index(index) if isinstance(index, str) else index
+    if isinstance(idx, int):
+        if not -n <= idx < n:
+            raise IndexError(f"frame index {idx} out of range for {n} frames")
+        return [idx % n]
+    return list(range(n))[idx]
+
+
+def _read_all(path: Path) -> list[ase.Atoms]:
+    """Every structure in ``path`` (extxyz via ASE, CIF/POSCAR via pymatgen, else ASE's guess)."""
+    name = path.name.upper()
+    suffix = path.suffix.lower()
+    if suffix in _EXTXYZ_SUFFIXES:
+        return ase.io.read(path, index=":", format="extxyz")
+    if suffix == ".cif" or suffix in _POSCAR_SUFFIXES or name.startswith(("POSCAR", "CONTCAR")):
+        from pymatgen.io.ase import AseAtomsAdaptor
+
+        if suffix == ".cif":
+            from pymatgen.io.cif import CifParser
+
+            structures = CifParser(path).parse_structures(primitive=False)
+        else:
+            from pymatgen.io.vasp import Poscar
+
+            structures = [Poscar.from_file(path).structure]
+        return [AseAtomsAdaptor.get_atoms(s) for s in structures]
+    result = ase.io.read(path, index=":")
+    return list(result) if isinstance(result, list) else [result]
+
+
+def _read_frames(path: str | Path, index: int | slice | str = ":") -> list[tuple[int, ase.Atoms]]:
+    """(frame index in file, structure) pairs; read errors become ``DataError`` naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"structure file not found: '{path}'")
+    try:
+        frames = _read_all(path)
+    except Exception as err:  # any parser failure -> one clear error naming the file
+        raise DataError(f"could not read '{path}': {type(err).__name__}: {err}") from err
+    try:
+        chosen = _select(len(frames), index)
+    except (IndexError, ValueError) as err:
+        raise DataError(f"'{path}': bad frame index {index!r}: {err}") from None
+    return [(k, frames[k]) for k in chosen]
+
+
+def read_validated_frames(
+    path: str | Path,
+    index: int | slice | str,
+    *,
+    label_keys: dict[str, str | None],
+    stress_convention: StressConvention | str | None,
+    required: dict[str, bool],
+) -> list[tuple[int, ase.Atoms]]:
+    """(frame index, structure) pairs of ``path``, each validated as in :func:`read_structures`.
+
+    Args:
+        path: the file.
+        index: ASE-style frame selection.
+        label_keys: label name per ``"energy"``, ``"forces"``, ``"stress"`` (``None``: standard).
+        stress_convention: how the stress label is stored (inferred from the key if ``None``).
+        required: per label kind, whether every frame must carry it.
+
+    Returns:
+        (index of the frame in the file, structure) for each selected frame.
+    """
+    frames = _read_frames(path, index)
+    for frame, atoms in frames:
+        loc = where(path, frame)
+        validate_atoms(atoms, source=path, frame_index=frame)
+        frame_energy(atoms, label_keys["energy"], required=required["energy"], context=loc)
+        frame_forces(atoms, label_keys["forces"], required=required["forces"], context=loc)
+        frame_stress(
+            atoms, label_keys["stress"], convention=stress_convention,
+            required=required["stress"], context=loc,
+        )  # fmt: skip
+    return frames
+
+
+def read_structures(
+    path: str | Path,
+    *,
+    index: int | slice | str = ":",
+    energy_key: str | None = None,
+    forces_key: str | None = None,
+    stress_key: str | None = None,
+    stress_convention: StressConvention | str | None = None,
+    require_energy: bool = True,
+    require_forces: bool = True,
+    require_stress: bool = False,
+) -> list[ase.Atoms]:
+    """Read and validate structures (extxyz, CIF, POSCAR/CONTCAR/.vasp, other ASE formats).
+
+    Every frame is checked (non-empty, finite positions, non-degenerate periodic cell,
+    well-formed labels) and, when required, must carry the requested labels. CIF and POSCAR
+    files carry no labels: pass ``require_energy=False, require_forces=False``.
+
+    Args:
+        path: the file.
+        index: ASE-style frame selection (``":"``, ``"-1"``, ``"0:100"``, int or slice).
+        energy_key, forces_key, stress_key: label names (``None``: standard names).
+        stress_convention: how the stress label is stored (inferred from the key if ``None``).
+        require_energy, require_forces, require_stress: every frame must carry the label.
+
+    Raises:
+        DataError: naming the file, the frame index and the problem (for a missing label:
+            the key and the keys that exist).
+    """
+    frames = read_validated_frames(
+        path, index, stress_convention=stress_convention,
+        label_keys={"energy": energy_key, "forces": forces_key, "stress": stress_key},
+        required={"energy": require_energy, "forces": require_forces, "stress": require_stress},
+    )  # fmt: skip
+    return [atoms for _, atoms in frames]

@@ -1,0 +1,92 @@
+"""(De)serialisation of :class:`~mlip_unc.models.potential.BayesianPotential` as plain data.
+
+A potential checkpoint payload (written by :func:`mlip_unc.models.checkpoint.save_checkpoint`)::
+
+    {"kind": "potential", "config": potential_config(model), "model_state": state_dict, ...}
+
+``config`` holds the registered backbone's name and constructor kwargs
+(:data:`mlip_unc.models.backbones.BACKBONES`), the type map, cutoff, element offsets, head and
+noise settings and the dtype, so a model is rebuilt without unpickling any code.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from mlip_unc.models.backbones import BACKBONES, build_backbone
+from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint
+
+# A BayesianPotential (or subclass); typed loosely so this module never imports potential.py.
+PotentialT = TypeVar("PotentialT", bound=nn.Module)
+
+__all__ = ["POTENTIAL_KIND", "potential_config", "potential_payload", "potential_from_checkpoint"]
+
+POTENTIAL_KIND = "potential"
+
+
+def potential_config(model: nn.Module) -> dict[str, Any]:
+    """Everything needed to rebuild the ``BayesianPotential`` ``model``, as plain data."""
+    backbone = model.backbone
+    name = getattr(backbone, "backbone_name", None)
+    if name not in BACKBONES or not hasattr(backbone, "config"):
+        raise ValueError(
+            f"cannot checkpoint backbone {type(backbone).__name__}: only registered "
+            f"backbones ({sorted(BACKBONES)}) with a config() can be rebuilt from plain data"
+        )
+    return {
+        "backbone": {"name": name, "kwargs": backbone.config()},
+        "type_map": list(model.type_map),
+        "r_max": model.r_max,
+        "atomic_energies": model.atomic_energies.tolist(),
+        "head": {"prior_std": model.head.prior_std, "init_std": model.head.init_std},
+        "noise": dict(model.noise_config),
+        "isolated_reference": model.isolated_reference,
+        "gradient_method": model.gradient_method,
+        "dtype": str(model.dtype).removeprefix("torch."),
+    }
+
+
+def potential_payload(model: nn.Module) -> dict[str, Any]:
+    """``{"kind": "potential", "config": ..., "model_state": ...}`` (plain data, CPU tensors)."""
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return {"kind": POTENTIAL_KIND, "config": potential_config(model), "model_state": state}
+
+
+def potential_from_checkpoint(
+    cls: type[PotentialT],
+    source: dict[str, Any] | str | os.PathLike,
+    *,
+    map_location: str | torch.device = "cpu",
+) -> PotentialT:
+    """Rebuild a ``cls`` (``BayesianPotential`` or a subclass) from a :func:`potential_payload`
+    or a checkpoint file (weights_only load).
+
+    Raises:
+        CheckpointError: an unreadable file, or a payload of another kind.
+    """
+    if isinstance(source, dict):
+        payload = source
+        if payload.get("kind") != POTENTIAL_KIND:
+            raise CheckpointError(f"payload holds a {payload.get('kind')!r} model, expected 'potential'")
+    else:
+        payload = load_checkpoint(source, map_location=map_location, kind=POTENTIAL_KIND)
+    cfg = payload["config"]
+    backbone = build_backbone(cfg["backbone"]["name"], **cfg["backbone"]["kwargs"])
+    model = cls(
+        backbone,
+        cfg["type_map"],
+        cfg["r_max"],
+        torch.tensor(cfg["atomic_energies"], dtype=torch.float64),
+        prior_std=cfg["head"]["prior_std"],
+        init_std=cfg["head"]["init_std"],
+        isolated_reference=cfg["isolated_reference"],
+        gradient_method=cfg.get("gradient_method", "auto"),
+        **cfg["noise"],
+    )
+    model.to(getattr(torch, cfg.get("dtype", "float32")))
+    model.load_state_dict(payload["model_state"])
+    return model.to(map_location)

@@ -1,0 +1,358 @@
+"""The one training core: epochs, optimiser and schedule, EMA, early stopping, time budget,
+resumable checkpoints, progress and logging. Every task (property model, potential) only
+supplies its batch -> loss step and its validation (:class:`Task`).
+
+Per optimiser step the task gets the fractional epoch ``epoch + batch / n_batches`` (for the
+KL ramp ``losses.kl_weight`` and the regulariser schedule) and the generator of posterior
+draws. The core:
+
+* Adam on the trainable parameters; weight decay on deterministic parameters only (the
+  Bayesian layers are regularised by their KL);
+* ``lr_schedule``: constant, plateau (after each validation) or cosine (every step, from the
+  larger of the epoch and the wall-time fractions, so a budgeted run ends at ``min_lr``);
+* optional EMA of the weights (``torch.optim.swa_utils.AveragedModel``), used for validation
+  and for the best model;
+* early stopping on the task's validation metric; the best weights are kept and loaded at the
+  end; the task writes ``model.pt`` from them;
+* ``out/last.pt`` after every epoch: model, optimiser, scheduler, EMA, generators, torch's
+  RNG (dropout), history and stopping state, so ``resume`` continues exactly; it refuses a
+  checkpoint written for another architecture or training config;
+* torch's global RNG is forked: a training run leaves the caller's RNG untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch_geometric.loader import DataLoader
+from tqdm.auto import tqdm
+
+from mlip_unc.config.enums import LRSchedule
+from mlip_unc.config.training import TrainCoreConfig
+from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from mlip_unc.nn.bayesian import BayesianLinear, BayesianMLP
+from mlip_unc.train.io import write_json
+from mlip_unc.train.task import FitResult, Step, Task
+
+__all__ = ["Task", "Step", "FitResult", "Trainer", "LAST_FILE", "HISTORY_FILE"]
+
+log = logging.getLogger(__name__)
+
+LAST_FILE = "last.pt"
+HISTORY_FILE = "history.json"
+EpochCallback = Callable[[int, dict[str, Any]], None]
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    bayes, det = [], []
+    for module in model.modules():
+        target = bayes if isinstance(module, (BayesianLinear, BayesianMLP)) else det
+        target.extend(p for p in module.parameters(recurse=False) if p.requires_grad)
+    groups = [{"params": det, "weight_decay": weight_decay}]
+    if bayes:
+        groups.append({"params": bayes, "weight_decay": 0.0})
+    return groups
+
+
+def _diff(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} (checkpoint) vs {b!r} (now)")
+    return out
+
+
+class Trainer:
+    """The loop of :func:`fit` over a :class:`Task` (module docstring).
+
+    Args:
+        task: the model, its loss and its validation.
+        options: the training core's section of the task's config.
+        seed: shuffling (``seed``), posterior draws (``seed + 1``) and torch's forked RNG.
+        out: folder of ``last.pt`` and ``history.json`` (None: nothing is written).
+        history_extra: called when ``history.json`` is written; its dict is merged in.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        options: TrainCoreConfig,
+        *,
+        seed: int,
+        out: str | Path | None = None,
+        history_extra: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.task, self.opts, self.seed = task, options, seed
+        self.model = task.model
+        self.out = None if out is None else Path(out)
+        self.history_extra = history_extra or dict
+        self.optimizer = torch.optim.Adam(_param_groups(self.model, options.weight_decay), lr=options.lr)
+        self.scheduler = None
+        if options.lr_schedule is LRSchedule.PLATEAU:
+            self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+                self.optimizer, factor=options.lr_factor, patience=options.lr_patience, min_lr=options.lr_floor
+            )
+        self.ema = None
+        if options.ema_decay:
+            self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(options.ema_decay))
+        self.loader_rng = torch.Generator().manual_seed(seed)
+        self.sample_rng = torch.Generator().manual_seed(seed + 1)
+        self.torch_rng: Tensor | None = None
+        self.epoch = 0
+        self.history: list[dict[str, Any]] = []
+        self.initial: dict[str, float] | None = None
+        self.best: dict[str, Any] = {"metric": math.inf, "epoch": 0, "bad": 0, "state": None}
+        self.elapsed_before, self.start = 0.0, time.monotonic()
+
+    # -------------------------------------------------------------- time and progress
+    def elapsed(self) -> float:
+        """Seconds of training, including those before a resume."""
+        return self.elapsed_before + time.monotonic() - self.start
+
+    def over_budget(self) -> bool:
+        minutes = self.opts.max_minutes
+        return minutes is not None and self.elapsed() >= 60.0 * minutes
+
+    def progress(self, epoch: float) -> float:
+        """Fraction of training done: the larger of the epoch and the wall-time fractions."""
+        done = epoch / self.opts.epochs
+        if self.opts.max_minutes is not None:
+            done = max(done, self.elapsed() / (60.0 * self.opts.max_minutes))
+        return min(done, 1.0)
+
+    def _cosine_lr(self, epoch: float) -> None:
+        lo, hi = self.opts.lr_floor, self.opts.lr
+        lr = lo + 0.5 * (hi - lo) * (1.0 + math.cos(math.pi * self.progress(epoch)))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def stop_reason(self) -> str | None:
+        if self.epoch >= self.opts.epochs:
+            return "epochs"
+        if self.over_budget() and self.epoch > 0:  # a fresh run trains at least one batch
+            return "time"
+        if self.opts.patience is not None and self.best["bad"] >= self.opts.patience:
+            return "early_stopping"
+        return None
+
+    # -------------------------------------------------------------- EMA
+    def _swap_ema(self) -> None:
+        """Exchange the model's parameters with the EMA's (call twice to undo)."""
+        if self.ema is None:
+            return
+        with torch.no_grad():
+            for p, q in zip(self.model.parameters(), self.ema.module.parameters()):
+                tmp = p.detach().clone()
+                p.copy_(q)
+                q.copy_(tmp)
+
+    def validate(self) -> dict[str, float]:
+        """The task's validation with the averaged weights when EMA is on."""
+        self._swap_ema()
+        try:
+            return self.task.validate()
+        finally:
+            self._swap_ema()
+
+    def _best_state(self) -> dict[str, Tensor]:
+        self._swap_ema()
+        try:
+            return copy.deepcopy(self.model.state_dict())
+        finally:
+            self._swap_ema()
+
+    # -------------------------------------------------------------- one epoch
+    def _loader(self) -> Iterable[Any]:
+        data = list(self.task.train_data())
+        return DataLoader(data, batch_size=self.opts.batch_size, shuffle=True, generator=self.loader_rng)
+
+    def train_epoch(self) -> dict[str, Any]:
+        loader = self._loader()
+        n_batches = len(loader)
+        self.model.train()
+        sums: dict[str, float] = {}
+        done = 0
+        for i, batch in enumerate(loader):
+            epoch = self.epoch + i / n_batches
+            if self.opts.lr_schedule is LRSchedule.COSINE:
+                self._cosine_lr(epoch)
+            loss, terms = self.task.loss(batch, Step(epoch=epoch, generator=self.sample_rng))
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.opts.grad_clip is not None:
+                nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.grad_clip)
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update_parameters(self.model)
+            n = int(getattr(batch, "num_graphs", 1))
+            for name, value in {"loss": float(loss.detach()), **terms}.items():
+                sums[name] = sums.get(name, 0.0) + value * n
+            done += n
+            if self.over_budget():
+                break
+        record: dict[str, Any] = {f"train_{k}": v / max(done, 1) for k, v in sums.items()}
+        record["partial"] = done < len(loader.dataset)
+        return record
+
+    def _after_validation(self, record: dict[str, Any]) -> None:
+        metric = float(record[self.task.metric_key])
+        if metric < self.best["metric"] or self.best["state"] is None:
+            self.best.update(metric=metric, epoch=self.epoch, bad=0, state=self._best_state())
+            on_best = getattr(self.task, "on_best", None)
+            if on_best is not None:
+                on_best(self.best["state"], self.epoch)
+        else:
+            self.best["bad"] += self.opts.eval_every
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self.scheduler.step(metric)
+
+    def run_epoch(self) -> dict[str, Any]:
+        t0 = time.monotonic()
+        record = self.train_epoch()
+        record["lr"] = self.optimizer.param_groups[0]["lr"]
+        self.epoch += 1
+        if self.epoch % self.opts.eval_every == 0 or self.epoch >= self.opts.epochs or record["partial"]:
+            record.update(self.validate())
+            self._after_validation(record)
+        record.update(epoch=self.epoch, seconds=time.monotonic() - t0, elapsed_s=self.elapsed())
+        self.history.append(record)
+        log.info("epoch %d: %s", self.epoch, _describe(record))
+        return record
+
+    # -------------------------------------------------------------- checkpoints
+    def state_dict(self, stop_reason: str | None) -> dict[str, Any]:
+        return {
+            "kind": "training",
+            "signature": self.task.signature(),
+            "model_state": self.model.state_dict(),
+            "optimizer_state": self.optimizer.state_dict(),
+            "scheduler_state": None if self.scheduler is None else self.scheduler.state_dict(),
+            "ema_state": None if self.ema is None else self.ema.state_dict(),
+            "epoch": self.epoch,
+            "history": self.history,
+            "initial": self.initial,
+            "best": {k: v for k, v in self.best.items() if k != "state"},
+            "best_state": self.best["state"],
+            "rng": {"loader": self.loader_rng.get_state(), "sample": self.sample_rng.get_state(),
+                    "torch": torch.get_rng_state()},
+            "elapsed_s": self.elapsed(),
+            "stop_reason": stop_reason,
+            "task_state": getattr(self.task, "extra_state", dict)(),
+        }  # fmt: skip
+
+    def restore(self, path: Path) -> None:
+        """Continue from ``path``; :class:`CheckpointError` when it belongs to another run."""
+        state = load_checkpoint(path, kind="training")
+        diffs = _diff(state.get("signature") or {}, self.task.signature())
+        if diffs:
+            raise CheckpointError(f"{path} was written with a different config: {'; '.join(diffs[:5])}")
+        self.model.load_state_dict(state["model_state"])
+        self.optimizer.load_state_dict(state["optimizer_state"])
+        if self.scheduler is not None and state["scheduler_state"] is not None:
+            self.scheduler.load_state_dict(state["scheduler_state"])
+        if self.ema is not None and state["ema_state"] is not None:
+            self.ema.load_state_dict(state["ema_state"])
+        self.epoch, self.history, self.initial = int(state["epoch"]), list(state["history"]), state["initial"]
+        self.best = {**state["best"], "state": state["best_state"]}
+        self.loader_rng.set_state(state["rng"]["loader"])
+        self.sample_rng.set_state(state["rng"]["sample"])
+        self.torch_rng = state["rng"]["torch"]
+        self.elapsed_before, self.start = float(state["elapsed_s"]), time.monotonic()
+        load_extra = getattr(self.task, "load_extra_state", None)
+        if load_extra is not None and load_extra(state.get("task_state") or {}) is False:
+            self.best.update(metric=math.inf, epoch=0, bad=0, state=None)
+            log.warning("the data differ from the run in %s: best-on-validation tracking restarts", path)
+        log.info("resumed from %s at epoch %d", path, self.epoch)
+
+    def _write(self, stop_reason: str | None) -> None:
+        if self.out is None:
+            return
+        save_checkpoint(self.out / LAST_FILE, self.state_dict(stop_reason))
+        write_json(self.out / HISTORY_FILE, {
+            **self.history_extra(), "initial": self.initial, "epochs": self.history,
+            "best_epoch": self.best["epoch"], "best_metric": _finite(self.best["metric"]),
+            "metric": self.task.metric_key, "stop_reason": stop_reason, "train_minutes": self.elapsed() / 60.0,
+        })  # fmt: skip
+
+    # -------------------------------------------------------------- the loop
+    def fit(
+        self, *, resume: bool = False, stop_after: int | None = None, callbacks: Sequence[EpochCallback] = ()
+    ) -> FitResult:
+        """Train until ``epochs``, the time budget, early stopping or ``stop_after`` epochs of
+        this call; then load the best weights. ``callbacks`` run after each epoch's checkpoint
+        (an exception there aborts the run like a kill)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            last = None if self.out is None else self.out / LAST_FILE
+            if resume and last is not None and last.is_file():
+                self.restore(last)
+                torch.set_rng_state(self.torch_rng)
+            on_start = getattr(self.task, "on_start", None)
+            if on_start is not None:  # after the resume check: e.g. write config.yaml
+                on_start()
+            return self._loop(stop_after, callbacks)
+
+    def _loop(self, stop_after: int | None, callbacks: Sequence[EpochCallback]) -> FitResult:
+        if self.initial is None and not self.history:
+            self.initial = self.validate()
+            log.info("initial: %s", _describe(self.initial))
+        first = self.epoch
+        show = self.opts.progress if self.opts.progress is not None else sys.stderr.isatty()
+        bar = tqdm(total=self.opts.epochs, initial=self.epoch, disable=not show, desc="train", unit="epoch",
+                   leave=False)  # fmt: skip
+        try:
+            reason = self.stop_reason()
+            while reason is None:
+                if stop_after is not None and self.epoch - first >= stop_after:
+                    reason = "interrupted"
+                    break
+                record = self.run_epoch()
+                reason = self.stop_reason()
+                self._write(reason)
+                bar.update(1)
+                bar.set_postfix_str(_describe(record), refresh=False)
+                for callback in callbacks:
+                    callback(self.epoch - 1, record)
+        finally:
+            bar.close()
+        if reason != "interrupted":
+            if self.best["state"] is not None:
+                self.model.load_state_dict(self.best["state"])
+            on_end = getattr(self.task, "on_end", None)
+            if on_end is not None:  # e.g. the last-layer Laplace fit
+                on_end()
+        log.info("stopped (%s) after %d epochs, %.2f min; best epoch %d", reason, self.epoch,
+                 self.elapsed() / 60, self.best["epoch"])  # fmt: skip
+        return FitResult(
+            history=self.history, best_epoch=int(self.best["epoch"]), best_metric=float(self.best["metric"]),
+            epochs_run=self.epoch, stop_reason=reason, minutes=self.elapsed() / 60.0, initial=self.initial,
+        )  # fmt: skip
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+_SHOWN = (
+    ("train_loss", "loss", "{:.4g}"), ("train_nll", "nll", "{:.4g}"), ("valid_loss", "valid", "{:.4g}"),
+    ("val_rmse", "val_rmse", "{:.4g}"), ("val_nll", "val_nll", "{:.4g}"),
+    ("valid_energy_mae_meV_atom", "E_mae", "{:.2f}"), ("valid_forces_mae_meV_A", "F_mae", "{:.1f}"),
+    ("lr", "lr", "{:.2g}"),
+)  # fmt: skip
+
+
+def _describe(record: dict[str, Any]) -> str:
+    return " ".join(f"{label}={fmt.format(record[k])}" for k, label, fmt in _SHOWN if k in record)

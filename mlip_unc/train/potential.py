@@ -1,0 +1,301 @@
+"""Training of a :class:`~mlip_unc.models.potential.BayesianPotential`: the batch -> loss step
+on the training core (docs/method.md sections 2-3, 5-6).
+
+Data flow: files -> :func:`~mlip_unc.train.potential_data.prepare_data` -> :func:`build_model`
+-> :func:`train_potential` (the core's epochs of one posterior weight draw per batch and one
+backward pass; validation at the posterior mean).
+
+Outputs in ``config.out`` (``out/member_k`` for committee members):
+
+* ``model.pt``: the best model on validation (``BayesianPotential.from_checkpoint`` loads it;
+  ``metadata`` holds the training config, epoch, reference energies and the validation
+  uncertainty levels for relative flagging thresholds);
+* ``last.pt``: the core's resume state; ``history.json``: per-epoch losses and metrics;
+* ``config.yaml``: the resolved config (written once the resume check has passed).
+
+A ``map`` head trains the posterior mean only (its std frozen at ~0, no KL): a deterministic
+model, e.g. one member of the committee baseline (``train.ensemble: M``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mlip_unc import keys
+from mlip_unc.config import ConfigError, HeadKind, PotentialConfig, RegularizerKind
+from mlip_unc.models.backbones import build_backbone
+from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
+from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.train.core import Step, Trainer
+from mlip_unc.train.evaluate import evaluate_potential, predict, uncertainty_levels
+from mlip_unc.train.io import write_json, write_yaml
+from mlip_unc.train.losses import energy_nll, forces_nll, kl_weight, likelihood_terms, potential_loss
+from mlip_unc.train.potential_data import PreparedData, data_fingerprint, prepare_data
+from mlip_unc.train.regularizers import LambdaSchedule, regularizer_term
+
+__all__ = ["PotentialTask", "TrainResult", "build_model", "train_potential", "train_ensemble", "run_training"]
+
+log = logging.getLogger(__name__)
+_MAP_STD = 1e-8  # posterior std of a MAP head: the weight draw is the mean to ~1e-8
+_RESERVED_BACKBONE_KWARGS = {"num_types": "the type map", "latent_dim": "model.latent_dim"}
+
+
+# ================================================================ model
+def build_model(config: PotentialConfig, data: PreparedData, *, seed: int | None = None) -> BayesianPotential:
+    """The potential of ``config`` with offsets, noise and neighbour statistics from ``data``.
+
+    With ``model.standardise`` the per-element offsets are E0(Z) + the mean per-atom
+    residual, and the initial noise stds are the per-atom residual std and the force RMS (the
+    errors of a constant predictor), so the first NLL values are of order one. Parameters are
+    drawn from ``seed`` (default ``config.seed``) with torch's global RNG forked, not reseeded.
+    """
+    model_cfg = config.model
+    for key, instead in _RESERVED_BACKBONE_KWARGS.items():
+        if key in model_cfg.backbone_kwargs:
+            raise ConfigError(f"model.backbone_kwargs.{key}: set by {instead}, remove it here")
+    kwargs = {
+        "num_types": len(data.type_map), "r_max": config.data.r_max,
+        "latent_dim": model_cfg.latent_dim, "avg_num_neighbors": data.avg_num_neighbors,
+        **model_cfg.backbone_kwargs,
+    }  # fmt: skip
+    offsets = torch.tensor([data.reference_energies[z] for z in data.type_map.atomic_numbers], dtype=torch.float64)
+    noise = {}
+    if model_cfg.standardise:
+        offsets = offsets + data.energy_shift
+        noise = {"energy_noise": max(data.energy_std, 1e-3), "force_noise": max(data.force_rms, 1e-3)}
+    init_std = _MAP_STD if model_cfg.head is HeadKind.MAP else model_cfg.init_std
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed if seed is None else seed)
+        try:
+            backbone = build_backbone(model_cfg.backbone.value, **kwargs)
+        except TypeError as err:
+            raise ConfigError(f"model.backbone_kwargs: {err}") from None
+        model = BayesianPotential(
+            backbone, data.type_map.to_list(), config.data.r_max, offsets,
+            prior_std=model_cfg.prior_std, init_std=init_std, **noise,
+        )  # fmt: skip
+    if model_cfg.head is HeadKind.MAP:
+        model.head.weight_rho.requires_grad_(False)
+    return model.to(config.dtype.torch)
+
+
+def _init_from(config: PotentialConfig, data: PreparedData) -> BayesianPotential:
+    """The model of checkpoint ``train.init_from`` (architecture, offsets and weights), for
+    fine-tuning; its elements must cover the data and its cutoff must not exceed data.r_max."""
+    path = config.train.init_from
+    model = BayesianPotential.from_checkpoint(path)
+    missing = [z for z in data.type_map.atomic_numbers if z not in model.type_map]
+    if missing:
+        raise ConfigError(f"train.init_from: {path} has no element(s) {missing} of the training data")
+    if model.r_max > config.data.r_max + 1e-12:
+        raise ConfigError(f"train.init_from: {path} has r_max {model.r_max} > data.r_max {config.data.r_max}")
+    if config.model.head is HeadKind.MAP:
+        model.head.weight_rho.requires_grad_(False)
+    return model.to(config.dtype.torch)
+
+
+# ================================================================ the task
+def _mae_rmse(err: np.ndarray) -> tuple[float, float]:
+    if not err.size:
+        return float("nan"), float("nan")
+    return 1e3 * float(np.mean(np.abs(err))), 1e3 * float(np.sqrt(np.mean(err**2)))
+
+
+class PotentialTask:
+    """The potential's step, validation and best-model checkpoint for the training core."""
+
+    metric_key = "valid_loss"
+
+    def __init__(self, config: PotentialConfig, data: PreparedData, out: Path) -> None:
+        self.config, self.data, self.out = config, data, out
+        self.model = build_model(config, data) if config.train.init_from is None else _init_from(config, data)
+        reg = config.regularizer
+        self.lam = LambdaSchedule(reg.warmup_epochs, reg.ramp_epochs, reg.lambda_max)
+        self.bayesian = config.model.head is HeadKind.BAYESIAN
+        loss = config.loss
+        self.weights = {"energy": loss.energy_weight, "forces": loss.forces_weight, "stress": loss.stress_weight}
+        self.epoch = 0
+
+    def train_data(self) -> list:
+        return self.data.train.graphs
+
+    def loss(self, batch: Any, step: Step) -> tuple[Tensor, dict[str, float]]:
+        config, model = self.config, self.model
+        use_stress = config.loss.stress_weight > 0
+        out = model(batch, training=True, compute_stress=use_stress, generator=step.generator)
+        noise = model.noise_variances(batch)
+        if use_stress:
+            noise[keys.STRESS] = out[keys.STRESS].new_tensor(config.loss.stress_noise**2)
+        nll = likelihood_terms(out, batch, noise, use_stress=use_stress)
+        lam = self.lam(step.epoch)
+        reg = None
+        if config.regularizer.kind is not RegularizerKind.NONE and lam > 0:
+            mu, s2 = model.posterior()
+            reg = regularizer_term(config.regularizer.kind, out[keys.NODE_LATENT], mu, s2)
+        beta = kl_weight(step.epoch, beta=config.loss.beta, warmup_epochs=config.loss.kl_warmup_epochs)
+        parts = potential_loss(
+            nll, self.weights, kl=model.kl() if self.bayesian else None, beta=beta,
+            n_train=len(self.data.train), regularizer=reg, lam=lam,
+        )  # fmt: skip
+        terms = {name: float(value.detach()) for name, value in parts.items() if name != "loss"}
+        terms.update({f"{name}_nll": float(value.detach()) for name, value in nll.items()})
+        terms.update(beta=beta if self.bayesian else 0.0, **{"lambda": lam})
+        return parts["loss"], terms
+
+    def validate(self) -> dict[str, float]:
+        """Valid loss (weighted NLL at the posterior mean, noise variances only) and MAEs."""
+        dataset = self.data.valid if self.data.valid is not None else self.data.train
+        pred = predict(self.model, dataset, batch_size=self.config.train.valid_batch_size)
+        t = torch.as_tensor
+        e_mask, w = pred.has_energy, self.weights
+        loss = 0.0
+        if e_mask.any() and w["energy"] > 0:
+            loss += w["energy"] * float(energy_nll(
+                t(pred.energy_pred[e_mask]), t(pred.energy_true[e_mask]),
+                t(pred.num_atoms[e_mask]), t(pred.energy_noise_var[e_mask]),
+            ))  # fmt: skip
+        if pred.has_forces.any() and w["forces"] > 0:
+            loss += w["forces"] * float(forces_nll(
+                t(pred.forces_pred), t(pred.forces_true), t(pred.forces_noise_var),
+                t(pred.atom_frame), t(pred.has_forces), pred.n_frames,
+            ))  # fmt: skip
+        e_mae, e_rmse = _mae_rmse((pred.energy_pred - pred.energy_true)[e_mask] / pred.num_atoms[e_mask])
+        f_mae, f_rmse = _mae_rmse((pred.forces_pred - pred.forces_true)[pred.atom_has_forces])
+        _, s2 = self.model.posterior()
+        return {
+            "valid_loss": loss, "valid_energy_mae_meV_atom": e_mae, "valid_energy_rmse_meV_atom": e_rmse,
+            "valid_forces_mae_meV_A": f_mae, "valid_forces_rmse_meV_A": f_rmse,
+            "sigma_e_meV_atom": 1e3 * float(self.model.energy_noise.detach()),
+            "sigma_f_meV_A": 1e3 * float(self.model.force_noise.detach()),
+            "posterior_std_mean": float(s2.detach().sqrt().mean()), "kl": float(self.model.kl().detach()),
+        }  # fmt: skip
+
+    # -------------------------------------------------------------- core hooks
+    def signature(self) -> dict[str, Any]:
+        """Architecture, loss, regulariser, seed and dtype; epochs and budget may change."""
+        cfg = self.config.to_dict()
+        return {"kind": "potential", "architecture": self.model.config(),
+                **{k: cfg[k] for k in ("loss", "regularizer", "seed", "dtype")}}  # fmt: skip
+
+    def on_start(self) -> None:
+        write_yaml(self.out / "config.yaml", self.config.to_dict())
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "training_config": self.config.to_dict(),
+            "reference_energies": {str(z): e for z, e in self.data.reference_energies.items()},
+            "energy_shift": self.data.energy_shift,
+            "n_train": len(self.data.train),
+        }
+
+    def on_best(self, state: dict[str, Tensor], epoch: int) -> None:
+        payload = {**self.model.to_checkpoint(), "metadata": self.metadata(), "epoch": epoch}
+        payload["model_state"] = {k: v.detach().cpu().clone() for k, v in state.items()}
+        save_checkpoint(self.out / "model.pt", payload)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"data_fingerprint": data_fingerprint(self.data)}
+
+    def load_extra_state(self, state: dict[str, Any]) -> bool:
+        """False when the data differ from the checkpoint's (best tracking restarts)."""
+        return state.get("data_fingerprint") == data_fingerprint(self.data)
+
+    def history_extra(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(), "n_train": len(self.data.train),
+            "n_valid": 0 if self.data.valid is None else len(self.data.valid),
+            "reference_energies": {str(z): e for z, e in self.data.reference_energies.items()},
+            "energy_shift_eV_atom": self.data.energy_shift,
+        }  # fmt: skip
+
+
+# ================================================================ entry points
+@dataclass
+class TrainResult:
+    """Summary of one training run (one committee member)."""
+
+    out: Path
+    model_path: Path
+    history: list[dict[str, Any]]
+    best_epoch: int
+    best_valid_loss: float | None
+    stop_reason: str
+    train_minutes: float
+    n_train: int
+    test_metrics: dict[str, float] | None = None
+
+
+def _finish(task: PotentialTask, model_path: Path) -> dict[str, float] | None:
+    """Validation uncertainty levels into ``model.pt`` (relative thresholds); test metrics."""
+    payload = load_checkpoint(model_path, kind="potential")
+    best = BayesianPotential.from_checkpoint(payload)
+    batch_size = task.config.train.valid_batch_size
+    if task.data.valid is not None and len(task.data.valid) and task.bayesian:
+        levels = uncertainty_levels(best, task.data.valid, batch_size=batch_size)
+        payload["metadata"] = {**(payload.get("metadata") or {}), "uncertainty_levels": levels}
+        save_checkpoint(model_path, payload)
+    if task.data.test is None:
+        return None
+    test = evaluate_potential(best, task.data.test, uncertainty="energy", batch_size=batch_size).metrics
+    log.info("test: E_mae=%.2f meV/atom F_mae=%.1f meV/A", test.get("energy_mae_meV_atom", float("nan")),
+             test.get("forces_mae_meV_A", float("nan")))  # fmt: skip
+    return test
+
+
+def train_potential(config: PotentialConfig, *, data: PreparedData | None = None) -> TrainResult:
+    """Train one model (``train.ensemble`` is ignored here; see :func:`run_training`)."""
+    data = prepare_data(config) if data is None else data
+    out = Path(config.out)
+    log.info("%d training / %d validation structures, elements %s, out %s", len(data.train),
+             0 if data.valid is None else len(data.valid), data.type_map.symbols, out)  # fmt: skip
+    task = PotentialTask(config, data, out)
+    trainer = Trainer(task, config.train, seed=config.seed, out=out, history_extra=task.history_extra)
+    result = trainer.fit(resume=config.train.resume)
+    model_path = out / "model.pt"
+    if not model_path.is_file():  # e.g. resumed after the budget was already spent
+        task.on_best(task.model.state_dict(), trainer.epoch)
+    test = _finish(task, model_path)
+    if test is not None:
+        history = {**task.history_extra(), "initial": result.initial, "epochs": result.history,
+                   "best_epoch": result.best_epoch, "stop_reason": result.stop_reason,
+                   "train_minutes": result.minutes, "test": test}  # fmt: skip
+        write_json(out / "history.json", history)
+    best = None if not np.isfinite(result.best_metric) else result.best_metric
+    return TrainResult(
+        out=out, model_path=model_path, history=result.history, best_epoch=result.best_epoch,
+        best_valid_loss=best, stop_reason=result.stop_reason, train_minutes=result.minutes,
+        n_train=len(data.train), test_metrics=test,
+    )  # fmt: skip
+
+
+def train_ensemble(config: PotentialConfig, *, data: PreparedData | None = None) -> list[TrainResult]:
+    """Train ``train.ensemble`` members with seeds ``seed + k`` under ``out/member_k``.
+
+    The data (and the validation split, from ``seed``) are shared; the members differ in
+    their initialisation, batch order and posterior draws. ``out/ensemble.json`` lists them.
+    """
+    data = prepare_data(config) if data is None else data
+    results = []
+    for k in range(config.train.ensemble):
+        member = config.updated(seed=config.seed + k, out=str(Path(config.out) / f"member_{k}"))
+        log.info("ensemble member %d/%d (seed %d)", k + 1, config.train.ensemble, member.seed)
+        results.append(train_potential(member, data=data))
+    write_json(Path(config.out) / "ensemble.json", {
+        "members": [str(r.model_path.relative_to(config.out)) for r in results],
+        "train_minutes": sum(r.train_minutes for r in results),
+    })  # fmt: skip
+    return results
+
+
+def run_training(config: PotentialConfig) -> list[TrainResult]:
+    """One model, or a committee when ``train.ensemble > 1``; one result per model."""
+    if config.train.ensemble > 1:
+        return train_ensemble(config)
+    return [train_potential(config)]

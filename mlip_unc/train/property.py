@@ -1,0 +1,277 @@
+"""Training of molecular property models: the batch -> loss step on the training core.
+
+Per mini-batch (docs/method.md section 2 of this project)::
+
+    loss = mean NLL + kl_weight(epoch) * KL / N_train + lambda(epoch) * R(z, mu, S)
+
+with N_train the number of training molecules and R the optional latent regulariser
+(``mlip_unc.train.regularizers``). Each epoch logs the NLL, the KL term, the regulariser,
+validation RMSE/NLL (target units), lambda, the effective rank of the validation latents and
+the mean posterior std of the Bayesian last layer. The loop, schedule, early stopping and
+resume are :mod:`mlip_unc.train.core`'s (``out/last.pt``, ``out/history.json``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from mlip_unc import keys
+from mlip_unc.config import PropertyConfig, RegularizerKind, StopMetric
+from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from mlip_unc.models.factory import PropertyPredictor, build_model
+from mlip_unc.models.property import CHECKPOINT_KIND, StandardisedModel, feature_metadata, predict_graphs
+from mlip_unc.train.core import EpochCallback, FitResult, Step, Trainer
+from mlip_unc.train.losses import gaussian_nll, kl_weight, negative_elbo
+from mlip_unc.train.regularizers import LambdaSchedule, regularizer_term
+from mlip_unc.uncertainty.alignment import effective_rank
+from mlip_unc.uncertainty.calibration import regression_metrics
+from mlip_unc.uncertainty.recalibration import make_calibrator
+
+__all__ = [
+    "PropertyTask",
+    "seeded_model",
+    "property_trainer",
+    "train_property_model",
+    "prediction_metrics",
+    "target_statistics",
+    "freeze_posterior_from",
+    "model_payload",
+]
+
+log = logging.getLogger(__name__)
+
+
+def model_payload(
+    model: StandardisedModel,
+    config: PropertyConfig,
+    metadata: dict[str, Any],
+    *,
+    calibration: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The weights-only dict of a trained property model (``DIR/model.pt``)."""
+    return {
+        "kind": CHECKPOINT_KIND,
+        "config": config.to_dict(),
+        "metadata": metadata,
+        "normalization": {"mean": model.y_mean.tolist(), "std": model.y_std.tolist()},
+        "model_state": model.state_dict(),
+        "calibration": calibration,
+    }
+
+
+def freeze_posterior_from(model: StandardisedModel, path: str | os.PathLike) -> None:
+    """Copy the Bayesian last layer's posterior from a checkpoint and freeze it.
+
+    Used by the intervention study: the latents are trained under a fixed (baseline) posterior.
+    """
+    head = model.bayes_head
+    if head is None:
+        raise ValueError("--freeze-posterior-from needs a Bayesian last layer (bgnn/agl)")
+    state = load_checkpoint(path).get("model_state", {})
+    try:
+        with torch.no_grad():
+            for n, p in head.named_parameters():
+                p.copy_(state[f"head.{n}"].to(p.dtype))
+    except (KeyError, RuntimeError) as err:
+        raise CheckpointError(f"{path} holds no compatible Bayesian last layer ({err})") from None
+    for p in head.parameters():
+        p.requires_grad_(False)
+
+
+def target_statistics(graphs: Sequence[Data]) -> tuple[Tensor, Tensor]:
+    """Per-target mean and std (population, NaN-ignoring) of the training targets."""
+    y = torch.cat([g[keys.TARGET] for g in graphs]).double()  # (n, n_targets)
+    mask = ~torch.isnan(y)
+    count = mask.sum(0).clamp_min(1)
+    mean = torch.where(mask, y, 0.0).sum(0) / count
+    var = torch.where(mask, (y - mean) ** 2, 0.0).sum(0) / count
+    std = var.sqrt()
+    return mean, torch.where(std > 0, std, torch.ones_like(std))
+
+
+def seeded_model(config: PropertyConfig, train: Sequence[Data]) -> StandardisedModel:
+    """``build_model`` with targets standardised on ``train`` and weights drawn from
+    ``config.train.seed`` (torch's global RNG is forked, not reseeded)."""
+    mean, std = target_statistics(train)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.train.seed)
+        return build_model(config, n_targets=int(train[0][keys.TARGET].shape[-1]), y_mean=mean, y_std=std)
+
+
+@dataclass
+class PropertyTask:
+    """The property model's step and validation for :class:`~mlip_unc.train.core.Trainer`."""
+
+    model: StandardisedModel
+    config: PropertyConfig
+    train_graphs: Sequence[Data]
+    val_graphs: Sequence[Data]
+
+    def __post_init__(self) -> None:
+        if not self.train_graphs or not self.val_graphs:
+            raise ValueError("training and validation sets must not be empty")
+        cfg = self.config.train
+        self.metric_key = "val_nll" if cfg.stop_metric is StopMetric.NLL else "val_rmse"
+        self.reg_kind = cfg.regularizer_kind
+        self.lam = LambdaSchedule(cfg.reg_warmup, cfg.reg_ramp, cfg.reg_lambda)
+
+    def train_data(self) -> Sequence[Data]:
+        return self.train_graphs
+
+    def loss(self, batch: Any, step: Step) -> tuple[Tensor, dict[str, float]]:
+        cfg, model = self.config.train, self.model
+        out = model(batch, generator=step.generator)
+        y = model.standardise(batch[keys.TARGET])
+        nll = gaussian_nll(out[keys.PREDICTION], out[keys.ALEATORIC_VAR], y)
+        beta = kl_weight(step.epoch, beta=cfg.beta, warmup_epochs=cfg.kl_anneal_epochs)
+        loss, kl_part = negative_elbo(nll, model.kl(), n_train=len(self.train_graphs), beta=beta)
+        lam = self.lam(step.epoch) if self.reg_kind is not RegularizerKind.NONE else 0.0
+        reg = loss.new_zeros(())
+        if lam > 0.0:
+            head = model.bayes_head
+            mu = head.weight_mu[0] if head is not None else None
+            s2 = head.weight_var[0] if head is not None else None
+            reg = regularizer_term(self.reg_kind, out[keys.LATENT], mu, s2)
+            loss = loss + lam * reg
+        return loss, {"nll": float(nll.detach()), "kl": float(kl_part.detach()), "reg": float(reg.detach()),
+                      "beta": beta, "lambda": lam}  # fmt: skip
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Validation RMSE and Gaussian NLL in target units, effective rank of z, mean s."""
+        graphs = self.val_graphs
+        out = predict_graphs(self.model, graphs, latent=True)
+        y = torch.cat([g[keys.TARGET] for g in graphs]).to(out[keys.PREDICTION].dtype)
+        mask = ~torch.isnan(y)
+        err = (out[keys.PREDICTION] - y)[mask]
+        head = self.model.bayes_head
+        return {
+            "val_rmse": float(err.pow(2).mean().sqrt()),
+            "val_nll": float(gaussian_nll(out[keys.PREDICTION], out[keys.PREDICTION_VAR].clamp_min(1e-12), y)),
+            "val_mean_std": float(out[keys.PREDICTION_VAR].sqrt().mean()),
+            "val_mean_epistemic_std": float(out[keys.EPISTEMIC_VAR].clamp_min(0).sqrt().mean()),
+            "effective_rank": effective_rank(out[keys.LATENT]) if len(graphs) > 1 else float("nan"),
+            "mean_s": float(head.weight_std.mean()) if head is not None else float("nan"),
+            "kl_total": float(self.model.kl()),
+        }
+
+    def on_end(self) -> None:
+        """After the best weights are loaded: post-hoc fits (the last-layer Laplace posterior)."""
+        self.model.post_fit(self.train_graphs)
+
+    def signature(self) -> dict[str, Any]:
+        """The config without the progress flag: a resumed run must use the same."""
+        cfg = self.config.to_dict()
+        cfg["train"].pop("progress", None)
+        return {"kind": CHECKPOINT_KIND, "config": cfg, "n_train": len(self.train_graphs)}
+
+
+def property_trainer(
+    model: StandardisedModel,
+    config: PropertyConfig,
+    train: Sequence[Data],
+    val: Sequence[Data],
+    *,
+    out_dir: str | os.PathLike | None = None,
+) -> Trainer:
+    """The training core set up for a property model (``.fit(resume=, stop_after=, callbacks=)``)."""
+    task = PropertyTask(model, config, train, val)
+    return Trainer(task, config.train, seed=config.train.seed, out=out_dir)
+
+
+def prediction_metrics(pred: dict[str, Any], y_true: Any, names: Sequence[str]) -> dict[str, Any]:
+    """``regression_metrics`` plus mean std / epistemic / aleatoric std, per target.
+
+    One target: a flat dict. Several: the mean over targets, flat, plus ``per_target``.
+    """
+    y_true = np.asarray(y_true, dtype=np.float64)
+    per = {}
+    for t, name in enumerate(names):
+        m = regression_metrics(pred["mean"][:, t], pred["std"][:, t], y_true[:, t], nan_policy="omit")
+        m["mean_std"] = float(np.mean(pred["std"][:, t]))
+        m["mean_epistemic_std"] = float(np.mean(pred["epistemic_std"][:, t]))
+        m["mean_aleatoric_std"] = float(np.mean(pred["aleatoric_std"][:, t]))
+        per[name] = m
+    if len(names) == 1:
+        return per[names[0]]
+    flat = {k: float(np.mean([m[k] for m in per.values()])) for k in next(iter(per.values()))}
+    return {**flat, "per_target": per}
+
+
+def _targets(graphs: Sequence[Data]) -> np.ndarray:
+    return torch.cat([g[keys.TARGET] for g in graphs]).double().numpy()
+
+
+def _fit_calibration(predictor: PropertyPredictor, val: Sequence[Data], kind: str) -> list[dict[str, Any]]:
+    y_val, pred = _targets(val), predictor.predict(val)
+    calibrators = []
+    for t in range(y_val.shape[1]):
+        ok = ~np.isnan(y_val[:, t])
+        calibrators.append(make_calibrator(kind).fit(pred["mean"][ok, t], pred["std"][ok, t], y_val[ok, t]))
+    predictor.calibrators = calibrators
+    return [c.state_dict() for c in calibrators]
+
+
+def train_property_model(
+    config: PropertyConfig,
+    train: Sequence[Data],
+    val: Sequence[Data],
+    test: Sequence[Data] | None = None,
+    *,
+    out_dir: str | os.PathLike,
+    metadata: dict[str, Any] | None = None,
+    resume: bool = False,
+    stop_after: int | None = None,
+    freeze_posterior: str | os.PathLike | None = None,
+    callbacks: Sequence[EpochCallback] = (),
+) -> tuple[PropertyPredictor | None, dict[str, Any] | None]:
+    """Standardise, build, train, calibrate on validation, evaluate on test, save.
+
+    Writes ``out_dir/model.pt`` (weights-only: config, feature metadata, normalisation,
+    calibration). Returns ``(predictor, test metrics or None)``; ``(None, None)`` when
+    ``stop_after`` interrupted the run (``resume=True`` continues it).
+    """
+    out_dir = Path(out_dir)
+    names = list((metadata or {}).get("target_names") or [])
+    n_targets = int(train[0][keys.TARGET].shape[-1])
+    names = names if len(names) == n_targets else [f"target_{t}" for t in range(n_targets)]
+    meta = {**feature_metadata(), **(metadata or {}), "n_targets": n_targets, "target_names": names,
+            "n_train": len(train)}  # fmt: skip
+    model = seeded_model(config, train)
+    if freeze_posterior is not None:
+        freeze_posterior_from(model, freeze_posterior)
+        meta["frozen_posterior_from"] = str(freeze_posterior)
+    result: FitResult = property_trainer(model, config, train, val, out_dir=out_dir).fit(
+        resume=resume, stop_after=stop_after, callbacks=callbacks
+    )
+    if not result.finished:
+        return None, None
+    predictor = PropertyPredictor(model.eval(), config, meta)
+    kind = config.train.calibration.value
+    calibration = None if kind == "none" else _fit_calibration(predictor, val, kind)
+    meta.update(best_epoch=result.best_epoch, epochs_run=result.epochs_run,
+                stopped_early=result.stopped_early, train_seconds=60.0 * result.minutes)  # fmt: skip
+    save_checkpoint(out_dir / "model.pt", model_payload(model, config, meta, calibration=calibration))
+    if not test:
+        return predictor, None
+    y_test, names_ = _targets(test), names
+    metrics = prediction_metrics(predictor.predict(test), y_test, names_)
+    if calibration is not None:
+        metrics["uncalibrated"] = prediction_metrics(PropertyPredictor(model, config, meta).predict(test), y_test, names_)
+    metrics["val"] = prediction_metrics(predictor.predict(val), _targets(val), names_)
+    metrics.update(
+        method=config.model.method.value, seed=config.train.seed, train_seconds=60.0 * result.minutes,
+        epochs_run=result.epochs_run, best_epoch=result.best_epoch, stopped_early=result.stopped_early,
+        n_train=len(train), n_val=len(val), n_test=len(test),
+    )
+    return predictor, metrics
