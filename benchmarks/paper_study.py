@@ -37,14 +37,11 @@ from typing import Any
 
 import torch
 
-from mlip_unc.data import load_dataset, load_split, training_subset
-from mlip_unc.models.checkpoint import save_checkpoint
 from mlip_unc.config import PropertyConfig
 from mlip_unc.config import PropertyModelConfig as ModelConfig
 from mlip_unc.config import PropertyTrainConfig as TrainConfig
-from mlip_unc.train.io import write_json
-from mlip_unc.train.property import model_payload
-from mlip_unc.uncertainty import plots
+from mlip_unc.data import load_dataset, load_split, training_subset
+from mlip_unc.models.checkpoint import save_checkpoint
 from mlip_unc.study import (
     INTERVENTIONS,
     VARIANTS,
@@ -55,6 +52,9 @@ from mlip_unc.study import (
     study_record,
     variant_config,
 )
+from mlip_unc.train.io import write_json
+from mlip_unc.train.property import model_payload
+from mlip_unc.uncertainty import plots
 
 REPO = Path(__file__).resolve().parents[1]
 STEM = "paper_study"

@@ -40,11 +40,11 @@ import ase.io
 import numpy as np
 import torch
 
+from mlip_unc.config import load_potential_config as load_config
 from mlip_unc.data import StructureDataset, TypeMap
 from mlip_unc.models.committee import Committee, load_potential
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.train.evaluate import evaluate_potential, frame_table, predict
-from mlip_unc.config import load_potential_config as load_config
 from mlip_unc.train.potential import run_training
 from mlip_unc.uncertainty.calibration import auroc, spearman_corr
 
@@ -347,7 +347,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                     f"| {backbone} | {mode} | {ratios[mode]:.2f} | {results['cost_ms'][backbone][mode]:.1f} | "
                     f"{q['spearman']:.2f} ({q['spearman_in_domain']:.2f}) | {q['auroc']:.2f} |"
                 )  # fmt: skip
-        lines += ["", f"Plain energy+forces: " + ", ".join(
+        lines += ["", "Plain energy+forces: " + ", ".join(
             f"{b} {results['cost_ms'][b]['plain']:.1f} ms" for b in results["cost_ms"]) + ".", ""]
         lines += ["**Answer.** " + results["answer"], ""]
     lines += [
@@ -366,7 +366,6 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))

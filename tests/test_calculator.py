@@ -13,7 +13,7 @@ from ase.calculators.test import gradient_test
 from ase.md.velocitydistribution import thermalize_momenta
 from ase.md.verlet import VelocityVerlet
 
-from mlip_unc.calculator import Thresholds, ThresholdError, UncertaintyCalculator
+from mlip_unc.calculator import ThresholdError, Thresholds, UncertaintyCalculator
 from mlip_unc.data.errors import DataError
 from mlip_unc.models.backbones import build_backbone
 from mlip_unc.models.potential import BayesianPotential

@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -39,6 +38,7 @@ from mlip_unc.active.monitor import MDResult, run_md
 from mlip_unc.active.oracles import make_oracle
 from mlip_unc.active.training import train_model
 from mlip_unc.config import GenerateSettings, MDSettings, SelectionSettings
+from mlip_unc.train.io import write_json
 
 __all__ = ["DemoSettings", "DemoResult", "run_demo", "default_out_dir", "summary"]
 
@@ -240,7 +240,7 @@ def run_demo(out: str | Path | None = None, *, settings: DemoSettings | None = N
     }  # fmt: skip
     numbers["seconds"] = time.monotonic() - start
     report = write_demo_report(numbers, out, md_plot=md.plot)
-    (out / "numbers.json").write_text(json.dumps(numbers, indent=1))
+    write_json(out / "numbers.json", numbers)
     return DemoResult(out=out, model=out / "model.pt", report=report, numbers=numbers,
                       seconds=time.monotonic() - start)  # fmt: skip
 

@@ -101,6 +101,11 @@ def plot_md_log(
     ax_u.set_ylabel("energy − E_pot(0) (eV)")
     ax_u.set_xlabel(xlabel)
     ax_u.legend(fontsize=7)
+    return _save(fig, path, title)
+
+
+def _save(fig: Any, path: str | Path, title: str) -> Path:
+    """Give ``fig`` its title and write it as a PNG."""
     if title:
         fig.suptitle(title)
     path = Path(path)
@@ -131,11 +136,7 @@ def plot_rounds(rows: Sequence[Mapping[str, Any]], path: str | Path, *, title: s
     ax_n.set_xlabel("round")
     ax_n.set_ylabel("structures")
     ax_n.legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    return path
+    return _save(fig, path, title)
 
 
 _ROUND_COLUMNS = (

@@ -131,3 +131,53 @@ def score_structures(calc: Any, structures: Sequence[Atoms], *, forces: bool = T
         rows["flag"].append(bool(res.get("flag", False)))
     out = {k: np.asarray(v, dtype=bool if k == "flag" else np.float64) for k, v in rows.items()}
     return out
+
+
+def flag_structures(
+    calc: Any,
+    structures: Sequence[Atoms],
+    *,
+    metric: str = "max_force_std",
+    top_k: int | None = None,
+    threshold: float | None = None,
+    relative: bool = False,
+    diverse: str = "none",
+) -> tuple[list[Atoms], dict[str, np.ndarray]]:
+    """The structures to send to the reference method, ranked by ``metric``; ``mlip-unc flag``.
+
+    Args:
+        calc: an ``UncertaintyCalculator``.
+        metric: ``max_force_std`` or ``energy_std_per_atom``.
+        top_k, threshold: keep the ``top_k`` highest scores and/or those above ``threshold``
+            (a multiple of the checkpoint's validation level when ``relative``).
+        diverse: ``none``, ``descriptor`` (distance histograms) or ``latent``: farthest-point
+            selection of the ``top_k`` in that feature space.
+
+    Returns:
+        ``(selected, scores)``: copies of the chosen structures, best first, with
+        ``source_index``, ``rank`` and the scores in ``info`` (labels in the input are kept;
+        no model values are written as labels), and every structure's scores.
+    """
+    if top_k is None and threshold is None:
+        raise ValueError("give top_k, threshold or both")
+    if diverse != "none" and top_k is None:
+        raise ValueError("a diverse selection picks top_k structures; give top_k")
+    if threshold is not None and relative:
+        from mlip_unc.calculator import Thresholds
+
+        threshold = getattr(Thresholds(**{metric: threshold}, relative=True).absolute(calc.uncertainty_levels), metric)
+    scores = score_structures(calc, structures, forces=metric == "max_force_std")
+    features = None
+    if diverse == "descriptor":
+        features = distance_histograms(structures)
+    elif diverse == "latent":
+        features = np.stack([calc.latent(a) for a in structures])
+    chosen = select(scores[metric], top_k=top_k, threshold=threshold, features=features)
+    selected = []
+    for rank, k in enumerate(chosen):
+        atoms = structures[int(k)].copy()
+        atoms.calc = structures[int(k)].calc
+        atoms.info.update({"source_index": int(k), "rank": rank, **{
+            key: float(scores[key][k]) for key in ("max_force_std", "energy_std_per_atom", "alignment")}})  # fmt: skip
+        selected.append(atoms)
+    return selected, scores

@@ -137,8 +137,8 @@ def flag(
     import ase.io
     import numpy as np
 
-    from mlip_unc.active.selection import distance_histograms, score_structures, select
-    from mlip_unc.calculator import Thresholds, UncertaintyCalculator
+    from mlip_unc.active.selection import flag_structures
+    from mlip_unc.calculator import UncertaintyCalculator
     from mlip_unc.data.readers import read_structures
 
     if top_k is None and threshold is None:
@@ -149,25 +149,10 @@ def flag(
     try:
         frames = read_structures(data, require_energy=False, require_forces=False)
         calc = UncertaintyCalculator(model, device=device, uncertainty=uncertainty.value, seed=seed)
-        if threshold is not None and relative:
-            threshold = getattr(Thresholds(**{metric.value: threshold}, relative=True).absolute(
-                calc.uncertainty_levels), metric.value)  # fmt: skip
-        scores = score_structures(calc, frames, forces=metric is Metric.MAX_FORCE_STD)
-        features = None
-        if diverse is Diverse.DESCRIPTOR:
-            features = distance_histograms(frames)
-        elif diverse is Diverse.LATENT:
-            features = np.stack([calc.latent(a) for a in frames])
-        chosen = select(scores[metric.value], top_k=top_k, threshold=threshold, features=features)
+        selected, scores = flag_structures(calc, frames, metric=metric.value, top_k=top_k, threshold=threshold,
+                                           relative=relative, diverse=diverse.value)  # fmt: skip
     except user_errors() as err:
         fail(err)
-    selected = []
-    for rank, k in enumerate(chosen):
-        atoms = frames[int(k)]  # labels from the file (if any) are kept; no model values as labels
-        atoms.info.update({"source_index": int(k), "rank": rank, "max_force_std": float(scores["max_force_std"][k]),
-                           "energy_std_per_atom": float(scores["energy_std_per_atom"][k]),
-                           "alignment": float(scores["alignment"][k])})  # fmt: skip
-        selected.append(atoms)
     out.parent.mkdir(parents=True, exist_ok=True)
     ase.io.write(out, selected, format="extxyz")
     values = scores[metric.value]

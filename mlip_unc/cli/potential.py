@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from enum import Enum
 from pathlib import Path
@@ -112,7 +111,7 @@ def evaluate(
     from mlip_unc.data import StructureDataset, TypeMap
     from mlip_unc.models.committee import load_potential
     from mlip_unc.train.evaluate import evaluate_potential, write_frame_csv
-    from mlip_unc.train.io import json_safe
+    from mlip_unc.train.io import write_json
 
     set_threads(threads)
     try:
@@ -135,8 +134,7 @@ def evaluate(
     }  # fmt: skip
     _print_metrics(report.metrics)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(json_safe(metrics), indent=1))
+        write_json(out, metrics)
         typer.echo(f"metrics: {out}")
     if per_frame is not None:
         write_frame_csv(report.frames, per_frame)

@@ -72,17 +72,21 @@ class PropertyModelConfig(Section):
     def _method_defaults(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        data = dict(data)
-        for name, value in _derived_model(data.get("method", Method.BGNN)).items():
-            if data.get(name) is None:
-                data[name] = value
-        return data
+        return _fill(dict(data), _derived_model(data.get("method", Method.BGNN)))
 
     @model_validator(mode="after")
     def _check(self) -> PropertyModelConfig:
         if self.method is Method.MCDROPOUT and self.dropout == 0.0:
             raise ValueError("model.dropout: mcdropout needs dropout > 0")
         return self
+
+
+def _fill(data: dict[str, Any], derived: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the ``derived`` defaults where a field is absent or null."""
+    for name, value in derived.items():
+        if data.get(name) is None:
+            data[name] = value
+    return data
 
 
 def _derived_model(method: Any) -> dict[str, Any]:
@@ -139,10 +143,7 @@ class PropertyTrainConfig(TrainCoreConfig):
         if "scheduler" in data:  # the key of mlip-unc <= 0.1.0 checkpoints
             old = data.pop("scheduler")
             data.setdefault("lr_schedule", "constant" if getattr(old, "value", old) == "none" else old)
-        for name, value in _derived_train(data.get("epochs", 150)).items():
-            if data.get(name) is None:
-                data[name] = value
-        return data
+        return _fill(data, _derived_train(data.get("epochs", 150)))
 
     @model_validator(mode="after")
     def _check(self) -> PropertyTrainConfig:

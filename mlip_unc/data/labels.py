@@ -91,6 +91,16 @@ def _missing(kind: str, key: str, atoms: ase.Atoms, loc: str) -> DataError:
     return DataError(f"{loc}: no {kind} under key '{key}'; available: {_available_keys(atoms)}")
 
 
+def _required_lookup(
+    atoms: ase.Atoms, kind: str, key: str, *, per_atom: bool, required: bool, loc: str
+) -> np.ndarray | None:
+    """The label ``key`` of ``atoms``; None when absent, :class:`DataError` if also ``required``."""
+    value = _lookup(atoms, key, per_atom=per_atom, context=loc)
+    if value is None and required:
+        raise _missing(kind, key, atoms, loc)
+    return value
+
+
 def frame_energy(
     atoms: ase.Atoms, key: str | None = None, *, required: bool = False, context: str | None = None
 ) -> float | None:
@@ -99,12 +109,9 @@ def frame_energy(
     Raises:
         DataError: absent and ``required``, not a finite scalar.
     """
-    key = key or "energy"
-    loc = context or "input structure"
-    value = _lookup(atoms, key, per_atom=False, context=loc)
+    key, loc = key or "energy", context or "input structure"
+    value = _required_lookup(atoms, "energy", key, per_atom=False, required=required, loc=loc)
     if value is None:
-        if required:
-            raise _missing("energy", key, atoms, loc)
         return None
     if value.size != 1 or not np.isfinite(value).all():
         raise DataError(f"{loc}: energy '{key}' must be one finite number, got {value.tolist()}")
@@ -115,12 +122,9 @@ def frame_forces(
     atoms: ase.Atoms, key: str | None = None, *, required: bool = False, context: str | None = None
 ) -> np.ndarray | None:
     """Forces (n_atoms, 3) eV/A under ``key`` (default ``"forces"``), or ``None`` when absent."""
-    key = key or "forces"
-    loc = context or "input structure"
-    value = _lookup(atoms, key, per_atom=True, context=loc)
+    key, loc = key or "forces", context or "input structure"
+    value = _required_lookup(atoms, "forces", key, per_atom=True, required=required, loc=loc)
     if value is None:
-        if required:
-            raise _missing("forces", key, atoms, loc)
         return None
     if value.shape != (len(atoms), 3) or not np.isfinite(value).all():
         raise DataError(
@@ -181,10 +185,8 @@ def frame_stress(
     key = key or "stress"
     loc = context or "input structure"
     conv = StressConvention(convention) if convention else StressConvention.infer(key)
-    value = _lookup(atoms, key, per_atom=False, context=loc)
+    value = _required_lookup(atoms, "stress", key, per_atom=False, required=required, loc=loc)
     if value is None:
-        if required:
-            raise _missing("stress", key, atoms, loc)
         return None
     order = _VOIGT_VASP if conv is StressConvention.VASP_KBAR else _VOIGT_ASE
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlip_unc.atomic import atomic_write_text
 from mlip_unc.data.errors import DataError
 
 __all__ = [
@@ -146,7 +147,6 @@ def scaffold_split(
     Raises:
         DataError: an unparsable SMILES (naming its index and the SMILES).
     """
-    from mlip_unc.data.molecules import bemis_murcko_scaffold  # RDKit only when needed
 
     f_train, f_val, f_test = _check_fractions(fractions)
     n = len(smiles_list)
@@ -200,7 +200,7 @@ def save_split(
         split = Split.from_dict(split, n=n, source=path)
     else:
         Split.from_dict(split.to_dict(), n=n, source=path)
-    Path(path).write_text(json.dumps(split.to_dict()) + "\n")
+    atomic_write_text(path, json.dumps(split.to_dict()) + "\n")
 
 
 def load_split(path: str | Path, *, n: int | None = None) -> Split:

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch_geometric.data import Batch, Data
 
 from mlip_unc import keys
+from mlip_unc.config import Method, PropertyConfig
 from mlip_unc.models.property import (
     PropertyModel,
     StandardisedModel,
@@ -34,7 +35,6 @@ from mlip_unc.models.property import (
     make_noise_module,
     make_rotation,
 )
-from mlip_unc.config import Method, PropertyConfig
 
 __all__ = [
     "DeterministicHead",

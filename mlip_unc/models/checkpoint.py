@@ -11,11 +11,12 @@ without unpickling any code::
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from mlip_unc.atomic import atomic_write
 
 __all__ = ["FORMAT", "VERSION", "CheckpointError", "save_checkpoint", "load_checkpoint"]
 
@@ -32,20 +33,8 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
 
     A crash mid-write leaves the previous checkpoint intact.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     full = {"format": FORMAT, "version": VERSION, **payload}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(full, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda handle: torch.save(full, handle))
 
 
 def load_checkpoint(

@@ -32,11 +32,11 @@ from torch import Tensor, nn
 from torch_geometric.data import Batch, Data
 
 from mlip_unc import keys
+from mlip_unc.config import Intervention, PropertyConfig
 from mlip_unc.nn.bayesian import BayesianLinear, BayesianMLP
 from mlip_unc.nn.gin import ATOM_VOCAB, BOND_VOCAB, MolecularGIN
 from mlip_unc.nn.likelihood import make_noise
 from mlip_unc.nn.rotation import RandomRotation
-from mlip_unc.config import Intervention, Method, PropertyConfig
 
 __all__ = [
     "CHECKPOINT_KIND",

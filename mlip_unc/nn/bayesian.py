@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mlip_unc.uncertainty.moments import latent_variance
 from mlip_unc.config.enums import Estimator
+from mlip_unc.uncertainty.moments import latent_variance
 
 
 def inverse_softplus(x: float) -> float:

@@ -15,8 +15,6 @@ weights), so energies and forces are continuous across the cutoff.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from e3nn import o3
 from e3nn.nn import FullyConnectedNet, Gate
@@ -25,7 +23,7 @@ from torch.nn import functional as F
 
 from mlip_unc import keys
 from mlip_unc.geometry import batch_edge_vectors
-from mlip_unc.nn.radial import RadialEmbedding
+from mlip_unc.nn.radial import PerAtomBackbone, RadialEmbedding
 
 __all__ = ["EquivariantBackbone", "EquivariantInteraction"]
 
@@ -116,7 +114,7 @@ class EquivariantInteraction(nn.Module):
         return out + h if self.residual else out
 
 
-class EquivariantBackbone(nn.Module):
+class EquivariantBackbone(PerAtomBackbone):
     """Species embedding -> ``num_layers`` equivariant interactions -> invariant latent.
 
     Args:
@@ -182,16 +180,6 @@ class EquivariantBackbone(nn.Module):
             for k in range(num_layers)
         )
         self.readout = nn.Linear(channels, latent_dim)
-
-    def config(self) -> dict[str, Any]:
-        """Constructor kwargs as plain data (``EquivariantBackbone(**config())`` rebuilds it)."""
-        return dict(self._config)
-
-    def reset_parameters(self) -> None:
-        self.embedding.reset_parameters()
-        for layer in self.layers:
-            layer.reset_parameters()
-        self.readout.reset_parameters()
 
     def forward(self, batch) -> Tensor:
         edge_index = batch[keys.EDGE_INDEX]

@@ -17,14 +17,12 @@ backbone width). This is the backbone contract of :mod:`mlip_unc.models.potentia
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
 from mlip_unc import keys
 from mlip_unc.geometry import batch_edge_vectors
-from mlip_unc.nn.radial import RadialEmbedding
+from mlip_unc.nn.radial import PerAtomBackbone, RadialEmbedding
 
 __all__ = ["GeometricGIN", "GeometricGINLayer"]
 
@@ -93,7 +91,7 @@ class GeometricGINLayer(nn.Module):
         return h + self.mlp((1.0 + self.eps) * h + agg)
 
 
-class GeometricGIN(nn.Module):
+class GeometricGIN(PerAtomBackbone):
     """Species embedding -> ``num_layers`` smooth GINE layers -> linear map to ``latent_dim``.
 
     Args:
@@ -154,16 +152,6 @@ class GeometricGIN(nn.Module):
         )
         self.readout = nn.Linear(hidden, latent_dim)
         self.reset_parameters()
-
-    def config(self) -> dict[str, Any]:
-        """Constructor kwargs as plain data (``GeometricGIN(**config())`` rebuilds it)."""
-        return dict(self._config)
-
-    def reset_parameters(self) -> None:
-        self.embedding.reset_parameters()
-        for layer in self.layers:
-            layer.reset_parameters()
-        self.readout.reset_parameters()
 
     def forward(self, batch) -> Tensor:
         edge_index = batch[keys.EDGE_INDEX]

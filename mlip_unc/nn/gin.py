@@ -15,12 +15,12 @@ Bayesian latent width d (kept separate from the backbone width h). z has no fina
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor, nn
 from torch_geometric.nn import GINEConv, global_add_pool, global_max_pool, global_mean_pool
 from torch_geometric.nn.norm import BatchNorm, LayerNorm
 from torch_geometric.utils.smiles import e_map, x_map
+
 from mlip_unc.config.enums import Norm, Pooling
 
 ATOM_VOCAB: tuple[int, ...] = tuple(len(v) for v in x_map.values())

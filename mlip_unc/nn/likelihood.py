@@ -12,13 +12,12 @@ The total predictive variance is ``epistemic (from the weight posterior) + noise
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mlip_unc.nn.bayesian import inverse_softplus
 from mlip_unc.config.enums import Likelihood
+from mlip_unc.nn.bayesian import inverse_softplus
 
 
 class HomoscedasticNoise(nn.Module):

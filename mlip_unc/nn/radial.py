@@ -17,6 +17,7 @@ All modules are parameter-free by default and follow the input dtype.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +28,7 @@ __all__ = [
     "PolynomialCutoff",
     "CosineCutoff",
     "RadialEmbedding",
+    "PerAtomBackbone",
     "polynomial_cutoff",
 ]
 
@@ -187,3 +189,26 @@ class RadialEmbedding(nn.Module):
     def forward(self, r: Tensor) -> tuple[Tensor, Tensor]:
         env = self.envelope(r)  # (n_edges,)
         return self.basis(r) * env.unsqueeze(-1), env
+
+
+class PerAtomBackbone(nn.Module):
+    """Base of the structure backbones: ``embedding -> layers -> readout`` per atom.
+
+    Subclasses store their constructor kwargs in ``self._config`` (plain data), so a checkpoint
+    rebuilds them with ``cls(**config())``.
+    """
+
+    _config: dict[str, Any]
+    embedding: nn.Module
+    layers: nn.ModuleList
+    readout: nn.Module
+
+    def config(self) -> dict[str, Any]:
+        """Constructor kwargs as plain data (``cls(**config())`` rebuilds the backbone)."""
+        return dict(self._config)
+
+    def reset_parameters(self) -> None:
+        self.embedding.reset_parameters()
+        for layer in self.layers:
+            layer.reset_parameters()
+        self.readout.reset_parameters()

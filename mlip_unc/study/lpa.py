@@ -29,10 +29,9 @@ import torch
 from torch_geometric.data import Data
 
 from mlip_unc import keys
-from mlip_unc.models.factory import build_model
-from mlip_unc.models.property import StandardisedModel, predict_graphs
 from mlip_unc.config import Intervention, Method, PropertyConfig, RegularizerKind
-from mlip_unc.train.property import freeze_posterior_from, property_trainer, target_statistics
+from mlip_unc.models.property import StandardisedModel, predict_graphs
+from mlip_unc.train.property import freeze_posterior_from, property_trainer, seeded_model
 from mlip_unc.train.task import FitResult
 from mlip_unc.uncertainty.alignment import alignment_index, lpa_summary, mean_log_factors, three_factor_split
 from mlip_unc.uncertainty.calibration import regression_metrics
@@ -105,11 +104,7 @@ def fit_property_model(
     """
     if keep not in ("last", "best"):
         raise ValueError(f"keep must be 'last' or 'best', got {keep!r}")
-    n_targets = int(train[0][keys.TARGET].shape[-1])
-    mean, std = target_statistics(train)
-    with torch.random.fork_rng(devices=[]):  # seeded initial weights, the caller's RNG untouched
-        torch.manual_seed(config.train.seed)
-        model = build_model(config, n_targets=n_targets, y_mean=mean, y_std=std)
+    model = seeded_model(config, train)  # the caller's RNG untouched
     if freeze_posterior is not None:
         freeze_posterior_from(model, freeze_posterior)
     last: dict[str, Any] = {}

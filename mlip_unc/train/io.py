@@ -5,34 +5,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
+from mlip_unc.atomic import atomic_write_text
+
 __all__ = ["atomic_write_text", "write_json", "write_yaml", "json_safe"]
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to a temporary file in the same folder, fsync, rename over ``path``.
-
-    A crash mid-write leaves the previous file intact and no temporary file behind.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def json_safe(value: Any) -> Any:

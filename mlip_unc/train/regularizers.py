@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mlip_unc.uncertainty.moments import latent_variance
 from mlip_unc.config.enums import RegularizerKind
+from mlip_unc.uncertainty.moments import latent_variance
 
 __all__ = [
     "RegularizerKind",

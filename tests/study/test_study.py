@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from mlip_unc.data.molecules import smiles_to_graph
-from mlip_unc.models.checkpoint import save_checkpoint
 from mlip_unc.config import PropertyConfig
 from mlip_unc.config import PropertyModelConfig as ModelConfig
 from mlip_unc.config import PropertyTrainConfig as TrainConfig
-from mlip_unc.train.property import model_payload
+from mlip_unc.data.molecules import smiles_to_graph
+from mlip_unc.models.checkpoint import save_checkpoint
 from mlip_unc.study import (
     RECORD_KEYS,
     acceptance,
@@ -23,6 +22,7 @@ from mlip_unc.study import (
     study_record,
     variant_config,
 )
+from mlip_unc.train.property import model_payload
 
 
 # ---------------------------------------------------------------- the record of one run

@@ -10,7 +10,11 @@ from mlip_unc.config import (
     RegularizerKind,
     apply_overrides,
     config_to_dict,
+)
+from mlip_unc.config import (
     load_potential_config as load_config,
+)
+from mlip_unc.config import (
     potential_config_from_dict as config_from_dict,
 )
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch_geometric.utils import from_smiles
 
-from mlip_unc.models.factory import build_model
-from mlip_unc.models.checkpoint import CheckpointError, save_checkpoint
 from mlip_unc.config import PropertyConfig
 from mlip_unc.config import PropertyTrainConfig as TrainConfig
 from mlip_unc.config import load_property_config as load_config
+from mlip_unc.models.checkpoint import CheckpointError, save_checkpoint
+from mlip_unc.models.factory import build_model
 from mlip_unc.train.losses import gaussian_nll, kl_weight, negative_elbo
 from mlip_unc.train.property import model_payload, property_trainer, target_statistics, train_property_model
 
