@@ -1,40 +1,32 @@
 """The ASE calculator: energies, forces, stress and their closed-form uncertainties.
 
 :class:`UncertaintyCalculator` wraps a :class:`~mlip_unc.models.potential.BayesianPotential`
-(or its checkpoint) and follows the ASE calculator contract (``ase/calculators/lj.py``):
-``implemented_properties`` at class level, ``Calculator.calculate`` called first, only the
-requested work done (an energy-only request runs no backward pass), results cached until the
-atoms change, stress in Voigt order ``xx yy zz yz xz xy``. Units are eV, Angstrom, eV/Angstrom
-and eV/Angstrom^3 throughout; tensors become float64 NumPy arrays only here.
+or a committee (or a checkpoint) and follows the ASE calculator contract (``ase/calculators/
+lj.py``): ``implemented_properties`` at class level, ``Calculator.calculate`` called first, only
+the requested work done, results cached until the atoms change, stress in Voigt order ``xx yy
+zz yz xz xy``. Units: eV, Angstrom; tensors become float64 NumPy arrays only here.
 
-Uncertainty results (keys follow MACE's committee convention: ``*_var`` beside ``*_std``):
+Results: the ``CALC_*`` constants of :mod:`mlip_unc.keys` state each name, shape, unit and
+meaning (the README has the same table). In short, every ``*_var`` without "epistemic" in its
+name (``energy_var``, ``forces_var``, ``stress_var``) is the TOTAL predictive variance, epistemic
++ aleatoric (``model.noise_variances``), ``*_std`` its square root, ``*_epistemic_var`` beside
+it; ``max_force_std`` is EPISTEMIC (the flagging score: the noise is the same everywhere);
+stress-like values are in Voigt order; ``flag = uncertainty_flag or out_of_domain``.
 
-======================== =========== ==========================================================
-key                      shape, unit meaning
-======================== =========== ==========================================================
-energy_var, energy_std   (), eV^2/eV total predictive variance of E (epistemic + aleatoric)
-energy_epistemic_var     (), eV^2    Phi^T S Phi (+ bias term), docs/method.md s.3
-energy_aleatoric_var     (), eV^2    learned noise variance
-energies_std             (n,), eV    per-atom local energy std sqrt(z_a^T S z_a) (free)
-forces_var, forces_std   (n, 3)      epistemic force variance/std per atom and component
-max_force_std            (), eV/A    max over atoms of sqrt(sum_c forces_var[i, c])
-alignment                ()          kappa(Phi) of this structure (< 1 = aligned), s.4
-flag                     bool        True when a configured threshold is exceeded (False
-                                     when none is configured; see :class:`Thresholds`)
-======================== =========== ==========================================================
+Modes (``uncertainty=``): ``"exact"`` (closed-form force variance, d backward passes),
+``"lowrank"`` (the model's ``posterior_rank`` leading posterior directions, rank + 1 backward
+passes), ``"sampled"`` (``n_samples`` weight draws, an unbiased estimate, reproducible: the
+generator is re-seeded with ``seed`` at every calculation), ``"energy"`` (energy uncertainties
+only, free with the forward pass) and ``"none"``.
 
-Uncertainty modes (``uncertainty=``): ``"exact"`` (closed-form force variance, d backward
-passes), ``"sampled"`` (``n_samples`` weight draws, one backward each, an unbiased estimate;
-reproducible: the draws come from a ``torch.Generator`` re-seeded with ``seed`` at every
-calculation, so results are a deterministic function of the structure), ``"energy"`` (energy
-uncertainties only, free with the forward pass) and ``"none"``.
+Cost follows the request: energy-like results (with the domain ones) take one forward pass,
+``forces`` one backward pass more, force and stress uncertainties (and ``flag`` with a force
+threshold) the mode's backward passes on top. So MD that asks for forces only pays for forces.
 
-Cost follows the request: energy-like properties (energy, energies and every energy
-uncertainty, ``alignment``) take one forward pass; ``forces`` one backward pass more; force
-uncertainties (``forces_std``, ``forces_var``, ``max_force_std``, and ``flag`` when a force
-threshold is set) the d (exact) or ``n_samples`` (sampled) backward passes on top, and come
-with everything cheaper. So MD that asks for forces only pays for forces, and a monitor that
-asks for ``max_force_std`` every n steps pays the uncertainty cost every n steps.
+Safety: atoms closer than 0.01 A raise :class:`~mlip_unc.data.domain.CoincidentAtomsError` (a
+``ValueError`` naming the pair) before the model runs; the domain guard (``metadata["domain"]``
+or ``domain=``) reuses the model's neighbour list. No NaN/inf leaves the calculator:
+:class:`NonFiniteResultError` names the properties and the number of atoms instead.
 """
 
 from __future__ import annotations
@@ -55,26 +47,35 @@ from ase.stress import full_3x3_to_voigt_6_stress
 from torch_geometric.data import Batch
 
 from mlip_unc import keys
+from mlip_unc.data.domain import DomainCheck, DomainGuard, check_coincident
 from mlip_unc.data.graphs import atoms_to_graph
 from mlip_unc.data.typemap import TypeMap
 from mlip_unc.models.checkpoint import load_checkpoint
-from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.models.committee import Committee
+from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
 
-__all__ = ["UncertaintyCalculator", "Thresholds", "ThresholdError", "UNCERTAINTY_MODES", "LEVELS_KEY"]
+__all__ = [
+    "UncertaintyCalculator", "Thresholds", "ThresholdError", "NonFiniteResultError",
+    "UNCERTAINTY_MODES", "LEVELS_KEY", "DOMAIN_KEY",
+]  # fmt: skip
 
-UNCERTAINTY_MODES = ("exact", "sampled", "energy", "none")
+UNCERTAINTY_MODES = ("exact", "sampled", "lowrank", "energy", "none")
+_FORCE_MODES = ("exact", "sampled", "lowrank")  # modes with force (and stress) variances
 LEVELS_KEY = "uncertainty_levels"  # payload["metadata"][LEVELS_KEY] = {"max_force_std": ..., ...}
+DOMAIN_KEY = "domain"  # payload["metadata"][DOMAIN_KEY] = DomainGuard.to_dict()
 
-_ENERGY = ("energy", "free_energy", "energies")
-_ENERGY_UNC = (
-    "energy_std",
-    "energy_var",
-    "energies_std",
-    "energy_epistemic_var",
-    "energy_aleatoric_var",
-    "alignment",
-)
-_FORCE_UNC = ("forces_std", "forces_var", "max_force_std")
+_ENERGY_UNC = (keys.CALC_ENERGY_STD, keys.CALC_ENERGY_VAR, keys.CALC_ENERGIES_STD, keys.CALC_ENERGY_EPISTEMIC_VAR,
+               keys.CALC_ENERGY_ALEATORIC_VAR, keys.CALC_ALIGNMENT)  # fmt: skip
+_STRESS_UNC = (keys.CALC_STRESS_STD, keys.CALC_STRESS_VAR, keys.CALC_STRESS_EPISTEMIC_VAR)
+_FORCE_UNC = (keys.CALC_FORCES_STD, keys.CALC_FORCES_VAR, keys.CALC_FORCES_EPISTEMIC_VAR, keys.CALC_MAX_FORCE_STD,
+              *_STRESS_UNC)  # fmt: skip
+_FLAGS = (keys.CALC_UNCERTAINTY_FLAG, keys.CALC_FLAG)
+_DOMAIN = (keys.CALC_OUT_OF_DOMAIN, keys.CALC_OUT_OF_DOMAIN_REASON)
+_NEEDS_STRESS = ("stress", *_STRESS_UNC)
+
+
+class NonFiniteResultError(FloatingPointError):
+    """The model produced NaN or inf; raised instead of returning it (nothing is cached)."""
 
 
 class ThresholdError(ValueError):
@@ -87,8 +88,8 @@ class Thresholds:
 
     Quantities compared:
 
-    - ``max_force_std``: the calculator's ``max_force_std``, i.e. the largest per-atom force
-      std norm ``max_i sqrt(sum_c Var[F_ic])`` in eV/Angstrom;
+    - ``max_force_std``: the calculator's ``max_force_std``, the largest per-atom EPISTEMIC
+      force std norm ``max_i sqrt(sum_c forces_epistemic_var[i, c])`` in eV/Angstrom;
     - ``energy_std_per_atom``: ``sqrt(energy_epistemic_var) / n_atoms`` in eV/atom (epistemic,
       since the learned noise is the same everywhere and says nothing about extrapolation).
 
@@ -125,10 +126,7 @@ class Thresholds:
             return value
         unknown = set(value) - {"max_force_std", "energy_std_per_atom", "relative"}
         if unknown:
-            raise ThresholdError(
-                f"unknown threshold keys {sorted(unknown)}; use max_force_std, "
-                "energy_std_per_atom, relative"
-            )
+            raise ThresholdError(f"unknown threshold keys {sorted(unknown)}; use max_force_std, energy_std_per_atom, relative")
         return cls(**value)
 
     def absolute(self, levels: Mapping[str, float] | None) -> Thresholds:
@@ -138,29 +136,21 @@ class Thresholds:
         out = {}
         for name in ("max_force_std", "energy_std_per_atom"):
             factor = getattr(self, name)
-            if factor is None:
-                out[name] = None
-                continue
-            if not levels or levels.get(name) is None:
+            if factor is not None and (not levels or levels.get(name) is None):
                 raise ThresholdError(
                     f"relative threshold on {name} needs the calibrated validation-set level "
                     f"metadata['{LEVELS_KEY}']['{name}'] in the checkpoint, which it lacks "
                     f"(found: {sorted(levels or {})}); give an absolute threshold instead"
                 )
-            out[name] = factor * float(levels[name])
+            out[name] = None if factor is None else factor * float(levels[name])
         return Thresholds(**out, relative=False)
 
     def exceeded(self, values: Mapping[str, float]) -> bool:
         """True when any configured (absolute) threshold is exceeded by ``values``."""
         if self.relative:
             raise ThresholdError("call absolute(levels) before comparing relative thresholds")
-        return any(
-            limit is not None and float(values[name]) > limit
-            for name, limit in (
-                ("max_force_std", self.max_force_std),
-                ("energy_std_per_atom", self.energy_std_per_atom),
-            )
-        )
+        limits = (("max_force_std", self.max_force_std), ("energy_std_per_atom", self.energy_std_per_atom))
+        return any(limit is not None and float(values[name]) > limit for name, limit in limits)
 
 
 def _load_model(model: Any, device: torch.device) -> tuple[torch.nn.Module, dict]:
@@ -174,53 +164,56 @@ def _load_model(model: Any, device: torch.device) -> tuple[torch.nn.Module, dict
     return BayesianPotential.from_checkpoint(model), dict(model.get("metadata") or {})
 
 
+def _domain_guard(domain: Any, metadata: Mapping[str, Any]) -> DomainGuard | None:
+    """The guard: ``domain`` (a guard or its dict), else the checkpoint's; ``False`` = none."""
+    if domain is False:
+        return None
+    if domain is None:
+        domain = metadata.get(DOMAIN_KEY)
+    if domain is None or isinstance(domain, DomainGuard):
+        return domain
+    return DomainGuard.from_dict(domain)
+
+
 class UncertaintyCalculator(Calculator):
-    """ASE calculator for a Bayesian potential, with closed-form uncertainties and a flag.
+    """ASE calculator for a Bayesian potential (or a committee), with uncertainties and a flag.
 
     Args:
-        model: a ``BayesianPotential``, a checkpoint path (``model.pt``) or a loaded payload.
+        model: a ``BayesianPotential`` or ``Committee``, a checkpoint path (``model.pt``) or a
+            loaded payload.
         device: torch device.
-        uncertainty: ``"exact"``, ``"sampled"``, ``"energy"`` or ``"none"`` (module docstring).
+        uncertainty: one of :data:`UNCERTAINTY_MODES` (module docstring).
         n_samples: weight draws per calculation in ``"sampled"`` mode.
         dtype: ``torch.float32``/``torch.float64`` (or their names); ``None`` keeps the model's.
             A model instance is put in eval mode; it is copied (not converted in place) when
             ``dtype`` or ``device`` differ from its own.
-        thresholds: :class:`Thresholds` (or a mapping of its fields) behind ``flag``.
+        thresholds: :class:`Thresholds` (or a mapping of its fields) behind ``uncertainty_flag``.
         seed: seed of the generator of ``"sampled"`` mode.
+        domain: a :class:`~mlip_unc.data.domain.DomainGuard` (or its ``to_dict()``); ``None``
+            reads ``metadata["domain"]`` of the checkpoint (or ``model.metadata``), ``False``
+            disables it. Without a guard ``out_of_domain*`` are not available.
         **kwargs: passed to ``ase.calculators.calculator.Calculator``.
 
     Raises:
         ThresholdError: relative thresholds without calibrated levels in the checkpoint, or a
             force threshold with ``uncertainty`` ``"energy"``/``"none"``.
+        ValueError: an unknown mode, or one the model does not support.
     """
 
-    implemented_properties = [
-        "energy",
-        "free_energy",
-        "forces",
-        "stress",
-        "energies",
-        *_ENERGY_UNC,
-        *_FORCE_UNC,
-        "flag",
-    ]
+    implemented_properties = ["energy", "free_energy", "forces", "stress", "energies",
+                              *_ENERGY_UNC, *_FORCE_UNC, *_FLAGS, *_DOMAIN]  # fmt: skip
     default_parameters: dict[str, Any] = {}
 
     def __init__(
-        self,
-        model: Any,
-        *,
-        device: str | torch.device = "cpu",
-        uncertainty: str = "exact",
-        n_samples: int = 4,
-        dtype: torch.dtype | str | None = None,
-        thresholds: Thresholds | Mapping[str, Any] | None = None,
-        seed: int = 0,
-        **kwargs: Any,
-    ) -> None:
+        self, model: Any, *, device: str | torch.device = "cpu", uncertainty: str = "exact", n_samples: int = 4,
+        dtype: torch.dtype | str | None = None, thresholds: Thresholds | Mapping[str, Any] | None = None,
+        seed: int = 0, domain: DomainGuard | Mapping[str, Any] | bool | None = None, **kwargs: Any,
+    ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         if uncertainty not in UNCERTAINTY_MODES:
             raise ValueError(f"uncertainty must be one of {UNCERTAINTY_MODES}, got {uncertainty!r}")
+        if uncertainty not in {m.value for m in UncertaintyMode}:
+            raise ValueError(f"this model version does not support uncertainty={uncertainty!r}")
         if uncertainty == "sampled" and n_samples < 2:
             raise ValueError(f"the sampled mode needs n_samples >= 2, got {n_samples}")
         self.device = torch.device(device)
@@ -237,83 +230,106 @@ class UncertaintyCalculator(Calculator):
         self.uncertainty = uncertainty
         self.n_samples = int(n_samples)
         self.seed = int(seed)
+        self.domain = _domain_guard(domain, self.metadata)
         self.uncertainty_levels: dict[str, float] | None = self.metadata.get(LEVELS_KEY)
         self.thresholds_config = Thresholds.coerce(thresholds)
         self.thresholds = self.thresholds_config.absolute(self.uncertainty_levels)
         if self.thresholds.needs_forces and uncertainty in ("energy", "none"):
-            raise ThresholdError(
-                f"a max_force_std threshold needs uncertainty='exact' or 'sampled', got {uncertainty!r}"
-            )
+            raise ThresholdError(f"a max_force_std threshold needs uncertainty in {_FORCE_MODES}, got {uncertainty!r}")
         # Per instance: only what this configuration can deliver (class list copied, not mutated).
-        props = list(type(self).implemented_properties)
+        drop: set[str] = set()
         if uncertainty == "none":
-            props = [p for p in props if p not in (*_ENERGY_UNC, *_FORCE_UNC, "flag")]
+            drop |= {*_ENERGY_UNC, *_FORCE_UNC, *_FLAGS}
         elif uncertainty == "energy":
-            props = [p for p in props if p not in _FORCE_UNC]
-        self.implemented_properties = props
+            drop |= set(_FORCE_UNC)
+        if self.domain is None:
+            drop |= set(_DOMAIN)
+        if isinstance(self.model, Committee):
+            drop.add(keys.CALC_ALIGNMENT)  # no single latent posterior
+        self.implemented_properties = [p for p in type(self).implemented_properties if p not in drop]
         self.n_model_calls = 0  # forward passes run (for tests and profiling)
+        self.last_domain_check: DomainCheck | None = None
 
     # ------------------------------------------------------------------ ASE entry point
     def calculate(
-        self,
-        atoms: Atoms | None = None,
-        properties: list[str] | None = None,
-        system_changes: list[str] = all_changes,
+        self, atoms: Atoms | None = None, properties: list[str] | None = None, system_changes: list[str] = all_changes
     ) -> None:
-        """Compute ``properties`` (default: all implemented ones) for ``atoms``."""
+        """Compute ``properties`` (default: all implemented ones) for ``atoms``.
+
+        Raises CoincidentAtomsError (before the model runs) and NonFiniteResultError.
+        """
         Calculator.calculate(self, atoms, properties, system_changes)
+        periodic = bool(self.atoms.pbc.all())
         if properties is None:  # everything this structure allows
-            properties = [p for p in self.implemented_properties if p != "stress" or self.atoms.pbc.all()]
+            properties = [p for p in self.implemented_properties if p not in _NEEDS_STRESS or periodic]
         if system_changes:
             self.results = {}
         unknown = [p for p in properties if p not in self.implemented_properties]
         if unknown:
-            raise PropertyNotImplementedError(
-                f"{unknown} not available with uncertainty={self.uncertainty!r}"
-            )
-        periodic = bool(self.atoms.pbc.all())
-        want_stress = "stress" in properties
-        if want_stress and not periodic:
+            raise PropertyNotImplementedError(f"{unknown} not available with uncertainty={self.uncertainty!r}")
+        if any(p in _NEEDS_STRESS for p in properties) and not periodic:
             raise PropertyNotImplementedError("stress needs a fully periodic cell (atoms.pbc all True)")
-        force_unc = self.uncertainty in ("exact", "sampled") and (
-            any(p in _FORCE_UNC for p in properties) or ("flag" in properties and self.thresholds.needs_forces)
+        force_unc = self.uncertainty in _FORCE_MODES and (
+            any(p in _FORCE_UNC for p in properties)
+            or (keys.CALC_FLAG in properties and self.thresholds.needs_forces)
         )
+        want_stress = any(p in _NEEDS_STRESS for p in properties)
         want_forces = force_unc or "forces" in properties
         mode = self.uncertainty if force_unc else ("none" if self.uncertainty == "none" else "energy")
-        out = self._run(mode, forces=want_forces, stress=want_stress)
-        self.results.update(self._convert(out, forces=want_forces, stress=want_stress, force_unc=force_unc))
+        batch = self._graph_batch(self.atoms)
+        domain = self._check_domain(batch)  # raises on coincident atoms before the model runs
+        out = self._run(batch, mode, forces=want_forces, stress=want_stress)
+        res = self._convert(out, forces=want_forces, stress=want_stress, force_unc=force_unc)
+        if domain is not None:
+            res[keys.CALC_OUT_OF_DOMAIN] = domain.out_of_domain
+            res[keys.CALC_OUT_OF_DOMAIN_REASON] = domain.reason
+        if keys.CALC_UNCERTAINTY_FLAG in res:
+            res[keys.CALC_FLAG] = res[keys.CALC_UNCERTAINTY_FLAG] or bool(domain and domain.out_of_domain)
+        self._check_finite(res)
+        self.results.update(res)
 
     # ------------------------------------------------------------------ internals
     def _graph_batch(self, atoms: Atoms) -> Batch:
         graph = atoms_to_graph(atoms, float(self.model.r_max), self._type_map, dtype=self.dtype)
         return Batch.from_data_list([graph]).to(self.device)
 
-    def _run(self, mode: str, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
-        batch = self._graph_batch(self.atoms)
-        generator = None
-        if mode == "sampled":
-            generator = torch.Generator(device=self.device).manual_seed(self.seed)
+    def _check_domain(self, batch: Batch) -> DomainCheck | None:
+        """Coincident atoms raise; the guard's verdict (None without a guard)."""
+        if self.domain is None:
+            check_coincident(batch)
+            return None
+        if self.domain.r_max <= float(self.model.r_max):
+            self.last_domain_check = self.domain.check(batch, cutoff=float(self.model.r_max))
+        else:  # the guard looks farther than the model's graph
+            check_coincident(batch)
+            self.last_domain_check = self.domain.check(self.atoms)
+        return self.last_domain_check
+
+    def _run(self, batch: Batch, mode: str, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
+        generator = torch.Generator(device=self.device).manual_seed(self.seed) if mode == "sampled" else None
         self.n_model_calls += 1
         with torch.set_grad_enabled(forces or stress):
-            out = self.model(
-                batch,
-                compute_forces=forces,
-                compute_stress=stress,
-                uncertainty=mode,
-                n_samples=self.n_samples,
-                generator=generator,
-            )
-        return {k: v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)}
+            out = self.model(batch, compute_forces=forces, compute_stress=stress, uncertainty=mode,
+                             n_samples=self.n_samples, generator=generator)  # fmt: skip
+        out = {k: v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)}
+        if mode in _FORCE_MODES:
+            with torch.no_grad():
+                noise = self.model.noise_variances(batch)
+            out["_forces_noise"] = noise[keys.FORCES].detach()  # (n_atoms, 3)
+            if keys.STRESS in noise:
+                out["_stress_noise"] = noise[keys.STRESS].detach()  # (n_graphs, 3, 3)
+        return out
 
-    def _convert(
-        self, out: dict[str, torch.Tensor], *, forces: bool, stress: bool, force_unc: bool
-    ) -> dict[str, Any]:
+    def _convert(self, out: dict[str, torch.Tensor], *, forces: bool, stress: bool, force_unc: bool) -> dict[str, Any]:
         def arr(key: str) -> np.ndarray:
             return out[key].to(dtype=torch.float64, device="cpu").numpy()
 
+        def scalar(key: str) -> float:
+            return float(arr(key).reshape(-1)[0])
+
         n_atoms = len(self.atoms)
         res: dict[str, Any] = {}
-        res["energy"] = res["free_energy"] = float(arr(keys.ENERGY).reshape(-1)[0])
+        res["energy"] = res["free_energy"] = scalar(keys.ENERGY)
         if keys.ATOMIC_ENERGIES in out:
             res["energies"] = arr(keys.ATOMIC_ENERGIES).reshape(n_atoms)
         if forces:
@@ -322,26 +338,40 @@ class UncertaintyCalculator(Calculator):
             res["stress"] = full_3x3_to_voigt_6_stress(arr(keys.STRESS).reshape(3, 3))
         if self.uncertainty == "none":
             return res
-        var = float(arr(keys.ENERGY_VAR).reshape(-1)[0])
-        res["energy_var"] = var
-        res["energy_std"] = math.sqrt(max(var, 0.0))
-        res["energy_epistemic_var"] = float(arr(keys.ENERGY_EPISTEMIC_VAR).reshape(-1)[0])
-        res["energy_aleatoric_var"] = float(arr(keys.ENERGY_ALEATORIC_VAR).reshape(-1)[0])
-        res["energies_std"] = np.sqrt(np.clip(arr(keys.LOCAL_ENERGY_VAR).reshape(n_atoms), 0.0, None))
-        res["alignment"] = float(arr(keys.KAPPA).reshape(-1)[0])
+        res[keys.CALC_ENERGY_VAR] = var = scalar(keys.ENERGY_VAR)
+        res[keys.CALC_ENERGY_STD] = math.sqrt(max(var, 0.0))
+        res[keys.CALC_ENERGY_EPISTEMIC_VAR] = scalar(keys.ENERGY_EPISTEMIC_VAR)
+        res[keys.CALC_ENERGY_ALEATORIC_VAR] = scalar(keys.ENERGY_ALEATORIC_VAR)
+        if keys.LOCAL_ENERGY_VAR in out:
+            res[keys.CALC_ENERGIES_STD] = np.sqrt(np.clip(arr(keys.LOCAL_ENERGY_VAR).reshape(n_atoms), 0.0, None))
+        if keys.KAPPA in out:
+            res[keys.CALC_ALIGNMENT] = scalar(keys.KAPPA)
         if force_unc:
-            fvar = np.clip(arr(keys.FORCES_VAR).reshape(n_atoms, 3), 0.0, None)
-            res["forces_var"] = fvar
-            res["forces_std"] = np.sqrt(fvar)
-            res["max_force_std"] = float(np.sqrt(fvar.sum(axis=1)).max())
+            epistemic = np.clip(arr(keys.FORCES_VAR).reshape(n_atoms, 3), 0.0, None)  # (n, 3)
+            total = epistemic + arr("_forces_noise").reshape(n_atoms, 3)
+            res[keys.CALC_FORCES_EPISTEMIC_VAR], res[keys.CALC_FORCES_VAR] = epistemic, total
+            res[keys.CALC_FORCES_STD] = np.sqrt(total)
+            res[keys.CALC_MAX_FORCE_STD] = float(np.sqrt(epistemic.sum(axis=1)).max())
+            if stress:
+                epistemic = np.clip(full_3x3_to_voigt_6_stress(arr(keys.STRESS_VAR).reshape(3, 3)), 0, None)  # (6,)
+                noise = full_3x3_to_voigt_6_stress(arr("_stress_noise").reshape(3, 3)) if "_stress_noise" in out else 0.0
+                res[keys.CALC_STRESS_EPISTEMIC_VAR], res[keys.CALC_STRESS_VAR] = epistemic, epistemic + noise
+                res[keys.CALC_STRESS_STD] = np.sqrt(epistemic + noise)
         if force_unc or not self.thresholds.needs_forces:
-            res["flag"] = self.thresholds.exceeded(
-                {
-                    "max_force_std": res.get("max_force_std", 0.0),
-                    "energy_std_per_atom": self.energy_std_per_atom(res),
-                }
-            )
+            res[keys.CALC_UNCERTAINTY_FLAG] = self.thresholds.exceeded({
+                "max_force_std": res.get(keys.CALC_MAX_FORCE_STD, 0.0),
+                "energy_std_per_atom": self.energy_std_per_atom(res, n_atoms),
+            })  # fmt: skip
         return res
+
+    def _check_finite(self, res: Mapping[str, Any]) -> None:
+        bad = [k for k, v in res.items() if not isinstance(v, (str, bool)) and not np.all(np.isfinite(v))]
+        if bad:
+            raise NonFiniteResultError(
+                f"the model gave non-finite {', '.join(bad)} for a structure of {len(self.atoms)} atoms "
+                f"({self.atoms.get_chemical_formula()}); nothing was stored. Check the geometry "
+                "(exploded MD, overlapping atoms) and the checkpoint"
+            )
 
     @torch.no_grad()
     def latent(self, atoms: Atoms) -> np.ndarray:
@@ -349,11 +379,19 @@ class UncertaintyCalculator(Calculator):
 
         A structure descriptor in the model's own latent space, e.g. for diverse selection.
         """
-        out = self.model(self._graph_batch(atoms), compute_forces=False, uncertainty="none")
-        return out[keys.LATENT].to(dtype=torch.float64, device="cpu").numpy().reshape(-1) / len(atoms)
+        check_coincident(batch := self._graph_batch(atoms))
+        out = self.model(batch, compute_forces=False, uncertainty="none")
+        latent = out[keys.LATENT].to(dtype=torch.float64, device="cpu").numpy().reshape(-1) / len(atoms)
+        if not np.all(np.isfinite(latent)):
+            raise NonFiniteResultError(f"non-finite latent for a structure of {len(atoms)} atoms")
+        return latent
 
     @staticmethod
-    def energy_std_per_atom(results: Mapping[str, Any]) -> float:
-        """``sqrt(energy_epistemic_var) / n_atoms`` (eV/atom), the quantity of the energy threshold."""
-        n_atoms = len(results["energies_std"])
-        return math.sqrt(max(float(results["energy_epistemic_var"]), 0.0)) / max(n_atoms, 1)
+    def energy_std_per_atom(results: Mapping[str, Any], n_atoms: int | None = None) -> float:
+        """``sqrt(energy_epistemic_var) / n_atoms`` (eV/atom), the quantity of the energy threshold.
+
+        ``n_atoms`` defaults to the length of ``results["energies_std"]``.
+        """
+        if n_atoms is None:
+            n_atoms = len(results[keys.CALC_ENERGIES_STD])
+        return math.sqrt(max(float(results[keys.CALC_ENERGY_EPISTEMIC_VAR]), 0.0)) / max(n_atoms, 1)

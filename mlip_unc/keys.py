@@ -56,11 +56,35 @@ ENERGY_VAR: Final[str] = "energy_var"  # (n_graphs,) | total predictive variance
 ENERGY_EPISTEMIC_VAR: Final[str] = "energy_epistemic_var"  # (n_graphs,) | Phi^T S Phi (+ s_b^2)
 ENERGY_ALEATORIC_VAR: Final[str] = "energy_aleatoric_var"  # (n_graphs,) | noise variance, eV^2
 LOCAL_ENERGY_VAR: Final[str] = "energies_var"  # (n_atoms,) | z_a^T S z_a, eV^2
-FORCES_VAR: Final[str] = "forces_var"  # (n_atoms, 3) | epistemic force variance, (eV/A)^2
-STRESS_VAR: Final[str] = "stress_var"  # (n_graphs, 3, 3) | epistemic stress variance
+FORCES_VAR: Final[str] = "forces_var"  # (n_atoms, 3) | EPISTEMIC force variance, (eV/A)^2 (the calculator's forces_var adds the noise)
+STRESS_VAR: Final[str] = "stress_var"  # (n_graphs, 3, 3) | EPISTEMIC stress variance, (eV/A^3)^2 (likewise)
 KAPPA: Final[str] = "kappa"  # (n_graphs,) | alignment factor kappa(Phi), docs/method.md s.4
 
 PREDICTION: Final[str] = "prediction"  # (n_graphs, n_targets) | predictive mean
 PREDICTION_VAR: Final[str] = "prediction_var"  # (n_graphs, n_targets) | total variance
 EPISTEMIC_VAR: Final[str] = "epistemic_var"  # (n_graphs, n_targets)
 ALEATORIC_VAR: Final[str] = "aleatoric_var"  # (n_graphs, n_targets)
+
+# ---------------------------------------------------------------- ASE calculator results
+# Names of ``UncertaintyCalculator.results`` (mlip_unc/calculator.py): float64 NumPy arrays or
+# Python scalars; n = atoms of the structure; stress-like values in Voigt order xx yy zz yz xz xy.
+# Every *_var without "epistemic" in its name is the TOTAL predictive variance = epistemic +
+# aleatoric (the model's ``noise_variances``); *_std is its square root. With a full posterior
+# both parts are the calibrated ones. Committee: epistemic = the members' population variance.
+CALC_ENERGY_VAR: Final[str] = "energy_var"  # () eV^2 | total: energy_epistemic_var + energy_aleatoric_var
+CALC_ENERGY_STD: Final[str] = "energy_std"  # () eV | sqrt(energy_var)
+CALC_ENERGY_EPISTEMIC_VAR: Final[str] = "energy_epistemic_var"  # () eV^2 | Phi^T S Phi, S the head posterior covariance (diagonal or full)
+CALC_ENERGY_ALEATORIC_VAR: Final[str] = "energy_aleatoric_var"  # () eV^2 | noise n_atoms sigma_e^2
+CALC_ENERGIES_STD: Final[str] = "energies_std"  # (n,) eV | EPISTEMIC local energy std sqrt(z_a^T S z_a)
+CALC_FORCES_VAR: Final[str] = "forces_var"  # (n, 3) (eV/A)^2 | total: forces_epistemic_var + sigma_f^2
+CALC_FORCES_STD: Final[str] = "forces_std"  # (n, 3) eV/A | sqrt(forces_var)
+CALC_FORCES_EPISTEMIC_VAR: Final[str] = "forces_epistemic_var"  # (n, 3) (eV/A)^2 | the model's FORCES_VAR
+CALC_MAX_FORCE_STD: Final[str] = "max_force_std"  # () eV/A | EPISTEMIC max_i sqrt(sum_c forces_epistemic_var[i, c]): the flagging score
+CALC_STRESS_VAR: Final[str] = "stress_var"  # (6,) (eV/A^3)^2 | total: stress_epistemic_var + stress noise (0 unless the model has one)
+CALC_STRESS_STD: Final[str] = "stress_std"  # (6,) eV/A^3 | sqrt(stress_var)
+CALC_STRESS_EPISTEMIC_VAR: Final[str] = "stress_epistemic_var"  # (6,) (eV/A^3)^2 | the model's STRESS_VAR
+CALC_ALIGNMENT: Final[str] = "alignment"  # () | kappa(Phi), docs/method.md s.4 (not for a committee)
+CALC_UNCERTAINTY_FLAG: Final[str] = "uncertainty_flag"  # bool | a configured sigma threshold exceeded
+CALC_OUT_OF_DOMAIN: Final[str] = "out_of_domain"  # bool | a domain-guard rule fired (mlip_unc/data/domain.py)
+CALC_OUT_OF_DOMAIN_REASON: Final[str] = "out_of_domain_reason"  # str | "" or the rules fired, atoms, distances
+CALC_FLAG: Final[str] = "flag"  # bool | uncertainty_flag or out_of_domain

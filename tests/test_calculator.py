@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -12,13 +14,19 @@ from ase.calculators.fd import calculate_numerical_forces, calculate_numerical_s
 from ase.calculators.test import gradient_test
 from ase.md.velocitydistribution import thermalize_momenta
 from ase.md.verlet import VelocityVerlet
+from torch_geometric.data import Batch
 
-from mlip_unc.calculator import ThresholdError, Thresholds, UncertaintyCalculator
+from mlip_unc import keys
+from mlip_unc.calculator import NonFiniteResultError, ThresholdError, Thresholds, UncertaintyCalculator
+from mlip_unc.data import TypeMap, atoms_to_graph
+from mlip_unc.data.domain import CoincidentAtomsError, DomainGuard
 from mlip_unc.data.errors import DataError
 from mlip_unc.models.backbones import build_backbone
-from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.models.committee import Committee
+from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
 
 R_MAX = 4.0
+HAS_LOWRANK = "lowrank" in {m.value for m in UncertaintyMode}
 
 
 def tiny_model(dtype=torch.float64, seed=0) -> BayesianPotential:
@@ -33,6 +41,25 @@ def cu() -> Atoms:
     atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
     atoms.rattle(0.05, seed=1)
     return atoms
+
+
+def training_cells() -> list[Atoms]:
+    """Rattled Cu cells: the 'training data' of the domain guard."""
+    cells = []
+    for seed in range(4):
+        atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+        atoms.rattle(0.05, seed=seed + 10)
+        cells.append(atoms)
+    return cells
+
+
+@pytest.fixture
+def guarded_checkpoint(tmp_path) -> Path:
+    """tiny_model() saved with a domain guard fitted on training_cells() in its metadata."""
+    guard = DomainGuard.fit(training_cells(), R_MAX)
+    path = tmp_path / "guarded.pt"
+    tiny_model().save(path, metadata={"domain": guard.to_dict()})
+    return path
 
 
 @pytest.fixture
@@ -75,22 +102,92 @@ def test_results_cached_and_energy_only_has_no_backward(cu, calc, monkeypatch):
     assert calc.n_model_calls == 4
 
 
-@pytest.mark.parametrize("mode", ["exact", "sampled"])
-def test_every_listed_property_is_reachable(cu, mode):
-    calc = UncertaintyCalculator(tiny_model(), uncertainty=mode, thresholds=Thresholds(max_force_std=1e-6))
+FORCE_MODES = ["exact", "sampled"] + [
+    pytest.param("lowrank", marks=pytest.mark.skipif(not HAS_LOWRANK, reason="the model has no lowrank mode yet"))
+]
+
+
+@pytest.mark.parametrize("mode", FORCE_MODES)
+def test_every_listed_property_is_reachable(cu, mode, guarded_checkpoint):
+    model = tiny_model()
+    calc = UncertaintyCalculator(guarded_checkpoint, uncertainty=mode, thresholds=Thresholds(max_force_std=1e-6))
     n = len(cu)
-    shapes = {"forces": (n, 3), "forces_std": (n, 3), "forces_var": (n, 3), "energies": (n,),
-              "energies_std": (n,), "stress": (6,)}
+    shapes = {"forces": (n, 3), "forces_std": (n, 3), "forces_var": (n, 3), "forces_epistemic_var": (n, 3),
+              "energies": (n,), "energies_std": (n,), "stress": (6,), "stress_var": (6,), "stress_std": (6,),
+              "stress_epistemic_var": (6,)}  # fmt: skip
+    assert calc.implemented_properties == UncertaintyCalculator.implemented_properties
     for name in UncertaintyCalculator.implemented_properties:
         value = calc.get_property(name, cu)
         assert np.shape(value) == shapes.get(name, ()), name
     r = calc.results
-    assert r["free_energy"] == r["energy"] and r["flag"] is True
+    assert set(r) == set(UncertaintyCalculator.implemented_properties)
+    assert r["free_energy"] == r["energy"] and r["flag"] is True and r["uncertainty_flag"] is True
+    assert r["out_of_domain"] is False and r["out_of_domain_reason"] == ""
     assert np.allclose(r["energies"].sum(), r["energy"])
-    assert r["energy_std"] ** 2 == pytest.approx(r["energy_var"])
+    # totals = epistemic + aleatoric, numerically, with the model's own noise
+    sigma_e2, sigma_f2 = model.energy_noise.item() ** 2, model.force_noise.item() ** 2
+    assert r["energy_aleatoric_var"] == pytest.approx(n * sigma_e2)
     assert r["energy_var"] == pytest.approx(r["energy_epistemic_var"] + r["energy_aleatoric_var"])
-    assert np.allclose(r["forces_std"] ** 2, r["forces_var"])
-    assert r["max_force_std"] == pytest.approx(np.sqrt(r["forces_var"].sum(1)).max())
+    assert r["energy_std"] ** 2 == pytest.approx(r["energy_var"])
+    assert np.allclose(r["forces_var"], r["forces_epistemic_var"] + sigma_f2, rtol=1e-12, atol=0)
+    assert np.allclose(r["forces_std"] ** 2, r["forces_var"]) and r["forces_epistemic_var"].max() > 0
+    assert np.allclose(r["stress_var"], r["stress_epistemic_var"]) and r["stress_epistemic_var"].max() > 0
+    assert np.allclose(r["stress_std"] ** 2, r["stress_var"])
+    # max_force_std is EPISTEMIC (the flagging score): the noise would add sqrt(3) sigma_f everywhere
+    assert r["max_force_std"] == pytest.approx(np.sqrt(r["forces_epistemic_var"].sum(1)).max())
+    assert r["max_force_std"] < np.sqrt(r["forces_var"].sum(1)).max()
+
+
+@pytest.mark.parametrize("mode", FORCE_MODES)
+def test_totals_use_the_models_noise_variances_with_a_full_posterior(cu, mode):
+    model = tiny_model()
+    if not hasattr(model, "set_full_posterior"):
+        pytest.skip("the model has no full posterior yet")
+    d = model.latent_dim
+    factor = torch.linalg.cholesky(0.05 * torch.eye(d, dtype=torch.float64) + 0.01).T  # Sigma = F^T F
+    model.set_full_posterior(factor, torch.tensor([2.0, 3.0, 4e-4, 0.09], dtype=torch.float64))
+    calc = UncertaintyCalculator(model, uncertainty=mode)
+    calc.get_property("stress_var", cu)
+    r = calc.results
+    batch = Batch.from_data_list([atoms_to_graph(cu, R_MAX, TypeMap.from_list(model.type_map))])
+    noise = model.noise_variances(batch)
+    assert np.allclose(r["forces_var"] - r["forces_epistemic_var"], noise[keys.FORCES].numpy())
+    assert r["energy_aleatoric_var"] == pytest.approx(noise[keys.ENERGY].item())
+    assert r["energy_var"] == pytest.approx(r["energy_epistemic_var"] + r["energy_aleatoric_var"])
+    assert r["forces_epistemic_var"].max() > 0 and r["stress_epistemic_var"].max() > 0
+
+
+def test_stress_variance_is_the_models_in_voigt_order(cu):
+    model = tiny_model()
+    calc = UncertaintyCalculator(model, uncertainty="exact")
+    var = calc.get_property("stress_epistemic_var", cu)
+    graph = atoms_to_graph(cu, R_MAX, TypeMap.from_list(model.type_map))
+    full = model(Batch.from_data_list([graph]), compute_stress=True, uncertainty="exact")[keys.STRESS_VAR][0]
+    full = full.detach().numpy()  # (3, 3)
+    assert np.allclose(var, [full[0, 0], full[1, 1], full[2, 2], full[1, 2], full[0, 2], full[0, 1]])
+    molecule = Atoms("O2", positions=[[0, 0, 0], [0, 0, 1.2]])
+    with pytest.raises(PropertyNotImplementedError, match="periodic"):
+        calc.get_property("stress_var", molecule)
+    calc.calculate(molecule)  # default properties: no stress-like ones without a periodic cell
+    assert "stress_var" not in calc.results and "forces_var" in calc.results
+
+
+def test_committee_with_stress(cu):
+    members = [tiny_model(seed=0), tiny_model(seed=1), tiny_model(seed=2)]
+    calc = UncertaintyCalculator(Committee(members).eval(), uncertainty="exact")
+    assert "alignment" not in calc.implemented_properties
+    calc.get_property("stress_var", cu)  # one call computes everything cheaper with it
+    r = calc.results
+    singles = [UncertaintyCalculator(m, uncertainty="none") for m in members]
+    stresses = np.stack([c.get_property("stress", cu) for c in singles])  # (M, 6)
+    forces = np.stack([c.get_property("forces", cu) for c in singles])  # (M, n, 3)
+    assert np.allclose(r["stress"], stresses.mean(0)) and np.allclose(r["forces"], forces.mean(0))
+    assert np.allclose(r["stress_epistemic_var"], stresses.var(0)) and r["stress_epistemic_var"].max() > 0
+    assert np.allclose(r["stress_var"], r["stress_epistemic_var"])
+    sigma_f2 = np.mean([m.force_noise.item() ** 2 for m in members])
+    assert np.allclose(r["forces_epistemic_var"], forces.var(0))
+    assert np.allclose(r["forces_var"], forces.var(0) + sigma_f2)
+    assert r["energies_std"].shape == (len(cu),) and r["energy_var"] > r["energy_epistemic_var"]
 
 
 def test_sampled_mode_is_reproducible_and_close_to_exact(cu):
@@ -152,6 +249,66 @@ def test_thresholds_absolute_and_relative(tmp_path, cu):
     assert rel.thresholds.max_force_std == pytest.approx(0.03) and rel.thresholds.energy_std_per_atom is None
     energy_only = UncertaintyCalculator(model, uncertainty="energy", thresholds={"energy_std_per_atom": 1e-9})
     assert energy_only.get_property("flag", cu) is True and "forces" not in energy_only.results
+
+
+@pytest.mark.parametrize("mode", ["exact", "energy", "none"])
+def test_domain_guard_from_the_checkpoint(guarded_checkpoint, mode):
+    calc = UncertaintyCalculator(guarded_checkpoint, uncertainty=mode)
+    assert isinstance(calc.domain, DomainGuard) and "out_of_domain" in calc.implemented_properties
+    for atoms in training_cells():  # the training structures themselves are in domain
+        assert calc.get_property("out_of_domain", atoms) is False
+        assert calc.results["out_of_domain_reason"] == "" and calc.results.get("flag", False) is False
+    close = training_cells()[0]
+    close.positions[1] = close.positions[0] + [0.1, 0.0, 0.0]
+    assert calc.get_property("out_of_domain", close) is True
+    assert "short_pair" in calc.results["out_of_domain_reason"] and "atoms 0 and 1" in calc.results["out_of_domain_reason"]
+    assert calc.results.get("flag", True) is True  # flagged without any sigma threshold
+    stretched = training_cells()[1]
+    stretched.set_cell(stretched.cell * 1.25, scale_atoms=True)
+    calc.calculate(stretched, ["energy"])  # computed with the energy, whatever was asked
+    assert calc.results["out_of_domain"] is True and "stretched" in calc.results["out_of_domain_reason"]
+    if mode != "none":
+        assert calc.results["flag"] is True and calc.results["uncertainty_flag"] is False
+
+
+def test_domain_guard_argument_and_its_absence(cu):
+    guard = DomainGuard.fit(training_cells(), R_MAX)
+    calc = UncertaintyCalculator(tiny_model(), domain=guard.to_dict())
+    assert calc.domain == guard and calc.get_property("out_of_domain", cu) is False
+    plain = UncertaintyCalculator(tiny_model())
+    assert "out_of_domain" not in plain.implemented_properties
+    with pytest.raises(PropertyNotImplementedError):
+        plain.get_property("out_of_domain", cu)
+    far = UncertaintyCalculator(tiny_model(), domain=DomainGuard.fit(training_cells(), R_MAX + 1.0))
+    assert far.get_property("out_of_domain", cu) is False  # the guard's own neighbour list
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_coincident_atoms_raise_before_the_model_runs(cu, guarded, guarded_checkpoint):
+    calc = UncertaintyCalculator(guarded_checkpoint if guarded else tiny_model())
+    cu.positions[2] = cu.positions[3] + [0.0, 0.004, 0.0]
+    with pytest.raises(CoincidentAtomsError, match=r"atoms 2 \(Cu\) and 3 \(Cu\)") as err:
+        calc.get_property("energy", cu)
+    assert isinstance(err.value, ValueError) and calc.n_model_calls == 0 and not calc.results
+    with pytest.raises(ValueError, match="coincident"):
+        calc.latent(cu)
+
+
+def test_non_finite_results_raise_naming_the_property(cu):
+    model = tiny_model()
+    with torch.no_grad():
+        model.head.weight_mu[0, 0] = float("nan")
+    calc = UncertaintyCalculator(model, uncertainty="exact")
+    with pytest.raises(NonFiniteResultError, match=r"non-finite energy.* 4 atoms"):
+        calc.get_property("energy", cu)
+    assert not calc.results  # nothing cached
+    model = tiny_model()
+    with torch.no_grad():
+        model.head.weight_rho[0, 0] = float("nan")  # finite means, non-finite variances
+    calc = UncertaintyCalculator(model, uncertainty="exact")
+    with pytest.raises(NonFiniteResultError, match=r"non-finite energy_var, energy_std") as err:
+        calc.get_property("forces_var", cu)
+    assert "forces_var" in str(err.value) and "forces," not in str(err.value)
 
 
 # Velocity Verlet at 0.5 fs on a smooth potential: |E_tot(t) - E_tot(0)| stays below 1e-5 eV/atom

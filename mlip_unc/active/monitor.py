@@ -22,12 +22,22 @@ that runs MD in chunks checks it between chunks.
 The monitor reads what the calculator already computed at the current positions (forces,
 energy and their uncertainties come from one model call when the calculator's uncertainty
 mode is ``exact``/``sampled``), so monitoring adds no model call after an MD step.
-A frame is flagged by the calculator's ``flag`` property (its :class:`Thresholds`).
+A frame is flagged by the calculator's ``flag`` property: its :class:`Thresholds` on sigma
+(CSV column ``uncertainty_flag``) or its domain guard (column ``out_of_domain``), recorded
+separately; flagged frames carry ``info["flag_reason"]`` (``uncertainty``, ``out_of_domain`` or
+``uncertainty+out_of_domain``) and ``info["out_of_domain_reason"]``. All CSV columns are numbers.
+
+Failures: when the calculator refuses a frame (:class:`~mlip_unc.calculator.NonFiniteResultError`,
+:class:`~mlip_unc.data.domain.CoincidentAtomsError`), the monitor logs the error, records the
+frame as failed (a CSV row of NaN with ``failed = 1``; the message in ``monitor.failure``) and
+stops the run with :class:`MDFailed`; :func:`run_md` catches it (and the same errors raised by
+the integrator's own force call) and returns normally with ``MDResult.failure`` set.
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,31 +47,25 @@ import numpy as np
 from ase import Atoms, units
 from ase.io import read, write
 
+from mlip_unc.calculator import NonFiniteResultError
 from mlip_unc.config import MDSettings
+from mlip_unc.data.domain import CoincidentAtomsError
 
 __all__ = [
-    "UncertaintyMonitor",
-    "UncertaintyLimitReached",
-    "CSV_COLUMNS",
-    "frame_uncertainties",
-    "MDResult",
-    "run_md",
-]
+    "UncertaintyMonitor", "UncertaintyLimitReached", "MDFailed", "CALCULATOR_FAILURES", "CSV_COLUMNS",
+    "frame_uncertainties", "flag_reason", "MDResult", "run_md",
+]  # fmt: skip
 
+#: Columns of the CSV log (all numbers): energies eV, time ps, temperature K, stds eV, eV/atom,
+#: eV/A; max/mean_force_std and energy_std_per_atom epistemic; flags 0/1.
 CSV_COLUMNS = (
-    "step",
-    "time_ps",
-    "epot",
-    "ekin",
-    "etot",
-    "temperature",
-    "energy_std",
-    "energy_std_per_atom",
-    "max_force_std",
-    "mean_force_std",
-    "alignment",
-    "flag",
-)
+    "step", "time_ps", "epot", "ekin", "etot", "temperature", "energy_std", "energy_std_per_atom",
+    "max_force_std", "mean_force_std", "alignment", "flag", "uncertainty_flag", "out_of_domain", "failed",
+)  # fmt: skip
+#: the calculator's refusals of a frame that end a run as failed (not as a crash)
+CALCULATOR_FAILURES: tuple[type[Exception], ...] = (NonFiniteResultError, CoincidentAtomsError)
+
+log = logging.getLogger(__name__)
 
 
 class UncertaintyLimitReached(RuntimeError):
@@ -73,12 +77,35 @@ class UncertaintyLimitReached(RuntimeError):
         self.step = step
 
 
+class MDFailed(RuntimeError):
+    """Raised by :class:`UncertaintyMonitor` when the calculator refused a frame (NaN, overlap)."""
+
+    def __init__(self, step: int, error: BaseException) -> None:
+        super().__init__(f"MD stopped at step {step}: {error}")
+        self.step = step
+        self.error = error
+
+
+def flag_reason(unc: dict[str, Any]) -> str:
+    """Why a frame is flagged: ``"uncertainty"`` (a sigma threshold), ``"out_of_domain"`` (the
+    domain guard), ``"uncertainty+out_of_domain"``, or ``""`` (not flagged)."""
+    if not unc.get("flag"):
+        return ""
+    parts = [name for name, key in (("uncertainty", "uncertainty_flag"), ("out_of_domain", "out_of_domain")) if unc.get(key)]
+    return "+".join(parts) or "uncertainty"
+
+
 def frame_uncertainties(atoms: Atoms) -> dict[str, Any]:
     """Uncertainty results of ``atoms.calc`` at the current positions (computed if needed).
 
-    Returns a dict with scalar ``energy_std``, ``energy_std_per_atom``, ``max_force_std``,
-    ``mean_force_std``, ``alignment``, ``flag`` (NaN/False when the calculator lacks them)
-    and the arrays ``forces_std`` (n, 3) and ``energies_std`` (n,) when available.
+    Returns a dict with scalar ``energy_std`` (total), ``energy_std_per_atom`` (epistemic),
+    ``max_force_std`` and ``mean_force_std`` (epistemic, eV/A), ``alignment``, ``flag``,
+    ``uncertainty_flag`` (sigma thresholds), ``out_of_domain`` and ``out_of_domain_reason``
+    (NaN/False/"" when the calculator lacks them) and the arrays ``forces_std`` (n, 3, total)
+    and ``energies_std`` (n,) when available.
+
+    Raises:
+        NonFiniteResultError, CoincidentAtomsError: the calculator refused the frame.
     """
     calc = atoms.calc
     available = set(getattr(calc, "implemented_properties", ()))
@@ -94,15 +121,19 @@ def frame_uncertainties(atoms: Atoms) -> dict[str, Any]:
         "max_force_std": float(res.get("max_force_std", math.nan)),
         "alignment": float(res.get("alignment", math.nan)),
         "flag": bool(res.get("flag", False)),
+        "out_of_domain": bool(res.get("out_of_domain", False)),
+        "out_of_domain_reason": str(res.get("out_of_domain_reason", "")),
     }
+    # a calculator without the split: its flag is the sigma part unless the domain guard fired
+    out["uncertainty_flag"] = bool(res.get("uncertainty_flag", out["flag"] and not out["out_of_domain"]))
     epi = res.get("energy_epistemic_var")
     out["energy_std_per_atom"] = math.sqrt(max(float(epi), 0.0)) / n if epi is not None else math.nan
+    out["mean_force_std"] = math.nan
     if "forces_std" in res:
-        fstd = np.asarray(res["forces_std"])
-        out["forces_std"] = fstd
-        out["mean_force_std"] = float(np.sqrt((fstd**2).sum(axis=1)).mean())
-    else:
-        out["mean_force_std"] = math.nan
+        out["forces_std"] = np.asarray(res["forces_std"])
+        # epistemic like max_force_std (older calculators: forces_std)
+        fvar = np.asarray(res.get("forces_epistemic_var", out["forces_std"] ** 2))  # (n, 3)
+        out["mean_force_std"] = float(np.sqrt(fvar.sum(axis=1)).mean())
     if "energies_std" in res:
         out["energies_std"] = np.asarray(res["energies_std"])
     return out
@@ -117,7 +148,8 @@ class UncertaintyMonitor:
             time in ps, temperature in K, stds in eV, eV/atom and eV/A).
         flagged_path: extended XYZ file receiving flagged frames (appended), with
             ``info``: step, time_ps, energy_std, energy_std_per_atom, max_force_std, alignment,
-            ``mlip_energy``; ``arrays``: ``forces_std``, ``energies_std``, ``mlip_forces``.
+            ``flag_reason``, ``out_of_domain`` (bool), ``out_of_domain_reason``, ``mlip_energy``;
+            ``arrays``: ``forces_std``, ``energies_std``, ``mlip_forces``.
             Model predictions are stored under ``mlip_*`` names, never as labels.
         dyn: the dynamics object (for the step count and time); without it the monitor counts
             its own calls and ``timestep`` (fs) x ``interval`` gives the time.
@@ -154,6 +186,7 @@ class UncertaintyMonitor:
         self.n_calls = 0
         self.n_flags = 0
         self.stop_requested = False
+        self.failure: str | None = None  # the calculator's error message when a frame failed
         self.rows: list[dict[str, Any]] = []
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
         self._handle: IO[str] | None = self.csv_path.open("w", newline="")
@@ -175,9 +208,13 @@ class UncertaintyMonitor:
 
     def __call__(self) -> None:
         atoms = self.atoms
-        unc = frame_uncertainties(atoms)
         step, time_ps = self._step_and_time()
-        epot = float(atoms.get_potential_energy())
+        try:
+            unc = frame_uncertainties(atoms)
+            epot = float(atoms.get_potential_energy())
+        except CALCULATOR_FAILURES as err:
+            self.record_failure(err, step=step)
+            raise MDFailed(step, err) from err
         ekin = float(atoms.get_kinetic_energy())
         row = {
             "step": step,
@@ -192,12 +229,11 @@ class UncertaintyMonitor:
             "mean_force_std": unc["mean_force_std"],
             "alignment": unc["alignment"],
             "flag": int(unc["flag"]),
+            "uncertainty_flag": int(unc["uncertainty_flag"]),
+            "out_of_domain": int(unc["out_of_domain"]),
+            "failed": 0,
         }
-        self.rows.append(row)
-        if self._handle is not None:
-            self._writer.writerow(row)
-            self._handle.flush()
-        self.n_calls += 1
+        self._append(row)
         if unc["flag"]:
             self.n_flags += 1
             if self.flagged_path is not None:
@@ -206,6 +242,27 @@ class UncertaintyMonitor:
                 self.stop_requested = True
                 if self.on_limit == "raise":
                     raise UncertaintyLimitReached(self.n_flags, step)
+
+    def _append(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if self._handle is not None:
+            self._writer.writerow(row)
+            self._handle.flush()
+        self.n_calls += 1
+
+    def record_failure(self, error: BaseException, *, step: int | None = None) -> None:
+        """Log ``error``, append a failed row (NaN values, ``failed = 1``), keep the message in
+        :attr:`failure` and request a stop. ``step`` defaults to the current step."""
+        now, time_ps = self._step_and_time()
+        if step is not None and step != now and self.dyn is not None and hasattr(self.dyn, "dt"):
+            time_ps = step * float(self.dyn.dt) / units.fs / 1000.0
+        step = now if step is None else step
+        log.warning("MD frame failed at step %d, stopping: %s", step, error)
+        row: dict[str, Any] = {k: math.nan for k in CSV_COLUMNS}
+        row.update(step=step, time_ps=time_ps, flag=0, uncertainty_flag=0, out_of_domain=0, failed=1)
+        self._append(row)
+        self.failure = str(error)
+        self.stop_requested = True
 
     def _write_flagged(self, row: dict[str, Any], unc: dict[str, Any]) -> None:
         calc = self.atoms.calc
@@ -217,6 +274,10 @@ class UncertaintyMonitor:
             }
         )
         frame.info["mlip_energy"] = row["epot"]
+        frame.info["flag_reason"] = flag_reason(unc)
+        frame.info["out_of_domain"] = bool(unc["out_of_domain"])
+        if unc["out_of_domain"]:
+            frame.info["out_of_domain_reason"] = unc["out_of_domain_reason"]
         if "forces" in calc.results:
             frame.arrays["mlip_forces"] = np.asarray(calc.results["forces"], dtype=np.float64)
         for key in ("forces_std", "energies_std"):
@@ -256,6 +317,7 @@ class MDResult:
     flagged_path: Path
     plot: Path | None = None
     final: Atoms | None = field(default=None, repr=False)
+    failure: str | None = None  # the calculator's error when a frame failed (then in failed.xyz)
 
 
 def run_md(
@@ -272,7 +334,10 @@ def run_md(
 
     Writes ``md.traj`` (every ``interval`` steps), ``md.csv``, ``flagged.xyz`` and, with
     ``plot``, ``md.png`` (uncertainty and energy against time) into ``out_dir``.
-    A run stopped by ``settings.max_flags`` ends normally with ``stopped_early=True``.
+    A run stopped by ``settings.max_flags`` ends normally with ``stopped_early=True``; a run
+    whose frame the calculator refused (:data:`CALCULATOR_FAILURES`: NaN results, coincident
+    atoms) ends normally too, with ``failure`` set, a failed row in ``md.csv`` and the frame in
+    ``failed.xyz``.
     """
     from ase.io.trajectory import Trajectory
     from ase.md.langevin import Langevin
@@ -295,7 +360,7 @@ def run_md(
             fixcm=False, rng=rng,
         )  # fmt: skip
     paths = {"trajectory": out_dir / "md.traj", "csv": out_dir / "md.csv", "flagged_path": out_dir / "flagged.xyz"}
-    stopped = False
+    stopped, failure = False, None
     with Trajectory(paths["trajectory"], "w", atoms) as traj, UncertaintyMonitor(
         atoms, paths["csv"], flagged_path=paths["flagged_path"], dyn=dyn, max_flags=settings.max_flags
     ) as monitor:
@@ -305,17 +370,26 @@ def run_md(
             dyn.run(settings.steps)
         except UncertaintyLimitReached:
             stopped = True
-        log = {k: monitor.column(k) for k in CSV_COLUMNS}
+        except MDFailed as err:  # the monitor's own calculator call failed (row recorded)
+            failure = str(err.error)
+        except CALCULATOR_FAILURES as err:  # the integrator's force call failed
+            monitor.record_failure(err, step=int(dyn.nsteps) + (1 if monitor.n_calls else 0))
+            failure = str(err)
+        md_log = {k: monitor.column(k) for k in CSV_COLUMNS}
+    if failure is not None:
+        failed = atoms.copy()  # no calculator: nothing passes as a label
+        failed.info.update(step=int(monitor.rows[-1]["step"]), error=failure)
+        write(out_dir / "failed.xyz", failed, format="extxyz")
     flagged = read(paths["flagged_path"], ":", format="extxyz") if monitor.n_flags else []
     result = MDResult(
-        out_dir=out_dir, log=log, flagged=flagged, steps_done=int(dyn.nsteps), stopped_early=stopped,
-        final=atoms, **paths,
+        out_dir=out_dir, log=md_log, flagged=flagged, steps_done=int(dyn.nsteps), stopped_early=stopped,
+        final=atoms, failure=failure, **paths,
     )  # fmt: skip
     if plot and len(monitor.rows) > 1:
         from mlip_unc.active.report import plot_md_log
 
         threshold = getattr(getattr(calc, "thresholds", None), "max_force_std", None)
         result.plot = plot_md_log(
-            log, out_dir / "md.png", threshold=threshold, reference=reference_level, title=title
+            md_log, out_dir / "md.png", threshold=threshold, reference=reference_level, title=title
         )
     return result

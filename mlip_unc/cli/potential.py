@@ -24,6 +24,7 @@ class EvalUncertainty(str, Enum):
     ENERGY = "energy"
     SAMPLED = "sampled"
     EXACT = "exact"
+    LOWRANK = "lowrank"
 
 
 def register(app: typer.Typer) -> None:
@@ -78,6 +79,10 @@ _TABLE = (
     ("forces_frame_spearman", "force Spearman, frame mean std vs mean |err|"),
     ("forces_miscalibration_area", "force miscalibration area"),
     ("forces_coverage_95", "force 95% coverage"),
+    ("forces_std_vs_pred_spearman", "Spearman(force std, |F_pred|), per atom"),
+    ("forces_std_vs_pred_frame_spearman", "Spearman(force std, |F_pred|), frame max"),
+    ("forces_partial_spearman_given_force", "partial Spearman(std, |err| given |F_pred|)"),
+    ("forces_std_over_rmse", "force std/RMSE (epistemic, per component)"),
 )
 
 

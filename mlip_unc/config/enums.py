@@ -23,6 +23,7 @@ __all__ = [
     "Calibration",
     "Backbone",
     "HeadKind",
+    "PosteriorKind",
     "ReferenceEnergies",
 ]
 
@@ -188,6 +189,16 @@ class HeadKind(str, Enum):
     """Mean-field Gaussian head, Bayes-by-Backprop: one weight draw per batch, + beta KL / N."""
     MAP = "map"
     """Posterior mean only (no sampling, no KL): a deterministic model, e.g. a committee member."""
+
+
+class PosteriorKind(str, Enum):
+    """The energy head's posterior used for uncertainties after training (docs/method.md s.3b)."""
+
+    FULL = "full"
+    """Full-covariance last-layer posterior (prediction rigidity: energy features and force
+    Jacobian rows of the training set), calibrated on validation data by NLL."""
+    DIAGONAL = "diagonal"
+    """The mean-field posterior of Bayes-by-Backprop, as trained."""
 
 
 class ReferenceEnergies(str, Enum):

@@ -28,6 +28,7 @@ from mlip_unc.config.enums import (
     Backbone,
     DType,
     HeadKind,
+    PosteriorKind,
     ReferenceEnergies,
     RegularizerKind,
 )
@@ -85,6 +86,10 @@ class PotentialModelConfig(Section):
         reference_energies: source of the per-element offsets.
         standardise: shift/scale the head by the mean/std of the per-atom energy residuals
             (E - sum E0) / n of the training set.
+        posterior: the head's posterior used for uncertainties after training (``full``: the
+            last-layer prediction-rigidity covariance, fitted and calibrated at the end of
+            training; ``diagonal``: the variational one).
+        posterior_rank: directions of the ``lowrank`` uncertainty mode.
     """
 
     backbone: Backbone = Backbone.GIN
@@ -95,6 +100,8 @@ class PotentialModelConfig(Section):
     head: HeadKind = HeadKind.BAYESIAN
     reference_energies: ReferenceEnergies = ReferenceEnergies.AUTO
     standardise: bool = True
+    posterior: PosteriorKind = PosteriorKind.FULL
+    posterior_rank: int = Field(8, gt=0)
 
 
 class LossConfig(Section):

@@ -40,18 +40,14 @@ from mlip_unc.models.derivatives import (
     graph_index,
     num_graphs,
 )
+from mlip_unc.models.full_posterior import FullPosterior, posterior_uncertainty
 from mlip_unc.models.potential_checkpoint import (
     potential_config,
     potential_from_checkpoint,
     potential_payload,
 )
-from mlip_unc.models.potential_uncertainty import (
-    UncertaintyMode,
-    energy_uncertainty,
-    exact_derivatives,
-    noise_variances,
-    sampled_derivatives,
-)
+from mlip_unc.models.potential_uncertainty import UncertaintyMode, noise_variances
+from mlip_unc.models.sampling import sample_forward
 from mlip_unc.nn.bayesian import BayesianLinear, inverse_softplus
 
 # Re-exported for importers that predate the split: models.backbones, models.potential_uncertainty.
@@ -79,6 +75,9 @@ class BayesianPotential(nn.Module):
             (sampled) vector-Jacobian products are run (see
             :func:`mlip_unc.uncertainty.moments.linear_gradients`; batched measured fastest
             here, the loop needs the least memory).
+        full_posterior: hold a full-covariance last-layer posterior (buffers; set by
+            :meth:`set_full_posterior`, fitted by ``mlip_unc.train.posterior``).
+        posterior_rank: directions of the ``lowrank`` uncertainty mode.
     """
 
     def __init__(
@@ -95,6 +94,8 @@ class BayesianPotential(nn.Module):
         learn_noise: bool = True,
         isolated_reference: bool = True,
         gradient_method: str = "auto",
+        full_posterior: bool = False,
+        posterior_rank: int = 8,
     ) -> None:
         super().__init__()
         if not isinstance(getattr(backbone, "latent_dim", None), int):
@@ -143,6 +144,10 @@ class BayesianPotential(nn.Module):
             self.register_buffer("energy_noise_rho", rho_e)
             self.register_buffer("force_noise_rho", rho_f)
         self._iso_cache: tuple[Any, Tensor] | None = None
+        self.posterior_rank = int(posterior_rank)
+        if full_posterior:
+            d = self.latent_dim
+            self.set_full_posterior(torch.zeros(d, d, dtype=torch.float64), torch.ones(4, dtype=torch.float64))
 
     def reset_parameters(self) -> None:
         """Re-initialise the backbone (if it can), the head and the noise scales."""
@@ -173,6 +178,31 @@ class BayesianPotential(nn.Module):
         return self.head.kl()
 
     @property
+    def has_full_posterior(self) -> bool:
+        return hasattr(self, "posterior_factor")
+
+    def full_posterior(self) -> FullPosterior | None:
+        """The full-covariance posterior and its calibration, or None (the diagonal one)."""
+        if not self.has_full_posterior:
+            return None
+        return FullPosterior(self.posterior_factor, self.posterior_calibration)
+
+    def set_full_posterior(self, factor: Tensor, calibration: Tensor) -> None:
+        """Attach ``factor (d, d)`` (``Sigma = factor^T factor``, rows by decreasing variance) and
+        ``calibration (4,)`` ``[alpha_E^2, alpha_F^2, sigma_e^2, sigma_f^2]`` as buffers."""
+        d = self.latent_dim
+        if tuple(factor.shape) != (d, d) or tuple(calibration.shape) != (4,):
+            raise ValueError(f"expected a ({d}, {d}) factor and 4 calibration values")
+        dtype, device = self.atomic_energies.dtype, self.atomic_energies.device
+        self.register_buffer("posterior_factor", factor.detach().to(device, dtype).clone())
+        self.register_buffer("posterior_calibration", calibration.detach().to(device, dtype).clone())
+
+    def clear_full_posterior(self) -> None:
+        """Back to the variational (diagonal) posterior and the learned noises, e.g. to fine-tune."""
+        for name in ("posterior_factor", "posterior_calibration"):
+            self._buffers.pop(name, None)
+
+    @property
     def energy_noise(self) -> Tensor:
         """Per-atom energy noise std ``sigma_e`` (eV/atom)."""
         return F.softplus(self.energy_noise_rho)
@@ -188,7 +218,12 @@ class BayesianPotential(nn.Module):
         return dict(self._noise_config)
 
     def noise_variances(self, batch) -> dict[str, Tensor]:
-        """Aleatoric variances: ``{ENERGY: (n_graphs,) n_atoms sigma_e^2, FORCES: (n_atoms, 3)}``."""
+        """Aleatoric variances: ``{ENERGY: (n_graphs,) n_atoms sigma_e^2, FORCES: (n_atoms, 3)}``
+        (the calibrated noises when a full posterior is attached)."""
+        post = self.full_posterior()
+        if post is not None:
+            dtype = self.dtype
+            return noise_variances(batch, post.energy_noise_var.to(dtype), post.force_noise_var.to(dtype))
         return noise_variances(batch, self.energy_noise.square(), self.force_noise.square())
 
     def atom_types(self, batch) -> Tensor:
@@ -306,7 +341,7 @@ class BayesianPotential(nn.Module):
                 batch, generator=generator, compute_forces=compute_forces,
                 compute_stress=compute_stress, uncertainty=mode,
             )
-        needs_grad = mode in (UncertaintyMode.EXACT, UncertaintyMode.SAMPLED)
+        needs_grad = mode in (UncertaintyMode.EXACT, UncertaintyMode.SAMPLED, UncertaintyMode.LOWRANK)
         compute_forces = compute_forces or needs_grad
         if mode is UncertaintyMode.SAMPLED and n_samples < 2:
             raise ValueError(f"the sampled mode needs n_samples >= 2, got {n_samples}")
@@ -315,14 +350,8 @@ class BayesianPotential(nn.Module):
             mu, s2 = self.posterior()
             out = self._energies(state, weights=mu)
             if mode is not UncertaintyMode.NONE:
-                out.update(energy_uncertainty(state, s2, self.energy_noise.square()))
-            if mode is UncertaintyMode.EXACT:
-                out.update(exact_derivatives(state, mu, s2, method=self.gradient_method))
-            elif mode is UncertaintyMode.SAMPLED:
-                with torch.no_grad():
-                    w, _ = self.head.sample_weights(n_samples, generator=generator)  # (K, 1, d)
-                out.update(sampled_derivatives(state, mu, w[:, 0, :], method=self.gradient_method))
-            elif compute_forces or compute_stress:
+                out.update(posterior_uncertainty(self, state, mode, n_samples=n_samples, generator=generator))
+            if keys.FORCES not in out and (compute_forces or compute_stress):
                 grads = torch.autograd.grad(
                     out[keys.ENERGY].sum(), state.inputs, allow_unused=True, materialize_grads=True
                 )
@@ -338,37 +367,10 @@ class BayesianPotential(nn.Module):
         compute_stress: bool = False,
         uncertainty: UncertaintyMode | str = UncertaintyMode.NONE,
     ) -> dict[str, Tensor]:
-        """Training forward: one reparameterised weight draw per graph.
-
-        ``w_g = mu + s * eps_g`` for each graph g (independent across the graphs of the batch;
-        one shared draw per graph keeps energy and forces consistent), ``E_g = w_g^T Phi_g +
-        offsets``, forces/stress by one backward pass with ``create_graph=True``, so the loss
-        trains mu, rho (through the forces too) and the backbone. ``uncertainty`` may be
-        "none" or "energy" (differentiable closed-form energy variances, e.g. for alignment
-        regularisers).
-        """
-        mode = UncertaintyMode(uncertainty)
-        if mode not in (UncertaintyMode.NONE, UncertaintyMode.ENERGY):
-            raise ValueError(
-                f"sample_forward supports uncertainty 'none' or 'energy', not {mode.value!r}"
-            )
-        with torch.enable_grad():
-            state = self._state(batch, forces=compute_forces, stress=compute_stress)
-            mu, s2 = self.posterior()
-            eps = torch.randn(
-                (state.n_graphs, self.latent_dim), generator=generator, dtype=mu.dtype, device=mu.device
-            )
-            weights = mu + self.head.weight_std[0] * eps  # (n_graphs, d), reparameterised
-            out = self._energies(state, weights=weights[state.graph])
-            if mode is UncertaintyMode.ENERGY:
-                out.update(energy_uncertainty(state, s2, self.energy_noise.square()))
-            if compute_forces or compute_stress:
-                grads = torch.autograd.grad(
-                    out[keys.ENERGY].sum(), state.inputs, create_graph=True,
-                    allow_unused=True, materialize_grads=True,
-                )
-                out.update(forces_and_stress(state, list(grads)))
-        return out
+        """Training forward: one reparameterised weight draw per graph (see
+        :func:`mlip_unc.models.sampling.sample_forward`)."""
+        return sample_forward(self, batch, generator=generator, compute_forces=compute_forces,
+                              compute_stress=compute_stress, uncertainty=uncertainty)  # fmt: skip
 
     # ------------------------------------------------------------------ checkpoints
     def config(self) -> dict[str, Any]:

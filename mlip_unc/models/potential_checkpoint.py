@@ -19,6 +19,7 @@ from torch import nn
 
 from mlip_unc.models.backbones import BACKBONES, build_backbone
 from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint
+from mlip_unc.nn.radial import checkpoint_backbone_kwargs
 
 # A BayesianPotential (or subclass); typed loosely so this module never imports potential.py.
 PotentialT = TypeVar("PotentialT", bound=nn.Module)
@@ -47,6 +48,7 @@ def potential_config(model: nn.Module) -> dict[str, Any]:
         "isolated_reference": model.isolated_reference,
         "gradient_method": model.gradient_method,
         "dtype": str(model.dtype).removeprefix("torch."),
+        "posterior": {"full": model.has_full_posterior, "rank": model.posterior_rank},
     }
 
 
@@ -75,7 +77,8 @@ def potential_from_checkpoint(
     else:
         payload = load_checkpoint(source, map_location=map_location, kind=POTENTIAL_KIND)
     cfg = payload["config"]
-    backbone = build_backbone(cfg["backbone"]["name"], **cfg["backbone"]["kwargs"])
+    name = cfg["backbone"]["name"]
+    backbone = build_backbone(name, **checkpoint_backbone_kwargs(BACKBONES.get(name), cfg["backbone"]["kwargs"]))
     model = cls(
         backbone,
         cfg["type_map"],
@@ -85,6 +88,8 @@ def potential_from_checkpoint(
         init_std=cfg["head"]["init_std"],
         isolated_reference=cfg["isolated_reference"],
         gradient_method=cfg.get("gradient_method", "auto"),
+        full_posterior=cfg.get("posterior", {}).get("full", False),
+        posterior_rank=cfg.get("posterior", {}).get("rank", 8),
         **cfg["noise"],
     )
     model.to(getattr(torch, cfg.get("dtype", "float32")))

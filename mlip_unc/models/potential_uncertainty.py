@@ -56,7 +56,11 @@ class UncertaintyMode(str, Enum):
     EXACT = "exact"
     """ENERGY plus exact force (and stress) variances ``sum_k s_k^2 (dPhi_k/dr)^2``:
     d vector-Jacobian products (one per latent coordinate; the mean forces come free),
-    serving every graph of the batch."""
+    serving every graph of the batch. With a full posterior: ``J^T Sigma J`` (d + 1 products)."""
+    LOWRANK = "lowrank"
+    """ENERGY plus force (and stress) variances from the ``posterior_rank`` least constrained
+    posterior directions only (``rank + 1`` vector-Jacobian products): the leading rows of the
+    full posterior's factor, or the largest-variance axes of a diagonal one."""
 
 
 def noise_variances(batch, energy_noise_var: Tensor, force_noise_var: Tensor) -> dict[str, Tensor]:

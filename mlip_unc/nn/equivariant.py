@@ -9,11 +9,14 @@ Per layer (Batzner et al. 2022, NequIP's interaction block, simplified)::
 
 Features carry irreps ``channels x (l, (-1)^l)`` for ``l = 0..l_max``; the last layer keeps
 only scalars (``0e``), and a linear map takes them to the ``latent_dim``-wide invariant
-latent. Messages vanish smoothly at ``r_max`` (envelope on both the radial input and the
+latent. With ``concat_layers`` the readout reads the ``0e`` channels of every layer's output
+(as MACE's per-layer readouts do), with ``readout_hidden`` through a per-atom SiLU MLP. Messages vanish smoothly at ``r_max`` (envelope on both the radial input and the
 weights), so energies and forces are continuous across the cutoff.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from e3nn import o3
@@ -53,6 +56,14 @@ def _uvu_tensor_product(
         shared_weights=False, internal_weights=False,
     )
     return tp, mid_sorted
+
+
+def _scalar_slice(irreps: o3.Irreps) -> tuple[int, int]:
+    """``(start, stop)`` of the ``0e`` block of ``irreps`` (one block: ``_natural_irreps``)."""
+    blocks = [sl for (_, ir), sl in zip(irreps, irreps.slices()) if ir == o3.Irrep("0e")]
+    if len(blocks) != 1:
+        raise ValueError(f"expected exactly one 0e block in {irreps}")
+    return blocks[0].start, blocks[0].stop
 
 
 class EquivariantInteraction(nn.Module):
@@ -127,6 +138,12 @@ class EquivariantBackbone(PerAtomBackbone):
         num_basis: Bessel functions; radial_hidden: width of the radial MLP.
         avg_num_neighbors: message normalisation (set it to the training set's mean degree).
         cutoff_p: degree of the polynomial envelope.
+        concat_layers: the readout input is the ``0e`` channels of every layer's output
+            concatenated (``channels * num_layers`` wide) instead of the last layer's.
+        readout_hidden: widths of a per-atom SiLU MLP before the final linear map to
+            ``latent_dim``; ``()`` is the linear readout.
+        check_latent_span: raise ValueError when ``latent_dim`` exceeds the width the final
+            linear map reads (it could not be spanned); off only for old checkpoints.
 
     Shapes:
         - **input:** a PyG graph/batch (``pos``, ``atom_type``, ``edge_index``, ``cell``,
@@ -141,7 +158,7 @@ class EquivariantBackbone(PerAtomBackbone):
         num_types: int,
         *,
         r_max: float = 5.0,
-        latent_dim: int = 16,
+        latent_dim: int = 8,
         channels: int = 8,
         l_max: int = 1,
         num_layers: int = 2,
@@ -149,6 +166,9 @@ class EquivariantBackbone(PerAtomBackbone):
         radial_hidden: int = 16,
         avg_num_neighbors: float = 1.0,
         cutoff_p: int = 6,
+        concat_layers: bool = False,
+        readout_hidden: Sequence[int] = (),
+        check_latent_span: bool = True,
     ) -> None:
         super().__init__()
         if num_layers < 1:
@@ -158,7 +178,10 @@ class EquivariantBackbone(PerAtomBackbone):
             "channels": int(channels), "l_max": int(l_max), "num_layers": int(num_layers),
             "num_basis": int(num_basis), "radial_hidden": int(radial_hidden),
             "avg_num_neighbors": float(avg_num_neighbors), "cutoff_p": int(cutoff_p),
+            "concat_layers": bool(concat_layers), "readout_hidden": [int(w) for w in readout_hidden],
+            "check_latent_span": bool(check_latent_span),
         }
+        self.concat_layers = bool(concat_layers)
         self.latent_dim = int(latent_dim)
         self.r_max = float(r_max)
         self.embedding = nn.Embedding(num_types, channels)
@@ -179,7 +202,13 @@ class EquivariantBackbone(PerAtomBackbone):
             )
             for k in range(num_layers)
         )
-        self.readout = nn.Linear(channels, latent_dim)
+        # (0e start, stop) of every layer's output, read by the concatenated readout
+        self._scalar_slices = [_scalar_slice(layer.irreps_out) for layer in self.layers]
+        in_width = channels * num_layers if concat_layers else channels
+        self.readout = self._build_readout(
+            in_width, latent_dim, readout_hidden, check_latent_span=check_latent_span,
+            width_name=f"channels = {channels}" + (f" x num_layers = {num_layers}" if concat_layers else ""),
+        )  # fmt: skip
 
     def forward(self, batch) -> Tensor:
         edge_index = batch[keys.EDGE_INDEX]
@@ -188,6 +217,9 @@ class EquivariantBackbone(PerAtomBackbone):
         edge_attr, envelope = self.radial(r)
         sh = self.spherical_harmonics(vec)  # (n_edges, irreps_sh.dim)
         h = self.embedding(batch[keys.ATOM_TYPE])  # (n_atoms, channels) scalars
-        for layer in self.layers:
+        scalars: list[Tensor] = []
+        for layer, (start, stop) in zip(self.layers, self._scalar_slices):
             h = layer(h, edge_index, sh=sh, edge_attr=edge_attr, edge_weight=envelope)
-        return self.readout(h)  # (n_atoms, latent_dim)
+            scalars.append(h[:, start:stop])  # (n_atoms, channels) 0e part
+        x = torch.cat(scalars, dim=-1) if self.concat_layers else h  # (n_atoms, in_width)
+        return self.readout(x)  # (n_atoms, latent_dim)

@@ -12,10 +12,15 @@ Layer ``l`` (residual)::
     h_i   <- h_i + MLP((1 + eps_l) h_i + sum_j m_ij / avg_num_neighbors)
 
 and the per-atom latent is ``z_i = W_out h_i`` (``latent_dim`` wide, separate from the
-backbone width). This is the backbone contract of :mod:`mlip_unc.models.potential`.
+backbone width). With ``concat_layers`` the readout sees ``[h_i^(1), ..., h_i^(L)]`` (every
+layer's features, as MACE's per-layer readouts); with ``readout_hidden`` a per-atom SiLU MLP
+sits before ``W_out``. Both give latents whose position Jacobian spans more directions
+(method.md 3b). This is the backbone contract of :mod:`mlip_unc.models.potential`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -92,7 +97,7 @@ class GeometricGINLayer(nn.Module):
 
 
 class GeometricGIN(PerAtomBackbone):
-    """Species embedding -> ``num_layers`` smooth GINE layers -> linear map to ``latent_dim``.
+    """Species embedding -> ``num_layers`` smooth GINE layers -> readout to ``latent_dim``.
 
     Args:
         num_types: number of species (length of the model's type map); input ``atom_type``.
@@ -106,6 +111,12 @@ class GeometricGIN(PerAtomBackbone):
         basis: ``"bessel"`` or ``"gaussian"``; cutoff: ``"polynomial"`` or ``"cosine"``.
         cutoff_p: degree of the polynomial envelope.
         train_eps: learn the GIN ``eps``.
+        concat_layers: the readout input is every layer's features concatenated
+            (``hidden * num_layers`` wide) instead of the last layer's (``hidden``).
+        readout_hidden: widths of a per-atom SiLU MLP before the final linear map to
+            ``latent_dim``; ``()`` is the linear readout.
+        check_latent_span: raise ValueError when ``latent_dim`` exceeds the width the final
+            linear map reads (it could not be spanned); off only for old checkpoints.
 
     Shapes:
         - **input:** a PyG graph/batch with ``pos``, ``atom_type``, ``edge_index`` and, if
@@ -130,6 +141,9 @@ class GeometricGIN(PerAtomBackbone):
         cutoff: str = "polynomial",
         cutoff_p: int = 6,
         train_eps: bool = True,
+        concat_layers: bool = False,
+        readout_hidden: Sequence[int] = (),
+        check_latent_span: bool = True,
     ) -> None:
         super().__init__()
         self._config = {
@@ -138,7 +152,10 @@ class GeometricGIN(PerAtomBackbone):
             "num_basis": int(num_basis), "mlp_layers": int(mlp_layers),
             "avg_num_neighbors": float(avg_num_neighbors), "basis": str(basis),
             "cutoff": str(cutoff), "cutoff_p": int(cutoff_p), "train_eps": bool(train_eps),
+            "concat_layers": bool(concat_layers), "readout_hidden": [int(w) for w in readout_hidden],
+            "check_latent_span": bool(check_latent_span),
         }
+        self.concat_layers = bool(concat_layers)
         self.latent_dim = int(latent_dim)
         self.r_max = float(r_max)
         self.embedding = nn.Embedding(num_types, hidden)
@@ -150,7 +167,11 @@ class GeometricGIN(PerAtomBackbone):
             )
             for _ in range(num_layers)
         )
-        self.readout = nn.Linear(hidden, latent_dim)
+        in_width = hidden * num_layers if concat_layers else hidden
+        self.readout = self._build_readout(
+            in_width, latent_dim, readout_hidden, check_latent_span=check_latent_span,
+            width_name=f"hidden = {hidden}" + (f" x num_layers = {num_layers}" if concat_layers else ""),
+        )  # fmt: skip
         self.reset_parameters()
 
     def forward(self, batch) -> Tensor:
@@ -158,6 +179,9 @@ class GeometricGIN(PerAtomBackbone):
         r = torch.linalg.vector_norm(batch_edge_vectors(batch), dim=-1)  # (n_edges,)
         edge_attr, envelope = self.radial(r)
         h = self.embedding(batch[keys.ATOM_TYPE])  # (n_atoms, hidden)
+        per_layer: list[Tensor] = []
         for layer in self.layers:
             h = layer(h, edge_index, edge_attr=edge_attr, edge_weight=envelope)
-        return self.readout(h)  # (n_atoms, latent_dim)
+            per_layer.append(h)
+        x = torch.cat(per_layer, dim=-1) if self.concat_layers else h  # (n_atoms, in_width)
+        return self.readout(x)  # (n_atoms, latent_dim)

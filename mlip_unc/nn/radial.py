@@ -17,6 +17,7 @@ All modules are parameter-free by default and follow the input dtype.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ __all__ = [
     "CosineCutoff",
     "RadialEmbedding",
     "PerAtomBackbone",
+    "checkpoint_backbone_kwargs",
     "polynomial_cutoff",
 ]
 
@@ -195,7 +197,9 @@ class PerAtomBackbone(nn.Module):
     """Base of the structure backbones: ``embedding -> layers -> readout`` per atom.
 
     Subclasses store their constructor kwargs in ``self._config`` (plain data), so a checkpoint
-    rebuilds them with ``cls(**config())``.
+    rebuilds them with ``cls(**config())``, and build their readout with
+    :meth:`_build_readout`: a linear map to ``latent_dim`` (``readout_hidden=()``) or a per-atom
+    SiLU MLP followed by that linear map.
     """
 
     _config: dict[str, Any]
@@ -205,10 +209,65 @@ class PerAtomBackbone(nn.Module):
 
     def config(self) -> dict[str, Any]:
         """Constructor kwargs as plain data (``cls(**config())`` rebuilds the backbone)."""
-        return dict(self._config)
+        return {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in self._config.items()}
 
     def reset_parameters(self) -> None:
         self.embedding.reset_parameters()
         for layer in self.layers:
             layer.reset_parameters()
-        self.readout.reset_parameters()
+        for module in self.readout.modules():
+            if isinstance(module, nn.Linear):
+                module.reset_parameters()
+
+    @staticmethod
+    def _build_readout(
+        in_width: int,
+        latent_dim: int,
+        readout_hidden: Sequence[int],
+        *,
+        width_name: str,
+        check_latent_span: bool = True,
+    ) -> nn.Module:
+        """``nn.Linear(in_width, latent_dim)``, or ``Linear + SiLU`` per entry of
+        ``readout_hidden`` and then ``nn.Linear(readout_hidden[-1], latent_dim)``.
+
+        The latents ``z = W x`` span at most ``width(x)`` directions, so a ``latent_dim`` above
+        the width of the last layer's input (``in_width``, described by ``width_name``, or
+        ``readout_hidden[-1]``) is rank-deficient by construction: ValueError, unless
+        ``check_latent_span=False`` (checkpoints written before the check existed).
+        """
+        hidden = [int(w) for w in readout_hidden]
+        if any(w <= 0 for w in hidden):
+            raise ValueError(f"readout_hidden widths must be positive, got {list(readout_hidden)}")
+        last = hidden[-1] if hidden else in_width
+        if check_latent_span and latent_dim > last:
+            where = f"readout_hidden[-1] = {last}" if hidden else f"the readout input width {last} ({width_name})"
+            raise ValueError(
+                f"latent_dim = {latent_dim} exceeds {where}: a linear map cannot span more "
+                f"directions than its input has; use latent_dim <= {last}, concat_layers=True "
+                f"or a wider readout_hidden"
+            )
+        if not hidden:
+            return nn.Linear(in_width, latent_dim)
+        modules: list[nn.Module] = []
+        width = in_width
+        for w in hidden:
+            modules += [nn.Linear(width, w), nn.SiLU()]
+            width = w
+        modules.append(nn.Linear(width, latent_dim))
+        return nn.Sequential(*modules)
+
+
+def checkpoint_backbone_kwargs(cls: type | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's backbone kwargs, ready for ``cls(**...)``.
+
+    Configs written before ``concat_layers``/``readout_hidden`` existed (no such key) rebuild
+    the backbone as it was trained: the latent-span check of
+    :meth:`PerAtomBackbone._build_readout` is off for them (the shipped equivariant checkpoints
+    have ``latent_dim`` 32 over 16 channels).
+    """
+    out = dict(kwargs)
+    legacy = "concat_layers" not in out and "readout_hidden" not in out
+    if cls is not None and issubclass(cls, PerAtomBackbone) and legacy:
+        out["check_latent_span"] = False
+    return out

@@ -17,6 +17,10 @@ Definitions used throughout (frame = structure):
   energies per structure in eV, forces per Cartesian component in eV/A (epistemic + noise).
   Spearman correlations use the epistemic std (identical ranks for a homoscedastic noise
   at the component level).
+* Does sigma_F say more than |F_pred|? (:mod:`mlip_unc.uncertainty.diagnostics`): per-atom
+  Spearman(force std, |F_pred|); per-frame Spearman(max force std, max |F_pred|); partial
+  Spearman of the frame max force std with the frame mean |force error| given the frame max
+  |F_pred|; std/RMSE = sqrt(mean epistemic variance) / RMSE, per force component.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import csv
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,7 @@ from mlip_unc import keys
 from mlip_unc.models.committee import Committee, load_potential
 from mlip_unc.models.potential import UncertaintyMode
 from mlip_unc.uncertainty import calibration as cal
+from mlip_unc.uncertainty import diagnostics as diag
 
 __all__ = [
     "Predictions",
@@ -180,32 +186,23 @@ def predict(
 
 
 # ================================================================ per frame
-def _per_frame_mean(values: np.ndarray, atom_frame: np.ndarray, n_frames: int) -> np.ndarray:
-    total = np.bincount(atom_frame, weights=values, minlength=n_frames)
-    count = np.bincount(atom_frame, minlength=n_frames)
-    return total / np.maximum(count, 1)
-
-
-def _per_frame_max(values: np.ndarray, atom_frame: np.ndarray, n_frames: int) -> np.ndarray:
-    out = np.full(n_frames, -np.inf)
-    np.maximum.at(out, atom_frame, values)
-    return out
-
-
 def frame_table(pred: Predictions) -> dict[str, np.ndarray]:
     """One row per frame (columns as arrays ``(n_frames,)``).
 
     Columns: ``frame_index, num_atoms, energy_true, energy_pred, energy_error,
     energy_error_per_atom, energy_std, energy_epistemic_std, forces_mean_error,
-    forces_mae, forces_mean_std, forces_max_std, local_energy_max_std`` (eV, eV/A; NaN where
-    a label or an uncertainty is absent).
+    forces_mae, forces_mean_std, forces_max_std, forces_pred_mean_norm, forces_pred_max_norm,
+    local_energy_max_std`` (eV, eV/A; NaN where a label or an uncertainty is absent);
+    ``forces_pred_mean/max_norm``: mean/max over the frame's atoms of the predicted |F|.
     """
     n = pred.n_frames
-    error = pred.energy_pred - pred.energy_true
-    error = np.where(pred.has_energy, error, np.nan)
+    error = np.where(pred.has_energy, pred.energy_pred - pred.energy_true, np.nan)
     epi = pred.energy_epistemic_var
     f_err = pred.forces_pred - pred.forces_true  # (n_atoms, 3)
     f_norm = np.linalg.norm(f_err, axis=1)
+    f_pred = diag.atom_force_norm(pred.forces_pred)  # (n_atoms,)
+    mean = partial(diag.per_frame, atom_frame=pred.atom_frame, n_frames=n, how="mean")  # -> (n_frames,)
+    top = partial(diag.per_frame, atom_frame=pred.atom_frame, n_frames=n, how="max")
     has_f = pred.has_forces
     table = {
         "frame_index": pred.frame_index,
@@ -216,19 +213,21 @@ def frame_table(pred: Predictions) -> dict[str, np.ndarray]:
         "energy_error_per_atom": error / pred.num_atoms,
         "energy_std": np.full(n, np.nan) if epi is None else np.sqrt(epi + pred.energy_noise_var),
         "energy_epistemic_std": np.full(n, np.nan) if epi is None else np.sqrt(epi),
-        "forces_mean_error": np.where(has_f, _per_frame_mean(f_norm, pred.atom_frame, n), np.nan),
-        "forces_mae": np.where(has_f, _per_frame_mean(np.abs(f_err).mean(1), pred.atom_frame, n), np.nan),
+        "forces_mean_error": np.where(has_f, mean(f_norm), np.nan),
+        "forces_mae": np.where(has_f, mean(np.abs(f_err).mean(1)), np.nan),
         "forces_mean_std": np.full(n, np.nan),
         "forces_max_std": np.full(n, np.nan),
+        "forces_pred_mean_norm": mean(f_pred),
+        "forces_pred_max_norm": top(f_pred),
         "local_energy_max_std": np.full(n, np.nan),
     }
     if pred.forces_epistemic_var is not None:
-        atom_std = np.sqrt(pred.forces_epistemic_var.sum(1))  # (n_atoms,)
-        table["forces_mean_std"] = _per_frame_mean(atom_std, pred.atom_frame, n)
-        table["forces_max_std"] = _per_frame_max(atom_std, pred.atom_frame, n)
+        atom_std = diag.atom_force_std(pred.forces_epistemic_var)  # (n_atoms,)
+        table["forces_mean_std"] = mean(atom_std)
+        table["forces_max_std"] = top(atom_std)
     if pred.local_energy_var is not None:
         local = np.sqrt(np.clip(pred.local_energy_var, 0.0, None))
-        table["local_energy_max_std"] = _per_frame_max(local, pred.atom_frame, n)
+        table["local_energy_max_std"] = top(local)
     return table
 
 
@@ -268,14 +267,6 @@ def _fmt(value: Any) -> str:
 
 
 # ================================================================ metrics
-def _safe_spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman over the finite pairs; NaN with < 3 pairs or a constant input."""
-    ok = np.isfinite(a) & np.isfinite(b)
-    if ok.sum() < 3 or np.ptp(a[ok]) == 0 or np.ptp(b[ok]) == 0:
-        return float("nan")
-    return cal.spearman_corr(a[ok], b[ok])
-
-
 def _calibration(prefix: str, y_pred: np.ndarray, y_std: np.ndarray, y_true: np.ndarray) -> dict[str, float]:
     if y_pred.size < 2:
         return {}
@@ -302,7 +293,7 @@ def _energy_metrics(pred: Predictions) -> dict[str, float]:
         epi = pred.energy_epistemic_var[mask]
         std = np.sqrt(epi + pred.energy_noise_var[mask])
         out.update(_calibration("energy", pred.energy_pred[mask], std, pred.energy_true[mask]))
-        out["energy_spearman"] = _safe_spearman(np.sqrt(epi), np.abs(err))
+        out["energy_spearman"] = diag.spearman(np.sqrt(epi), np.abs(err))
         out["energy_mean_std_meV"] = MEV * float(np.mean(std))
     return out
 
@@ -321,20 +312,38 @@ def _forces_metrics(pred: Predictions, table: Mapping[str, np.ndarray]) -> dict[
         epi = pred.forces_epistemic_var[atoms]
         std = np.sqrt(epi + pred.forces_noise_var[atoms])
         out.update(_calibration("forces", pred.forces_pred[atoms], std, pred.forces_true[atoms]))
-        out["forces_spearman"] = _safe_spearman(np.sqrt(epi).ravel(), np.abs(err).ravel())
-        out["forces_frame_spearman"] = _safe_spearman(
+        out["forces_spearman"] = diag.spearman(np.sqrt(epi).ravel(), np.abs(err).ravel())
+        out["forces_frame_spearman"] = diag.spearman(
             table["forces_mean_std"][frames], table["forces_mean_error"][frames]
         )
         out["forces_mean_std_meV_A"] = MEV * float(np.mean(std))
+        out.update(_force_diagnostics(pred, table, err))
     if pred.energy_epistemic_var is not None:
-        out["energy_std_vs_force_error_spearman"] = _safe_spearman(
+        out["energy_std_vs_force_error_spearman"] = diag.spearman(
             table["energy_epistemic_std"][frames], table["forces_mean_error"][frames]
         )
     if pred.local_energy_var is not None:
-        out["local_std_vs_force_error_spearman"] = _safe_spearman(
+        out["local_std_vs_force_error_spearman"] = diag.spearman(
             table["local_energy_max_std"][frames], table["forces_mean_error"][frames]
         )
     return out
+
+
+def _force_diagnostics(pred: Predictions, table: Mapping[str, np.ndarray], err: np.ndarray) -> dict[str, float]:
+    """sigma_F against |F_pred| (all atoms/frames), partial Spearman and std/RMSE (labelled ones)."""
+    frames = pred.has_forces
+    epi = pred.forces_epistemic_var  # (n_atoms, 3)
+    return {
+        "forces_std_vs_pred_spearman": diag.sigma_force_spearman_atoms(epi, pred.forces_pred),
+        "forces_std_vs_pred_frame_spearman": diag.spearman(
+            table["forces_max_std"], table["forces_pred_max_norm"]
+        ),
+        "forces_partial_spearman_given_force": diag.partial_spearman(
+            table["forces_max_std"][frames], table["forces_mean_error"][frames],
+            table["forces_pred_max_norm"][frames],
+        ),
+        "forces_std_over_rmse": diag.std_over_rmse(epi[pred.atom_has_forces], err),
+    }  # fmt: skip
 
 
 def potential_metrics(pred: Predictions, table: Mapping[str, np.ndarray] | None = None) -> dict[str, float]:
@@ -345,7 +354,11 @@ def potential_metrics(pred: Predictions, table: Mapping[str, np.ndarray] | None 
     uncertainties ``energy_nll`` (eV units), ``energy_spearman`` (epistemic std vs |error|),
     ``energy_miscalibration_area, energy_coverage_95, energy_mean_std_meV``; with force
     uncertainties the same for ``forces_*`` (per component) plus ``forces_frame_spearman``
-    (frame mean force std vs frame mean |force error|); frame-level Spearman of the energy
+    (frame mean force std vs frame mean |force error|), ``forces_std_vs_pred_spearman``
+    (per atom, epistemic force std vs predicted |F|), ``forces_std_vs_pred_frame_spearman``
+    (frame max std vs frame max |F_pred|), ``forces_partial_spearman_given_force`` (frame max
+    std vs frame mean |force error| given frame max |F_pred|), ``forces_std_over_rmse``
+    (sqrt(mean epistemic variance) / RMSE per component); frame-level Spearman of the energy
     std and of the max local energy std against the frame mean |force error|.
     """
     table = frame_table(pred) if table is None else table

@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from mlip_unc import keys
-from mlip_unc.config import ConfigError, HeadKind, PotentialConfig, RegularizerKind
+from mlip_unc.config import ConfigError, HeadKind, PosteriorKind, PotentialConfig, RegularizerKind
+from mlip_unc.data.domain import DomainGuard
 from mlip_unc.models.backbones import build_backbone
 from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
 from mlip_unc.models.potential import BayesianPotential
@@ -37,6 +38,7 @@ from mlip_unc.train.core import Step, Trainer
 from mlip_unc.train.evaluate import evaluate_potential, predict, uncertainty_levels
 from mlip_unc.train.io import write_json, write_yaml
 from mlip_unc.train.losses import energy_nll, forces_nll, kl_weight, likelihood_terms, potential_loss
+from mlip_unc.train.posterior import fit_full_posterior
 from mlip_unc.train.potential_data import PreparedData, data_fingerprint, prepare_data
 from mlip_unc.train.regularizers import LambdaSchedule, regularizer_term
 
@@ -91,6 +93,7 @@ def _init_from(config: PotentialConfig, data: PreparedData) -> BayesianPotential
     fine-tuning; its elements must cover the data and its cutoff must not exceed data.r_max."""
     path = config.train.init_from
     model = BayesianPotential.from_checkpoint(path)
+    model.clear_full_posterior()  # training uses the learned noises; the posterior is refitted after
     missing = [z for z in data.type_map.atomic_numbers if z not in model.type_map]
     if missing:
         raise ConfigError(f"train.init_from: {path} has no element(s) {missing} of the training data")
@@ -233,17 +236,26 @@ class TrainResult:
 
 
 def _finish(task: PotentialTask, model_path: Path) -> dict[str, float] | None:
-    """Validation uncertainty levels into ``model.pt`` (relative thresholds); test metrics."""
+    """Post-training steps on the best model, written into ``model.pt``: the full posterior
+    (``model.posterior: full``), the domain guard, the validation uncertainty levels
+    (relative flagging thresholds). Returns the test metrics (None without a test set)."""
     payload = load_checkpoint(model_path, kind="potential")
     best = BayesianPotential.from_checkpoint(payload)
-    batch_size = task.config.train.valid_batch_size
-    if task.data.valid is not None and len(task.data.valid) and task.bayesian:
-        levels = uncertainty_levels(best, task.data.valid, batch_size=batch_size)
-        payload["metadata"] = {**(payload.get("metadata") or {}), "uncertainty_levels": levels}
-        save_checkpoint(model_path, payload)
-    if task.data.test is None:
+    cfg, data = task.config, task.data
+    batch_size = cfg.train.valid_batch_size
+    metadata = dict(payload.get("metadata") or {})
+    if task.bayesian and cfg.model.posterior is PosteriorKind.FULL:
+        best.posterior_rank = cfg.model.posterior_rank
+        metadata["posterior"] = fit_full_posterior(best, data.train, data.valid, batch_size=batch_size)
+    metadata["domain"] = DomainGuard.fit(data.train).to_dict()
+    levels_data = data.valid if data.valid is not None and len(data.valid) else data.train
+    if task.bayesian:
+        metadata["uncertainty_levels"] = uncertainty_levels(best, levels_data, batch_size=batch_size)
+    save_checkpoint(model_path, {**best.to_checkpoint(), **{k: v for k, v in payload.items() if k not in
+                                 ("kind", "config", "model_state", "format", "version")}, "metadata": metadata})  # fmt: skip
+    if data.test is None:
         return None
-    test = evaluate_potential(best, task.data.test, uncertainty="energy", batch_size=batch_size).metrics
+    test = evaluate_potential(best, data.test, uncertainty="energy", batch_size=batch_size).metrics
     log.info("test: E_mae=%.2f meV/atom F_mae=%.1f meV/A", test.get("energy_mae_meV_atom", float("nan")),
              test.get("forces_mae_meV_A", float("nan")))  # fmt: skip
     return test

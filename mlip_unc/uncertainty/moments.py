@@ -24,6 +24,8 @@ __all__ = [
     "latent_variance",
     "energy_aleatoric_variance",
     "alignment_kappa",
+    "factor_variance",
+    "factor_kappa",
     "latent_gradients",
     "linear_gradients",
     "gradient_variance",
@@ -74,6 +76,31 @@ def alignment_kappa(z: Tensor, s2: Tensor) -> Tensor:
     """
     norm2 = (z * z).sum(-1)  # (n,)
     ratio = latent_variance(z, s2) / (norm2 * s2.mean()).clamp_min(torch.finfo(z.dtype).tiny)
+    return torch.where(norm2 > 0, ratio, torch.ones_like(ratio))
+
+
+def factor_variance(z: Tensor, factor: Tensor) -> Tensor:
+    """Analytic variance ``z^T Sigma z = |L z|^2`` of ``w^T z`` under a full covariance
+    ``Sigma = L^T L`` given by its factor ``L`` (docs/method.md s.3b). With
+    ``L = diag(sqrt(s2))`` it equals :func:`latent_variance`.
+
+    Shapes:
+        - **z:** ``(..., d)``; **factor:** ``(r, d)``; **output:** ``(...)``
+    """
+    return (z @ factor.T).square().sum(-1)
+
+
+def factor_kappa(z: Tensor, factor: Tensor) -> Tensor:
+    """Alignment factor in the eigenbasis of ``Sigma = L^T L`` (docs/method.md s.4):
+    ``kappa = (u^T Sigma u) / (tr Sigma / d)``, ``u = z / |z|``; ``kappa(0) = 1`` as in
+    :func:`alignment_kappa`, which it equals for a diagonal ``Sigma``.
+
+    Shapes:
+        - **z:** ``(n, d)``; **factor:** ``(r, d)``; **output:** ``(n,)``
+    """
+    norm2 = (z * z).sum(-1)  # (n,)
+    mean_var = factor.square().sum() / z.shape[-1]  # tr(Sigma) / d
+    ratio = factor_variance(z, factor) / (norm2 * mean_var).clamp_min(torch.finfo(z.dtype).tiny)
     return torch.where(norm2 > 0, ratio, torch.ones_like(ratio))
 
 

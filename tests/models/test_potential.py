@@ -23,7 +23,7 @@ TYPES = TypeMap.from_list([1, 6, 8])
 OFFSETS = torch.tensor([-13.6, -1029.5, -2041.8], dtype=torch.float64)
 BACKBONE_KWARGS = {
     "gin": {"hidden": 16, "latent_dim": 8, "num_layers": 2, "num_basis": 6},
-    "equivariant": {"latent_dim": 8, "channels": 4, "l_max": 2, "num_layers": 2, "num_basis": 6},
+    "equivariant": {"latent_dim": 4, "channels": 4, "l_max": 2, "num_layers": 2, "num_basis": 6},
 }
 
 

@@ -12,20 +12,33 @@ from e3nn import o3
 from torch_geometric.data import Batch
 
 from mlip_unc.data import TypeMap, atoms_to_graph
+from mlip_unc import keys
 from mlip_unc.models.backbones import BACKBONES, Backbone, build_backbone
+from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.models.potential_checkpoint import potential_payload
 from mlip_unc.nn.radial import (
     BesselBasis,
     CosineCutoff,
     GaussianBasis,
     PolynomialCutoff,
     RadialEmbedding,
+    checkpoint_backbone_kwargs,
 )
 
 R_MAX = 3.0
 TYPES = TypeMap.from_list([1, 6, 8])
+OFFSETS = torch.tensor([-13.6, -1029.5, -2041.8], dtype=torch.float64)
 KWARGS = {
     "gin": {"hidden": 16, "latent_dim": 8, "num_layers": 2, "num_basis": 6},
-    "equivariant": {"latent_dim": 8, "channels": 4, "l_max": 2, "num_layers": 2, "num_basis": 6},
+    "equivariant": {"latent_dim": 4, "channels": 4, "l_max": 2, "num_layers": 2, "num_basis": 6},
+}
+RICH = {"concat_layers": True, "readout_hidden": [64]}
+# (id, backbone name, kwargs): today's architecture and the rich readout (method.md 3b)
+VARIANTS = {
+    "gin": ("gin", KWARGS["gin"]),
+    "equivariant": ("equivariant", KWARGS["equivariant"]),
+    "gin-rich": ("gin", {**KWARGS["gin"], **RICH, "latent_dim": 16}),
+    "equivariant-rich": ("equivariant", {**KWARGS["equivariant"], **RICH, "latent_dim": 16}),
 }
 
 
@@ -38,9 +51,10 @@ def _one_thread():
     torch.set_num_threads(previous)
 
 
-def _backbone(name: str, seed: int = 0):
+def _backbone(variant: str, seed: int = 0):
+    name, kwargs = VARIANTS[variant]
     torch.manual_seed(seed)
-    return build_backbone(name, num_types=len(TYPES), r_max=R_MAX, **KWARGS[name]).double()
+    return build_backbone(name, num_types=len(TYPES), r_max=R_MAX, **kwargs).double()
 
 
 def _graph(seed: int = 0, n: int = 6) -> Batch:
@@ -80,30 +94,31 @@ def test_radial_embedding_is_zero_beyond_cutoff():
 
 
 # ---------------------------------------------------------------- backbones
-@pytest.mark.parametrize("name", sorted(BACKBONES))
-def test_backbone_contract_and_invariance(name):
-    backbone = _backbone(name)
-    assert isinstance(backbone, Backbone) and backbone.latent_dim == 8
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_backbone_contract_and_invariance(variant):
+    backbone = _backbone(variant)
+    d = VARIANTS[variant][1]["latent_dim"]
+    assert isinstance(backbone, Backbone) and backbone.latent_dim == d
     batch = _graph()
     z = backbone(batch)
-    assert z.shape == (6, 8) and z.dtype == torch.float64
+    assert z.shape == (6, d) and z.dtype == torch.float64
     rot = o3.rand_matrix(dtype=torch.float64)
     moved = copy.copy(batch)
     moved.pos = batch.pos @ rot.T + torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
     torch.testing.assert_close(backbone(moved), z, rtol=1e-9, atol=1e-11)
 
 
-@pytest.mark.parametrize("name", sorted(BACKBONES))
-def test_config_rebuilds_the_backbone(name):
-    backbone = _backbone(name, seed=0)
-    other = build_backbone(name, **backbone.config()).double()
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_config_rebuilds_the_backbone(variant):
+    backbone = _backbone(variant, seed=0)
+    other = build_backbone(VARIANTS[variant][0], **backbone.config()).double()
     assert other.config() == backbone.config()
     other.load_state_dict(backbone.state_dict())
     batch = _graph(seed=1)
     torch.testing.assert_close(other(batch), backbone(batch), rtol=0, atol=0)
     before = [p.detach().clone() for p in other.parameters()]
     other.reset_parameters()
-    assert any(not torch.equal(a, b) for a, b in zip(before, other.parameters()))
+    assert all(not torch.equal(a, b) for a, b in zip(before, other.parameters()) if a.numel() > 1)
 
 
 def test_equivariant_hidden_features_rotate_with_their_irreps():
@@ -131,3 +146,123 @@ def test_equivariant_hidden_features_rotate_with_their_irreps():
 def test_unknown_backbone_name():
     with pytest.raises(ValueError, match="unknown backbone"):
         build_backbone("schnet")
+
+
+# ---------------------------------------------------------------- readout options
+def test_default_readout_is_the_linear_map_of_old_checkpoints():
+    for variant in ("gin", "equivariant"):
+        names = {k for k, _ in _backbone(variant).named_parameters() if k.startswith("readout")}
+        assert names == {"readout.weight", "readout.bias"}
+    rich = _backbone("equivariant-rich")
+    assert rich.readout[0].in_features == 4 * 2 and rich.readout[0].out_features == 64
+    assert _backbone("gin-rich").readout[0].in_features == 16 * 2
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "width"),
+    [
+        ("gin", {"hidden": 8, "latent_dim": 9, "num_layers": 2}, "8"),
+        ("gin", {"hidden": 8, "latent_dim": 17, "num_layers": 2, "concat_layers": True}, "16"),
+        ("equivariant", {"channels": 4, "latent_dim": 5, "num_layers": 2}, "4"),
+        ("equivariant", {"channels": 4, "latent_dim": 9, "num_layers": 2, "concat_layers": True}, "8"),
+        ("equivariant", {"channels": 4, "latent_dim": 8, "readout_hidden": [6]}, "6"),
+    ],
+)
+def test_latent_dim_beyond_the_readout_width_is_an_error(name, kwargs, width):
+    with pytest.raises(ValueError, match=rf"latent_dim = {kwargs['latent_dim']} exceeds .*\b{width}\b"):
+        build_backbone(name, num_types=2, r_max=R_MAX, **kwargs)
+    fixed = {**kwargs, "concat_layers": True, "readout_hidden": [32]}
+    assert build_backbone(name, num_types=2, r_max=R_MAX, **fixed).latent_dim == kwargs["latent_dim"]
+
+
+def test_old_checkpoint_configs_rebuild_without_the_span_check():
+    old = {"num_types": 2, "r_max": R_MAX, "latent_dim": 32, "channels": 16, "l_max": 1, "num_layers": 2}
+    with pytest.raises(ValueError, match="latent_dim"):
+        build_backbone("equivariant", **old)
+    cls = BACKBONES["equivariant"]
+    backbone = build_backbone("equivariant", **checkpoint_backbone_kwargs(cls, old))
+    config = backbone.config()  # re-saved: says it was built unchecked, and rebuilds
+    assert config["check_latent_span"] is False and not config["concat_layers"]
+    assert build_backbone("equivariant", **checkpoint_backbone_kwargs(cls, config)).latent_dim == 32
+    assert checkpoint_backbone_kwargs(None, old) == old  # unregistered: untouched
+
+
+# ---------------------------------------------------------------- physics of every variant
+def _potential(variant: str) -> BayesianPotential:
+    model = BayesianPotential(_backbone(variant), TYPES.to_list(), R_MAX, OFFSETS, init_std=0.3)
+    return model.to(torch.float64).eval()
+
+
+def _molecule(seed: int = 0, n: int = 6) -> ase.Atoms:
+    rng = np.random.default_rng(seed)
+    positions: list[np.ndarray] = []
+    while len(positions) < n:
+        x = rng.uniform(0.0, 2.6, size=3)
+        if all(np.linalg.norm(x - q) > 0.9 for q in positions):
+            positions.append(x)
+    return ase.Atoms(numbers=rng.choice([1, 6, 8], size=n), positions=np.array(positions))
+
+
+def _batch(*atoms_list: ase.Atoms) -> Batch:
+    return Batch.from_data_list([atoms_to_graph(a, R_MAX, TYPES) for a in atoms_list])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_potential_physics(variant):
+    """Finite-difference forces, E(3) and permutation invariance, batch of two = singles,
+    continuity at r_max and isolated atoms, on the potential built on each variant."""
+    model = _potential(variant)
+    atoms = _molecule(n=5)
+    batch = _batch(atoms)
+    ref = model(batch, uncertainty="exact")
+    pos, h = batch.pos, 1e-5
+    numeric = torch.zeros_like(pos)
+    for a in range(pos.shape[0]):
+        for c in range(3):
+            step = torch.zeros_like(pos)
+            step[a, c] = h
+            e = [model(_with_pos(batch, pos + s * step), compute_forces=False)[keys.ENERGY].item() for s in (1, -1)]
+            numeric[a, c] = -(e[0] - e[1]) / (2 * h)
+    forces = ref[keys.FORCES]
+    assert forces.abs().max() > 1e-3
+    torch.testing.assert_close(forces, numeric, rtol=1e-6, atol=1e-6 * forces.abs().max().item())
+
+    torch.manual_seed(3)
+    rot = o3.rand_matrix(dtype=torch.float64)
+    perm = np.random.default_rng(0).permutation(len(atoms))
+    moved = atoms.copy()
+    moved.positions = atoms.positions @ rot.numpy().T + np.array([0.3, -1.2, 2.0])
+    out = model(_batch(moved[perm]), uncertainty="exact")
+    perm_t = torch.as_tensor(perm)
+    torch.testing.assert_close(out[keys.ENERGY], ref[keys.ENERGY], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out[keys.FORCES], forces[perm_t] @ rot.T, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(out[keys.FORCES_VAR].sum(), ref[keys.FORCES_VAR].sum(), rtol=1e-8, atol=1e-14)
+
+    other = _molecule(seed=4, n=4)
+    both = model(_batch(atoms, other), uncertainty="exact")
+    single = model(_batch(other), uncertainty="exact")
+    torch.testing.assert_close(both[keys.ENERGY], torch.cat([ref[keys.ENERGY], single[keys.ENERGY]]))
+    torch.testing.assert_close(both[keys.FORCES_VAR], torch.cat([ref[keys.FORCES_VAR], single[keys.FORCES_VAR]]))
+
+    dimers = [ase.Atoms("CO", positions=[[0, 0, 0], [0, 0, R_MAX + d]]) for d in (-1e-6, 1e-6)]
+    inside, outside = (model(_batch(a), uncertainty="exact") for a in dimers)
+    torch.testing.assert_close(inside[keys.ENERGY], outside[keys.ENERGY], rtol=0, atol=1e-8)
+    assert inside[keys.FORCES].abs().max() < 1e-8
+
+    isolated = model(_batch(ase.Atoms("HCO", positions=[[0, 0, 0], [10, 0, 0], [0, 10, 0]])), uncertainty="exact")
+    torch.testing.assert_close(isolated[keys.ENERGY][0], OFFSETS.sum(), rtol=0, atol=1e-12)
+    assert isolated[keys.FORCES].abs().max() == 0
+
+
+def _with_pos(batch: Batch, pos: torch.Tensor) -> Batch:
+    new = copy.copy(batch)
+    new.pos = pos
+    return new
+
+
+@pytest.mark.parametrize("variant", ["gin-rich", "equivariant-rich"])
+def test_rich_potential_checkpoint_round_trip(variant):
+    model = _potential(variant)
+    again = BayesianPotential.from_checkpoint(potential_payload(model)).to(torch.float64).eval()
+    batch = _batch(_molecule(seed=5, n=5))
+    torch.testing.assert_close(again(batch)[keys.ENERGY], model(batch)[keys.ENERGY], rtol=0, atol=0)

@@ -28,6 +28,8 @@ class Oracle(nn.Module):
 
     def forward(self, batch, *, compute_forces=True, uncertainty="none", **_):
         out = {keys.ENERGY: batch[keys.ENERGY] + self.offset, keys.FORCES: batch[keys.FORCES] + self.offset}
+        graph = batch[keys.BATCH]
+        out[keys.ATOMIC_ENERGIES] = (out[keys.ENERGY] / batch[keys.NUM_ATOMS])[graph]  # (n_atoms,), sums to E
         if uncertainty != "none":
             n = batch[keys.NUM_ATOMS].to(torch.float64)
             out[keys.ENERGY_EPISTEMIC_VAR] = 1e-3 * n
@@ -78,3 +80,46 @@ def test_committee_variance_across_members(dataset):
     assert report.metrics["energy_mae_meV"] == pytest.approx(10.0)
     np.testing.assert_allclose(report.predictions.forces_epistemic_var, 1e-4)  # population variance
     np.testing.assert_allclose(report.predictions.energy_epistemic_var, 1e-4)
+
+
+class ProportionalOracle(Oracle):
+    """Forces off by ``offset``; force variance (0.1 |F_pred|)^2 per atom, split over x, y, z."""
+
+    def forward(self, batch, *, compute_forces=True, uncertainty="none", **kw):
+        out = super().forward(batch, compute_forces=compute_forces, uncertainty=uncertainty, **kw)
+        if uncertainty in ("exact", "sampled"):
+            norm2 = out[keys.FORCES].square().sum(1, keepdim=True)  # (n_atoms, 1)
+            out[keys.FORCES_VAR] = (0.01 * norm2 / 3.0).expand(-1, 3).clone()
+        return out
+
+
+def test_sigma_vs_force_diagnostics(dataset, tmp_path):
+    report = evaluate_potential(ProportionalOracle(offset=0.01), dataset, uncertainty="exact", batch_size=2)
+    m, table, pred = report.metrics, report.frames, report.predictions
+    # sigma_F = 0.1 |F_pred| exactly: the diagnostics must see it
+    assert m["forces_std_vs_pred_spearman"] == pytest.approx(1.0)
+    assert m["forces_std_vs_pred_frame_spearman"] == pytest.approx(1.0)
+    assert np.isnan(m["forces_partial_spearman_given_force"])  # std is |F_pred|: nothing beyond it
+    # std/RMSE: sqrt(mean var) / sqrt(mean err^2), with every error component 0.01
+    expected = np.sqrt(np.mean(0.01 * np.sum(pred.forces_pred**2, 1) / 3.0)) / 0.01
+    assert m["forces_std_over_rmse"] == pytest.approx(expected)
+    # existing keys stay
+    for key in ("forces_spearman", "forces_frame_spearman", "forces_nll", "energy_spearman"):
+        assert key in m
+    # predicted |F| per frame, beside the sigma columns of the table and the CSV
+    norms = np.linalg.norm(pred.forces_pred, axis=1)
+    first = norms[pred.atom_frame == 0]
+    assert table["forces_pred_mean_norm"][0] == pytest.approx(first.mean())
+    assert table["forces_pred_max_norm"][0] == pytest.approx(first.max())
+    np.testing.assert_allclose(table["forces_max_std"], 0.1 * table["forces_pred_max_norm"])
+    path = write_frame_csv(table, tmp_path / "frames.csv")
+    header = path.read_text().splitlines()[0].split(",")
+    i = header.index("forces_max_std")
+    assert header[i + 1 : i + 3] == ["forces_pred_mean_norm", "forces_pred_max_norm"]
+    rows = list(csv.DictReader(path.open()))
+    assert float(rows[0]["forces_pred_max_norm"]) == pytest.approx(first.max(), rel=1e-6)
+
+
+def test_diagnostics_absent_without_force_uncertainty(dataset):
+    m = evaluate_potential(Oracle(), dataset, uncertainty="energy").metrics
+    assert "forces_std_over_rmse" not in m and "forces_std_vs_pred_spearman" not in m

@@ -1,0 +1,399 @@
+"""Force uncertainty that carries information (issue 11): the modes of one model, a 5-member
+committee and |F_pred| alone, ranking the same frames.
+
+Per dataset one Bayesian model (configs/<dataset>_equivariant.yaml) and a committee of 5 MAP
+models of the same architecture (``model.head=map``, ``train.ensemble=5``), each model and
+member under the wall budget ``--budget-minutes``. Rows: each mode the single model offers
+(energy, exact, lowrank, sampled; one that raises is skipped: ``meta.skipped``), committee5,
+force_magnitude (|F_pred|). Splits: see :func:`dataset_split`; definitions: the results file.
+``--quick``: EMT Cu made here, configs/tiny_emt.yaml, 10 s per model. Results
+``OUT/force_uncertainty.{json,md,png}`` after every step; finished steps are appended to
+``OUT/force_uncertainty.jsonl`` and skipped when the command is run again.
+
+    python benchmarks/force_uncertainty.py --budget-minutes 10 --threads 1
+    python benchmarks/force_uncertainty.py --quick --out /tmp/fu_quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+from typing import Any
+
+import ase.io
+import numpy as np
+import torch
+
+from mlip_unc.config import load_potential_config
+from mlip_unc.data import StructureDataset, TypeMap
+from mlip_unc.models.committee import load_potential
+from mlip_unc.train.evaluate import frame_table, predict
+from mlip_unc.train.potential import run_training
+from mlip_unc.uncertainty import diagnostics as diag
+
+log = logging.getLogger("force_uncertainty")
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+DATASETS = ("3bpa", "ethanol", "solvent_xtb")
+MODES = ("energy", "exact", "lowrank", "sampled")
+ROW_KEYS = ("auroc_ood", "spearman_frame_in_domain", "spearman_frame_pooled", "auroc_sigma_over_force",
+            "partial_spearman_given_force", "std_over_rmse", "cost_ratio", "force_mae_meV_A")  # fmt: skip
+SETTINGS = ("quick", "seed", "budget_minutes", "overrides")  # a resumed run must match these
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data")
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--budget-minutes", type=float, default=None, help="wall time per model (10; quick: 1/6)")
+    p.add_argument("--default-mode", default="lowrank", help="the mode named 'default' in the results")
+    for flag, default, text in (("--threads", 1, "torch threads"), ("--seed", 0, "seed of weights and split"),
+                                ("--n-samples", 4, "draws of the sampled mode"), ("--timing-frames", 20, "frames timed"),
+                                ("--max-eval-frames", None, "cap each test set (checks only)")):  # fmt: skip
+        p.add_argument(flag, type=int, default=default, help=text)
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="config override, both models")
+    p.add_argument("--quick", action="store_true", help="tiny EMT Cu data made here; needs --out")
+    p.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS})")
+    args = p.parse_args(argv)
+    args.datasets = ["cu_emt"] if args.quick else [d.strip().lower() for d in args.datasets.split(",") if d]
+    if bad := [d for d in args.datasets if d not in (*DATASETS, "cu_emt")]:
+        p.error(f"unknown dataset(s) {bad}; choose from {DATASETS}")
+    if args.quick and args.out is None:
+        p.error("--quick writes to the folder given by --out")
+    args.out = args.out or RESULTS
+    args.budget_minutes = args.budget_minutes or (10.0 / 60.0 if args.quick else 10.0)
+    args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
+    return args
+
+
+def _write(frames: list, path: Path) -> Path:
+    ase.io.write(path, frames, format="extxyz")
+    return path
+
+
+def _molecules(path: Path) -> list:
+    """Frames of ``path`` without the one-atom reference frames."""
+    return [a for a in ase.io.read(path, index=":") if len(a) > 1 and a.info.get("config_type") != "IsolatedAtom"]
+
+
+def dataset_split(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """``{config, overrides, train, test, ood (or None), energy_key, forces_key}``. 3BPA: 400 of
+    train_300K (results/checkpoints/3bpa_split.json if its seed matches) -> the other 100, OOD =
+    train_mixedT less repeats of train_300K; ethanol: train -> test_MD, OOD = methanol frames of
+    test_eth_meth; solvent_xtb: train_50 -> test (one-atom frames dropped), no OOD."""
+    s = args.data_root / "structures"
+    cfg = REPO / "configs" / f"{name}_equivariant.yaml"
+    split: dict[str, Any] = {"config": cfg, "overrides": [], "energy_key": "energy", "forces_key": "forces"}
+    if name == "cu_emt":
+        from ase.build import bulk
+        from ase.calculators.emt import EMT
+
+        frames = [bulk("Cu", "fcc", a=3.6 * (1.04 if k >= 16 else 1.0), cubic=True).repeat((2, 1, 1)) for k in range(22)]
+        for k, atoms in enumerate(frames):  # 16 in-domain (rattle 0.05 A), 6 OOD (0.2 A, 4 % stretched)
+            atoms.rattle(0.2 if k >= 16 else 0.05, seed=k)
+            atoms.calc = EMT()
+            atoms.get_stress()
+        split.update(config=REPO / "configs" / "tiny_emt.yaml", train=_write(frames[:10], work / "train.xyz"),
+                     test=_write(frames[10:16], work / "test.xyz"), ood=_write(frames[16:], work / "ood.xyz"))  # fmt: skip
+    elif name == "3bpa":
+        frames = ase.io.read(s / "3BPA" / "train_300K.xyz", index=":")
+        saved = RESULTS / "checkpoints" / "3bpa_split.json"
+        idx = json.loads(saved.read_text()) if saved.is_file() else {}
+        if idx.get("seed") != args.seed or (len(idx.get("train", [])), len(idx.get("test", []))) != (400, 100):
+            perm = np.random.default_rng(args.seed).permutation(len(frames))  # as benchmarks/potential.py
+            idx = {"train": sorted(perm[:400].tolist()), "test": sorted(perm[400:500].tolist())}
+        seen = {round(a.get_potential_energy(), 6) for a in frames}
+        mixed = [a for a in ase.io.read(s / "3BPA" / "train_mixedT.xyz", index=":")
+                 if round(a.get_potential_energy(), 6) not in seen]  # fmt: skip
+        split.update(train=_write([frames[k] for k in idx["train"]], work / "3bpa_train.xyz"),
+                     test=_write([frames[k] for k in idx["test"]], work / "3bpa_test.xyz"),
+                     ood=_write(mixed, work / "3bpa_ood.xyz"))  # fmt: skip
+    elif name == "ethanol":
+        methanol = [a for a in _molecules(s / "ethanol" / "test_eth_meth.xyz") if a.info.get("config_type") == "methanol"]
+        split.update(train=s / "ethanol" / "train.xyz", test=s / "ethanol" / "test_MD.xyz",
+                     ood=_write(methanol, work / "methanol.xyz"))  # fmt: skip
+    else:  # solvent_xtb: no config of its own yet -> the 3BPA architecture on its files
+        root = s / "solvent_xtb"
+        if not cfg.is_file():
+            cfg = REPO / "configs" / "3bpa_equivariant.yaml"
+            split["overrides"] = ["data.isolated_atoms=null", "data.energy_key=energy_xtb", "data.forces_key=forces_xtb"]
+        split.update(config=cfg, train=root / "solvent_xtb_train_50.xyz", ood=None, energy_key="energy_xtb",
+                     forces_key="forces_xtb", test=_write(_molecules(root / "solvent_xtb_test.xyz"), work / "solv.xyz"))  # fmt: skip
+    return split
+
+
+class Steps:
+    """Finished steps, one JSON object per line of ``path``; ``get`` returns a step's record."""
+
+    def __init__(self, path: Path, settings: dict[str, Any]) -> None:
+        self.path, lines = path, (path.read_text().splitlines() if path.is_file() else [])
+        self.records = {r["step"]: r for r in (json.loads(line) for line in lines if line.strip())}
+        self.get = self.records.get  # step -> its record, or None
+        old = self.records.get("settings")
+        if old is not None and {k: old[k] for k in SETTINGS} != {k: settings[k] for k in SETTINGS}:
+            raise SystemExit(f"{path} was made with {old}; use another --out or delete it to start over")
+        if old is None:
+            self.add("settings", settings)
+
+    def add(self, step: str, record: dict[str, Any]) -> None:
+        self.records[step] = _clean({"step": step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), **record})
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(self.records[step]) + "\n")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, numpy -> Python."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_clean(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def train(name: str, split: dict[str, Any], args: argparse.Namespace, steps: Steps, ensemble: int) -> Path:
+    """Train the single model (``ensemble=1``) or the MAP committee once; the step records it."""
+    tag = "single" if ensemble == 1 else f"committee{ensemble}"
+    out = args.out / "checkpoints" / "force_uncertainty" / f"{name}_{tag}"
+    if steps.get(f"train:{name}:{tag}"):
+        return out
+    overrides = [f"data_root={args.data_root}", f"data.train={split['train']}", "data.test=null", f"out={out}",
+                 f"seed={args.seed}", f"train.max_minutes={args.budget_minutes}", "train.progress=false",
+                 "train.resume=false", *split["overrides"], *args.overrides]  # fmt: skip
+    if ensemble > 1:
+        overrides += [f"train.ensemble={ensemble}", "model.head=map"]
+    log.info("[train] %s %s: %.3g min per model", name, tag, args.budget_minutes)
+    results = run_training(load_potential_config(split["config"], overrides))
+    for last in out.rglob("last.pt"):
+        last.unlink()
+    steps.add(f"train:{name}:{tag}", {"train_minutes": [r.train_minutes for r in results]})
+    return out
+
+
+def load_frames(path: Path | None, model: Any, split: dict[str, Any], limit: int | None) -> StructureDataset | None:
+    m = model.members[0] if hasattr(model, "members") else model
+    return None if path is None else StructureDataset.from_files(
+        path, m.r_max, TypeMap.from_list(m.type_map), index=f":{limit or ''}", energy_key=split["energy_key"],
+        forces_key=split["forces_key"], dtype=m.dtype)  # fmt: skip
+
+
+def frame_values(model: Any, data: StructureDataset, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Per-frame score, error and max |F_pred|; std/RMSE (per component) and force MAE."""
+    unc = {"force_magnitude": "none", "committee5": "exact"}.get(mode, mode)
+    pred = predict(model, data, uncertainty=unc, n_samples=args.n_samples, batch_size=8, seed=args.seed)
+    table = frame_table(pred)
+    score = {"force_magnitude": "forces_pred_max_norm", "energy": "energy_epistemic_std"}.get(mode, "forces_max_std")
+    err, var = pred.forces_pred - pred.forces_true, pred.forces_epistemic_var  # (n_atoms, 3) each
+    return {
+        "score": table[score], "error": table["forces_mean_error"], "force": table["forces_pred_max_norm"],
+        "std_over_rmse": None if var is None or mode == "force_magnitude" else diag.std_over_rmse(var, err),
+        "force_mae_meV_A": 1e3 * float(np.mean(np.abs(err))),
+    }  # fmt: skip
+
+
+def row_metrics(ind: dict[str, Any], ood: dict[str, Any] | None, cost_ratio: float | None) -> dict[str, Any]:
+    """One result row (ROW_KEYS) from in-domain and OOD frame values (None: no OOD set)."""
+    args = [ind[k] for k in ("score", "error", "force")] + ([ood[k] for k in ("score", "error", "force")] if ood else [])
+    row = {**diag.frame_ranking(*args), "std_over_rmse": ind["std_over_rmse"], "cost_ratio": cost_ratio,
+           "force_mae_meV_A": ind["force_mae_meV_A"]}  # fmt: skip
+    return _clean({k: row[k] for k in ROW_KEYS})
+
+
+def offered_modes(model: Any, graph: Any, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """Modes the model runs on one frame, and why the others were skipped."""
+    ok, skipped = [], {}
+    for mode in MODES:
+        try:
+            model(graph, compute_forces=True, uncertainty=mode, n_samples=args.n_samples)
+            ok.append(mode)
+        except Exception as err:  # noqa: BLE001  a mode the model does not offer (yet)
+            skipped[mode] = f"{type(err).__name__}: {err}"
+    return ok, skipped
+
+
+def time_calls(calls: dict[str, Any], graphs: list, repeats: int = 3) -> dict[str, float]:
+    """Median over frames of the best of ``repeats`` single-frame calls (ms), calls interleaved."""
+    for call in calls.values():
+        call(graphs[0])  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for graph in graphs:
+        for name, call in calls.items():
+            times[name].append(1e3 * min(timeit.repeat(lambda: call(graph), number=1, repeat=repeats)))  # noqa: B023
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -> None:
+    split = dataset_split(name, args, work)
+    single = load_potential(train(name, split, args, steps, 1) / "model.pt")
+    committee = load_potential(train(name, split, args, steps, 5))
+    test = load_frames(split["test"], single, split, args.max_eval_frames)
+    ood = load_frames(split["ood"], single, split, args.max_eval_frames)
+    modes, skipped = offered_modes(single, test.graphs[0], args)
+    if not steps.get(f"modes:{name}"):
+        steps.add(f"modes:{name}", {"offered": modes, "skipped": skipped, "n_test": len(test), "n_ood": len(ood or [])})
+    for row in [*modes, "committee5", "force_magnitude"]:
+        if steps.get(f"eval:{name}:{row}"):
+            continue
+        model = committee if row == "committee5" else single
+        steps.add(f"eval:{name}:{row}", {part: frame_values(model, data, row, args)
+                                         for part, data in (("in", test), ("ood", ood)) if data is not None})  # fmt: skip
+        log.info("[eval] %s %s done", name, row)
+    if not steps.get(f"cost:{name}"):
+        gen = torch.Generator().manual_seed(args.seed)
+        calls = {m: (lambda g, m=m: single(g, compute_forces=True, uncertainty=m, n_samples=args.n_samples,
+                                            generator=gen)) for m in ("none", *modes)}  # fmt: skip
+        calls["committee5"] = lambda g: committee(g, compute_forces=True, uncertainty="exact")
+        graphs = test.graphs[: args.timing_frames]
+        ms = {"plain" if k == "none" else k: v for k, v in time_calls(calls, graphs).items()}
+        steps.add(f"cost:{name}", {"ms": ms, "n_frames": len(graphs), "atoms": [int(g.num_atoms) for g in graphs]})
+
+
+def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
+    """The results JSON: ``{"meta": ..., dataset: {"default": name, name: row}}``."""
+    settings = steps.get("settings") or {}
+    meta = {k: settings.get(k) for k in ("command", "started", *SETTINGS, "threads", "data_root")}
+    meta.update(status=status, updated=time.strftime("%Y-%m-%d %H:%M"), default_mode=args.default_mode,
+                committee_budget_minutes_per_member=args.budget_minutes, skipped={}, train_minutes={},
+                cost_ms={}, notes=[])  # fmt: skip
+    results: dict[str, Any] = {"meta": meta}
+    for name in args.datasets:
+        cost = (steps.get(f"cost:{name}") or {}).get("ms") or {}
+        ratio = {**{k: v / cost["plain"] for k, v in cost.items()}, "force_magnitude": 1.0}  # plain E+F = 1
+        rows = {step.split(":", 2)[2]: row_metrics(rec["in"], rec.get("ood"), ratio.get(step.split(":", 2)[2]))
+                for step, rec in steps.records.items() if step.startswith(f"eval:{name}:")}  # fmt: skip
+        if not rows:
+            continue
+        default = next((m for m in (args.default_mode, "exact", "sampled", "energy") if m in rows), "committee5")
+        if default != args.default_mode:
+            meta["notes"].append(f"{name}: default mode {args.default_mode!r} not offered; {default!r} reported as default")
+        results[name] = {"default": default, **rows}
+        meta["skipped"][name] = (steps.get(f"modes:{name}") or {}).get("skipped", {})
+        meta["train_minutes"][name] = {t: steps.get(f"train:{name}:{t}")["train_minutes"] for t in ("single", "committee5")}
+        meta["cost_ms"][name] = cost or None
+    return results
+
+
+def _f(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
+
+
+TARGETS = {  # issue 11, default row: key -> (slack below committee5, lowest, highest)
+    "spearman_frame_in_domain": (0.05, None, None), "partial_spearman_given_force": (0.05, 0.3, None),
+    "auroc_ood": (0.03, None, None), "std_over_rmse": (None, 0.5, 2.0), "cost_ratio": (None, None, 2.0),
+}  # fmt: skip
+
+
+def acceptance(entry: dict[str, Any]) -> list[str]:
+    """Issue 11's targets for the default row, each 'met' or 'missed by' how much."""
+    d, c = entry.get(entry["default"], {}), entry.get("committee5", {})
+    out = []
+    for key, (slack, low, high) in TARGETS.items():
+        ref = None if slack is None or c.get(key) is None else c[key] - slack
+        low, v = max((x for x in (low, ref) if x is not None), default=None), d.get(key)
+        miss = None if v is None else max(0.0, low - v if low is not None else 0.0, v - high if high is not None else 0.0)
+        result = "n/a" if miss is None else f"missed by {miss:.2f}" if miss > 0 else "met"
+        out.append(f"- {key} = {_f(v)}, target [{_f(low)}, {_f(high)}]: {result}")
+    return out
+
+
+def write_markdown(results: dict[str, Any], path: Path) -> None:
+    meta = results["meta"]
+    lines = ["# Force uncertainty: modes vs a committee vs |F_pred|", "", f"Command: `{meta['command']}`", "",
+             f"Seed {meta['seed']}; {meta['threads']} torch thread(s); {meta['budget_minutes']:g} min per model and "
+             f"per committee member (wall time, shared CPU); started {meta['started']}, updated {meta['updated']}; "
+             f"status: {meta['status']}.", "",
+             "Frame score = max over atoms of the force std sqrt(sum_c Var F_ac) (energy mode: the epistemic energy "
+             "std; force_magnitude: max over atoms of |F_pred|); frame error = mean over atoms of |F_pred - F_true|. "
+             "auroc_ood: in-domain (0) vs OOD (1) frames by the score; auroc_sigma_over_force: the same with score / "
+             "max |F_pred|; partial_spearman_given_force: in-domain score vs error with the frame max |F_pred| "
+             "partialled out (ranks); std_over_rmse: sqrt(mean epistemic Var F) / RMSE per component, in-domain; "
+             "cost_ratio: median over frames of the best of 3 single-frame calls / plain E+F, interleaved "
+             "(committee5 = 5 members); force MAE per component, in-domain.", ""]  # fmt: skip
+    for name, entry in ((n, e) for n, e in results.items() if n != "meta"):
+        cost = meta["cost_ms"].get(name) or {}
+        lines += [f"## {name} (default: {entry['default']})", "",
+                  "| row | " + " | ".join(ROW_KEYS) + " |", "|---" * (len(ROW_KEYS) + 1) + "|"]  # fmt: skip
+        lines += [f"| {row} | " + " | ".join(_f(r[k]) for k in ROW_KEYS) + " |"
+                  for row, r in entry.items() if row != "default"]  # fmt: skip
+        lines += ["", f"Plain E+F: {_f(cost.get('plain'))} ms per frame (this set's in-domain frames); skipped "
+                  f"modes: {meta['skipped'].get(name) or 'none'}; training minutes: {meta['train_minutes'].get(name)}.",
+                  "", f"Acceptance of the default row ({entry['default']}; committee5 - slack, issue 11):",
+                  *acceptance(entry), ""]  # fmt: skip
+    lines += [f"Note: {n}" for n in meta["notes"]]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(steps: Steps, results: dict[str, Any], path: Path) -> None:
+    """sigma_F vs |error| per frame: one panel per dataset (rows) and result row (columns)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    if not (names := [n for n in results if n != "meta"]):
+        return
+    columns = max(len(results[n]) - 1 for n in names)
+    with plt.rc_context({"font.size": 7}):
+        fig, axes = plt.subplots(len(names), columns, figsize=(2.6 * columns, 2.4 * len(names)), squeeze=False)
+        for i, name in enumerate(names):
+            for j, row in enumerate(r for r in results[name] if r != "default"):
+                ax, record = axes[i, j], steps.get(f"eval:{name}:{row}")
+                for part, colour in (("in", "tab:blue"), ("ood", "tab:orange")):
+                    if record.get(part):
+                        x, y = (np.asarray(record[part][k], dtype=float) for k in ("score", "error"))
+                        ax.scatter(x, y, s=4, alpha=0.6, color=colour, label="in-domain" if part == "in" else "OOD")
+                ax.set(xscale="log", yscale="log", title=f"{name}: {row}", xlabel="frame score", ylabel="mean |F err| (eV/A)")
+                for axis in (ax.xaxis, ax.yaxis):  # labels at 1, 2, 5 x 10^k only
+                    axis.set(major_locator=LogLocator(subs=(1, 2, 5)), major_formatter=FormatStrFormatter("%.2g"),
+                             minor_formatter=NullFormatter())  # fmt: skip
+            for j in range(len(results[name]) - 1, columns):
+                axes[i, j].axis("off")
+        axes[0, 0].legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
+    results = assemble(steps, args, status)
+    tmp = args.out / ".force_uncertainty.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1))
+    os.replace(tmp, args.out / "force_uncertainty.json")
+    write_markdown(results, args.out / "force_uncertainty.md")
+    plot(steps, results, args.out / "force_uncertainty.png")
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = shlex.join(["python", "benchmarks/force_uncertainty.py", *(sys.argv[1:] if argv is None else argv)])
+    settings = {"command": command, "started": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick,
+                "seed": args.seed, "budget_minutes": args.budget_minutes, "overrides": args.overrides,
+                "threads": args.threads, "data_root": None if args.quick else str(args.data_root)}  # fmt: skip
+    steps = Steps(args.out / "force_uncertainty.jsonl", settings)
+    with tempfile.TemporaryDirectory(prefix="mlip_unc_fu_") as work:
+        for name in args.datasets:
+            run_dataset(name, args, steps, Path(work))
+            save(steps, args, "partial")
+    results = save(steps, args, "complete")
+    log.info("results: %s", args.out / "force_uncertainty.md")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""A full-covariance last-layer posterior over the energy head (docs/method.md section 3b).
+
+After training, the last-layer prediction-rigidity posterior (LLPR, Bigi et al. 2024)::
+
+    Sigma = (sum_frames Phi Phi^T / sigma_E^2 + sum_frames J J^T / sigma_F^2 + lambda I)^-1
+
+is stored as a factor ``L (d, d)`` with ``Sigma = L^T L``, rows ``sqrt(sigma_k) v_k^T`` sorted by
+decreasing eigenvalue ``sigma_k`` of ``Sigma`` (the least constrained directions first), plus
+calibration scalars fitted on validation data by NLL (``mlip_unc.train.posterior``):
+``alpha_E^2, alpha_F^2`` scale the epistemic energy and force variances, ``sigma_e^2`` (per atom)
+and ``sigma_f^2`` (per component) are the aleatoric noises::
+
+    Var_epi[E]    = alpha_E^2 ||L Phi||^2                      (free with the forward pass)
+    Var_epi[F_ic] = alpha_F^2 sum_k (d(l_k^T Phi)/dr_ic)^2     (k over all d rows: exact;
+                                                                the first r rows: low rank)
+
+The low-rank form needs r + 1 vector-Jacobian products (r directions plus the mean forces)
+instead of d + 1, and keeps the directions along which the training data constrained the
+head least: those where an unfamiliar Jacobian shows up. The stress uses ``alpha_F^2`` too.
+The mean prediction is unchanged: the head's posterior mean ``mu``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mlip_unc import keys
+from mlip_unc.models.derivatives import PotentialState, forces_and_stress, inverse_volume
+from mlip_unc.models.potential_uncertainty import (
+    UncertaintyMode,
+    energy_uncertainty,
+    exact_derivatives,
+    input_gradients,
+    sampled_derivatives,
+)
+from mlip_unc.uncertainty import moments
+
+__all__ = [
+    "FullPosterior", "full_energy_uncertainty", "full_derivatives", "latent_jacobian", "diagonal_factor",
+    "posterior_uncertainty",
+]  # fmt: skip
+
+
+@dataclass
+class FullPosterior:
+    """Plain view of the posterior buffers of a :class:`BayesianPotential`.
+
+    Attributes:
+        factor: ``(d, d)`` rows ``sqrt(sigma_k) v_k``, ``Sigma = factor^T factor``.
+        calibration: ``(4,)`` ``[alpha_E^2, alpha_F^2, sigma_e^2, sigma_f^2]``.
+    """
+
+    factor: Tensor
+    calibration: Tensor
+
+    @property
+    def alpha2_energy(self) -> Tensor:
+        return self.calibration[0]
+
+    @property
+    def alpha2_forces(self) -> Tensor:
+        return self.calibration[1]
+
+    @property
+    def energy_noise_var(self) -> Tensor:
+        """Per-atom aleatoric energy variance ``sigma_e^2``."""
+        return self.calibration[2]
+
+    @property
+    def force_noise_var(self) -> Tensor:
+        """Per-component aleatoric force variance ``sigma_f^2``."""
+        return self.calibration[3]
+
+    @property
+    def covariance(self) -> Tensor:
+        """``Sigma (d, d)`` before calibration."""
+        return self.factor.T @ self.factor
+
+
+def full_energy_uncertainty(state: PotentialState, post: FullPosterior) -> dict[str, Tensor]:
+    """Energy variances with the full posterior: ENERGY_VAR, ENERGY_EPISTEMIC_VAR,
+    ENERGY_ALEATORIC_VAR, KAPPA ``(n_graphs,)``, LOCAL_ENERGY_VAR ``(n_atoms,)``."""
+    phi, factor = state.phi, post.factor.to(state.phi.dtype)
+    epistemic = post.alpha2_energy * moments.factor_variance(phi, factor)
+    n_atoms = torch.bincount(state.graph, minlength=state.n_graphs)
+    aleatoric = moments.energy_aleatoric_variance(n_atoms, post.energy_noise_var)
+    return {
+        keys.ENERGY_VAR: epistemic + aleatoric,
+        keys.ENERGY_EPISTEMIC_VAR: epistemic,
+        keys.ENERGY_ALEATORIC_VAR: aleatoric,
+        keys.LOCAL_ENERGY_VAR: post.alpha2_energy * moments.factor_variance(state.z, factor),
+        keys.KAPPA: moments.factor_kappa(phi, factor),
+    }
+
+
+def full_derivatives(
+    state: PotentialState, mu: Tensor, post: FullPosterior, *, rank: int | None, method: str
+) -> dict[str, Tensor]:
+    """Mean forces (stress) and their epistemic variances from ``rank`` rows of the factor
+    (all ``d`` rows when ``rank`` is None): ``rank + 1`` vector-Jacobian products."""
+    factor = post.factor.to(mu.dtype)
+    rows = factor if rank is None else factor[: min(int(rank), factor.shape[0])]
+    weights = torch.cat([mu.detach()[None], rows])  # (r + 1, d)
+    grads = input_gradients(state, weights, method)
+    out = forces_and_stress(state, [g[0] for g in grads])
+    out[keys.FORCES_VAR] = post.alpha2_forces * grads[0][1:].square().sum(0)  # (n_atoms, 3)
+    if state.strain is not None:
+        stress_var = grads[1][1:].square().sum(0) * inverse_volume(state).square()[:, None, None]
+        out[keys.STRESS_VAR] = post.alpha2_forces * stress_var  # (n_graphs, 3, 3)
+    return out
+
+
+def latent_jacobian(model, batch) -> tuple[PotentialState, dict[str, Tensor], Tensor]:
+    """One forward pass and the position Jacobian of the per-graph latent sums.
+
+    Returns:
+        ``(state, outputs, jac)``: outputs at the posterior mean (ENERGY, FORCES, ...) and
+        ``jac (d, n_atoms, 3)`` with ``jac[k, a] = dPhi_k(graph of a) / dr_a`` (detached).
+    """
+    with torch.enable_grad():
+        state = model._state(batch, forces=True, stress=False)
+        mu, _ = model.posterior()
+        out = model._energies(state, weights=mu.detach())
+        eye = torch.eye(mu.shape[0], dtype=mu.dtype, device=mu.device)
+        weights = torch.cat([mu.detach()[None], eye])  # (d + 1, d)
+        (grads,) = input_gradients(state, weights, model.gradient_method)[:1]
+    out.update(forces_and_stress(state, [grads[0]]))
+    return state, {k: v.detach() for k, v in out.items()}, grads[1:].detach()
+
+
+def diagonal_factor(s2: Tensor, rank: int | None) -> Tensor:
+    """``(r, d)`` factor of a diagonal posterior: ``sqrt(s2)`` on the ``r`` largest-variance axes."""
+    order = torch.argsort(s2, descending=True)[: s2.shape[0] if rank is None else int(rank)]
+    factor = torch.zeros(order.shape[0], s2.shape[0], dtype=s2.dtype, device=s2.device)
+    factor[torch.arange(order.shape[0]), order] = s2[order].sqrt()
+    return factor
+
+
+def posterior_uncertainty(
+    model, state: PotentialState, mode: UncertaintyMode, *, n_samples: int, generator: torch.Generator | None
+) -> dict[str, Tensor]:
+    """The uncertainty outputs of ``model.forward`` in ``mode`` (not ``none``): energy variances
+    (free), and in the gradient modes mean forces (stress) with their epistemic variances,
+    from the full posterior when ``model`` has one, else from the diagonal one."""
+    mu, s2 = model.posterior()
+    post, method = model.full_posterior(), model.gradient_method
+    if post is None:
+        out = energy_uncertainty(state, s2, model.energy_noise.square())
+    else:
+        out = full_energy_uncertainty(state, post)
+    if mode is UncertaintyMode.EXACT:
+        if post is None:
+            out.update(exact_derivatives(state, mu, s2, method=method))
+        else:
+            out.update(full_derivatives(state, mu, post, rank=None, method=method))
+    elif mode is UncertaintyMode.LOWRANK:
+        if post is None:  # the largest-variance axes of the diagonal posterior, uncalibrated
+            ones = torch.ones(4, dtype=mu.dtype, device=mu.device)
+            diag = FullPosterior(diagonal_factor(s2.detach(), model.posterior_rank), ones)
+            out.update(full_derivatives(state, mu, diag, rank=None, method=method))
+        else:
+            out.update(full_derivatives(state, mu, post, rank=model.posterior_rank, method=method))
+    elif mode is UncertaintyMode.SAMPLED:
+        with torch.no_grad():
+            if post is None:
+                draws = model.head.sample_weights(n_samples, generator=generator)[0][:, 0, :]  # (K, d)
+            else:
+                eps = torch.randn(n_samples, mu.shape[0], generator=generator, dtype=mu.dtype, device=mu.device)
+                draws = mu.detach() + post.alpha2_forces.sqrt().to(mu.dtype) * eps @ post.factor.to(mu.dtype)
+        out.update(sampled_derivatives(state, mu, draws, method=method))
+    return out

@@ -1,0 +1,94 @@
+"""benchmarks/force_uncertainty.py: the row assembly (fast) and the --quick run's JSON layout."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "force_uncertainty.py"
+ROW_KEYS = {"auroc_ood", "spearman_frame_in_domain", "spearman_frame_pooled", "auroc_sigma_over_force",
+            "partial_spearman_given_force", "std_over_rmse", "cost_ratio", "force_mae_meV_A"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("force_uncertainty_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _values(score, error, force, std_over_rmse=None, mae=10.0):
+    return {"score": list(score), "error": list(error), "force": list(force),
+            "std_over_rmse": std_over_rmse, "force_mae_meV_A": mae}  # fmt: skip
+
+
+def test_row_metrics_known_values(bench):
+    ind = _values([1, 2, 3, 4, 5], [2, 1, 4, 3, 5], [1, 2, 3, 5, 4], std_over_rmse=0.8)
+    ood = _values([6, 7, 0.5], [9, 9, 9], [1, 1, 1])
+    row = bench.row_metrics(ind, ood, 1.5)
+    assert set(row) == ROW_KEYS
+    assert row["spearman_frame_in_domain"] == pytest.approx(0.8)
+    expected = (0.8 - 0.9 * 0.6) / math.sqrt((1 - 0.81) * (1 - 0.36))  # partial given force
+    assert row["partial_spearman_given_force"] == pytest.approx(expected)
+    assert row["auroc_ood"] == pytest.approx(10 / 15)  # OOD 6, 7 beat all 5; 0.5 beats none
+    # score/force: in-domain 1, 1, 1, 0.8, 1.25; OOD 6, 7, 0.5 -> 2 x 5 + 1 x 0 (0.5 < all) of 15
+    assert row["auroc_sigma_over_force"] == pytest.approx(10 / 15)
+    assert row["std_over_rmse"] == 0.8 and row["cost_ratio"] == 1.5 and row["force_mae_meV_A"] == 10.0
+    pooled = bench.diag.spearman([1, 2, 3, 4, 5, 6, 7, 0.5], [2, 1, 4, 3, 5, 9, 9, 9])
+    assert row["spearman_frame_pooled"] == pytest.approx(pooled)
+
+
+def test_row_metrics_without_ood_and_nan_to_null(bench):
+    ind = _values([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4])  # score = force: partial undefined
+    row = bench.row_metrics(ind, None, None)
+    assert row["auroc_ood"] is None and row["auroc_sigma_over_force"] is None
+    assert row["partial_spearman_given_force"] is None  # NaN -> null in the JSON
+    assert row["spearman_frame_pooled"] == row["spearman_frame_in_domain"] == pytest.approx(1.0)
+    json.dumps(row, allow_nan=False)
+
+
+def test_acceptance_lines(bench):
+    entry = {"default": "lowrank",
+             "lowrank": {"spearman_frame_in_domain": 0.40, "partial_spearman_given_force": 0.35, "auroc_ood": 0.80,
+                         "std_over_rmse": 2.5, "cost_ratio": 1.6},
+             "committee5": {"spearman_frame_in_domain": 0.50, "partial_spearman_given_force": 0.30,
+                            "auroc_ood": 0.82, "std_over_rmse": 0.4, "cost_ratio": 5.0}}  # fmt: skip
+    lines = dict(line[2:].split(" = ", 1) for line in bench.acceptance(entry))
+    assert lines["spearman_frame_in_domain"].endswith("missed by 0.05")  # 0.40 vs 0.50 - 0.05
+    assert lines["partial_spearman_given_force"].endswith("met")  # 0.35 >= max(0.3, 0.25)
+    assert lines["auroc_ood"].endswith("met")  # 0.80 >= 0.79
+    assert lines["std_over_rmse"].endswith("missed by 0.50")
+    assert lines["cost_ratio"].endswith("met")
+
+
+def test_quick_run_layout_and_resume(bench, tmp_path):
+    argv = ["--quick", "--out", str(tmp_path), "--set", "train.epochs=3", "--timing-frames", "3"]
+    results = bench.main(argv)
+    on_disk = json.loads((tmp_path / "force_uncertainty.json").read_text())
+    assert on_disk == json.loads(json.dumps(results))
+    meta = on_disk["meta"]
+    assert meta["status"] == "complete" and meta["seed"] == 0 and meta["quick"] is True
+    assert meta["command"].startswith("python benchmarks/force_uncertainty.py --quick")
+    entry = on_disk["cu_emt"]
+    names = set(entry) - {"default"}
+    assert {"committee5", "force_magnitude", "exact"} <= names
+    assert entry["default"] in names
+    for name in names:
+        assert set(entry[name]) == ROW_KEYS, name
+    assert entry["force_magnitude"]["std_over_rmse"] is None
+    assert entry["force_magnitude"]["cost_ratio"] == 1.0
+    assert entry["force_magnitude"]["auroc_sigma_over_force"] == pytest.approx(0.5)
+    assert entry["committee5"]["std_over_rmse"] is not None and entry["committee5"]["cost_ratio"] > 1.0
+    assert np.isfinite(entry["exact"]["auroc_ood"])
+    md = (tmp_path / "force_uncertainty.md").read_text()
+    assert meta["command"] in md and "frame error = mean over atoms" in md
+    assert (tmp_path / "force_uncertainty.png").stat().st_size > 0
+    # resumable: a second run finds every step done and changes nothing but the dates
+    steps = (tmp_path / "force_uncertainty.jsonl").read_text()
+    again = bench.main(argv)
+    assert (tmp_path / "force_uncertainty.jsonl").read_text() == steps
+    assert {k: v for k, v in again.items() if k != "meta"} == {k: v for k, v in results.items() if k != "meta"}

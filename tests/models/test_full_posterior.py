@@ -1,0 +1,123 @@
+"""The full-covariance last-layer posterior: closed forms against Monte Carlo draws from the
+same posterior, the low-rank evaluation, the diagonal special case, checkpoints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+from torch_geometric.data import Batch
+
+from mlip_unc import keys
+from mlip_unc.data import TypeMap, atoms_to_graph
+from mlip_unc.models.backbones import build_backbone
+from mlip_unc.models.full_posterior import latent_jacobian
+from mlip_unc.models.potential import BayesianPotential
+
+TYPES = TypeMap.from_list([13, 29])
+R_MAX = 4.0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _model(name: str = "gin", d: int = 8) -> BayesianPotential:
+    torch.manual_seed(0)
+    kwargs = {"gin": {"hidden": 12, "num_layers": 2}, "equivariant": {"channels": 8, "num_layers": 2}}[name]
+    backbone = build_backbone(name, num_types=len(TYPES), r_max=R_MAX, latent_dim=d, **kwargs)
+    model = BayesianPotential(backbone, TYPES.to_list(), R_MAX, init_std=0.2, posterior_rank=3).double().eval()
+    g = torch.Generator().manual_seed(1)
+    factor = torch.randn(d, d, generator=g, dtype=torch.float64) * torch.logspace(0, -2, d, dtype=torch.float64)[:, None]
+    model.set_full_posterior(factor, torch.tensor([2.0, 0.5, 1e-4, 4e-3], dtype=torch.float64))
+    return model
+
+
+def _graph(seed: int = 0, stretch: float = 1.0):
+    atoms = bulk("Cu", "fcc", a=3.6 * stretch, cubic=True)
+    atoms[1].symbol = "Al"
+    atoms.rattle(0.08, seed=seed)
+    return atoms_to_graph(atoms, R_MAX, TYPES, dtype=torch.float64)
+
+
+def _draws(model, scale2: float, n: int = 40_000) -> torch.Tensor:
+    """Weight draws ``w ~ N(mu, scale2 * Sigma)``, ``Sigma = L^T L``: ``(n, d)``."""
+    mu, _ = model.posterior()
+    eps = torch.randn(n, model.latent_dim, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    return mu.detach() + scale2**0.5 * eps @ model.posterior_factor
+
+
+@pytest.mark.parametrize("name", ["gin", "equivariant"])
+def test_closed_forms_match_draws_from_the_full_posterior(name):
+    model = _model(name)
+    batch = Batch.from_data_list([_graph(0), _graph(1)])
+    out = model(batch, uncertainty="exact")
+    _, _, jac = latent_jacobian(model, batch)  # (d, n_atoms, 3)
+    post = model.full_posterior()
+    # energies: w^T Phi under w ~ N(mu, alpha_E^2 Sigma)
+    phi = out[keys.LATENT].detach()  # (n_graphs, d)
+    energies = _draws(model, float(post.alpha2_energy)) @ phi.T  # (n, n_graphs)
+    torch.testing.assert_close(out[keys.ENERGY_EPISTEMIC_VAR], energies.var(0), rtol=0.03, atol=0.0)
+    # forces: -J^T w under w ~ N(mu, alpha_F^2 Sigma); per atom and component
+    forces = -torch.einsum("nk,kac->nac", _draws(model, float(post.alpha2_forces)), jac)
+    torch.testing.assert_close(out[keys.FORCES_VAR], forces.var(0), rtol=0.05, atol=1e-12)
+    torch.testing.assert_close(out[keys.FORCES], forces.mean(0), rtol=0.0, atol=5 * float(forces.std(0).max()) / 200)
+
+
+def test_lowrank_is_the_leading_directions_and_full_rank_is_exact():
+    model = _model()
+    graph = _graph(2)
+    exact = model(graph, uncertainty="exact")
+    low = model(graph, uncertainty="lowrank")
+    assert (low[keys.FORCES_VAR] <= exact[keys.FORCES_VAR] + 1e-15).all()
+    torch.testing.assert_close(low[keys.FORCES], exact[keys.FORCES])
+    _, _, jac = latent_jacobian(model, graph)
+    rows = model.posterior_factor[:3]  # posterior_rank = 3
+    expected = model.full_posterior().alpha2_forces * torch.einsum("rk,kac->rac", rows, jac).square().sum(0)
+    torch.testing.assert_close(low[keys.FORCES_VAR], expected)
+    model.posterior_rank = model.latent_dim
+    torch.testing.assert_close(model(graph, uncertainty="lowrank")[keys.FORCES_VAR], exact[keys.FORCES_VAR])
+
+
+def test_diagonal_factor_reproduces_the_diagonal_posterior():
+    model = _model()
+    model.clear_full_posterior()
+    graph = _graph(3)
+    diagonal = model(graph, uncertainty="exact")
+    _, s2 = model.posterior()
+    model.set_full_posterior(torch.diag(s2.detach().sqrt()), torch.tensor([1.0, 1.0, 1e-4, 4e-3]))
+    full = model(graph, uncertainty="exact")
+    for key in (keys.ENERGY_EPISTEMIC_VAR, keys.LOCAL_ENERGY_VAR, keys.KAPPA, keys.FORCES_VAR):
+        torch.testing.assert_close(full[key], diagonal[key], rtol=1e-10, atol=1e-14)
+
+
+def test_noise_and_sampled_mode_use_the_calibration():
+    model = _model()
+    graph = _graph(4)
+    noise = model.noise_variances(graph)
+    assert torch.allclose(noise[keys.FORCES], torch.full_like(noise[keys.FORCES], 4e-3))
+    assert torch.allclose(noise[keys.ENERGY], torch.tensor([4 * 1e-4], dtype=torch.float64))
+    exact = model(graph, uncertainty="exact")[keys.FORCES_VAR]
+    sampled = model(graph, uncertainty="sampled", n_samples=4000, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(sampled[keys.FORCES_VAR], exact, rtol=0.15, atol=1e-12)
+
+
+def test_checkpoint_round_trip_and_clearing(tmp_path):
+    model = _model()
+    graph = _graph(5)
+    model.save(tmp_path / "m.pt")
+    again = BayesianPotential.from_checkpoint(tmp_path / "m.pt")
+    assert again.has_full_posterior and again.posterior_rank == 3
+    for mode in ("energy", "exact", "lowrank"):
+        a, b = model(graph, uncertainty=mode), again(graph, uncertainty=mode)
+        for key, value in a.items():
+            torch.testing.assert_close(b[key], value)
+    again.clear_full_posterior()
+    assert not again.has_full_posterior and "posterior_factor" not in again.state_dict()
+    assert not np.allclose(again(graph, uncertainty="exact")[keys.FORCES_VAR].detach().numpy(),
+                           model(graph, uncertainty="exact")[keys.FORCES_VAR].detach().numpy())  # fmt: skip

@@ -1,0 +1,100 @@
+"""Fitting the full posterior: the calibration fit, the precision, the end-to-end fit."""
+
+from __future__ import annotations
+
+import math
+
+import ase.io
+import pytest
+import torch
+from ase.build import bulk
+from ase.calculators.emt import EMT
+from ase.calculators.singlepoint import SinglePointCalculator
+
+from mlip_unc import keys
+from mlip_unc.config import potential_config_from_dict
+from mlip_unc.models.full_posterior import latent_jacobian
+from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.train.posterior import fit_full_posterior, gaussian_scale_fit
+from mlip_unc.train.potential import train_potential
+from mlip_unc.train.potential_data import prepare_data
+
+
+def test_gaussian_scale_fit_recovers_known_scales():
+    g = torch.Generator().manual_seed(0)
+    var = torch.rand(20_000, generator=g, dtype=torch.float64) * 3 + 0.01
+    weight = torch.randint(1, 5, (20_000,), generator=g).double()
+    err = torch.randn(20_000, generator=g, dtype=torch.float64) * (0.7 * var + 0.2 * weight).sqrt()
+    alpha2, noise2, nll = gaussian_scale_fit(err, var, weight)
+    assert alpha2 == pytest.approx(0.7, rel=0.06) and noise2 == pytest.approx(0.2, rel=0.1)
+    worse = 0.5 * (math.log(2 * math.pi) + torch.log(var) + err**2 / var).mean()
+    assert nll < float(worse)
+
+
+def _labelled(atoms):
+    atoms.calc = EMT()
+    e, f = atoms.get_potential_energy(), atoms.get_forces()
+    atoms.calc = SinglePointCalculator(atoms, energy=e, forces=f)
+    return atoms
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("llpr")
+    frames = []
+    for k in range(24):
+        atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+        if k % 3 == 0:
+            atoms[1].symbol = "Al"
+        atoms.rattle(0.12, seed=k)
+        frames.append(_labelled(atoms))
+    ase.io.write(root / "train.xyz", frames)
+    config = potential_config_from_dict({
+        "out": str(root / "run"), "dtype": "float64",
+        "data": {"train": str(root / "train.xyz"), "valid_fraction": 0.25, "r_max": 4.0},
+        "model": {"backbone": "gin", "backbone_kwargs": {"hidden": 12, "num_layers": 2}, "latent_dim": 8},
+        "train": {"epochs": 6, "batch_size": 4, "lr": 0.01, "progress": False},
+    })  # fmt: skip
+    result = train_potential(config)
+    return config, result
+
+
+def test_training_attaches_a_calibrated_full_posterior(trained):
+    config, result = trained
+    payload = torch.load(result.model_path, weights_only=True)
+    summary = payload["metadata"]["posterior"]
+    assert summary["alpha2_forces"] > 0 and summary["lambda"] > 0
+    assert "domain" in payload["metadata"] and payload["metadata"]["uncertainty_levels"]["max_force_std"] > 0
+    model = BayesianPotential.from_checkpoint(result.model_path)
+    assert model.has_full_posterior
+    # calibrated on validation: the total force variance matches the squared errors on average
+    data = prepare_data(config)
+    errors, variances = [], []
+    for graph in data.valid.graphs:
+        out = model(graph, uncertainty="exact")
+        errors.append((out[keys.FORCES] - graph[keys.FORCES]).detach().reshape(-1))
+        variances.append((out[keys.FORCES_VAR] + model.noise_variances(graph)[keys.FORCES]).detach().reshape(-1))
+    ratio = float(torch.cat(errors).square().mean() / torch.cat(variances).mean())
+    assert 0.5 < ratio < 2.0
+
+
+def test_covariance_is_the_inverse_regularised_precision(trained):
+    config, result = trained
+    data = prepare_data(config)
+    model = BayesianPotential.from_checkpoint(result.model_path)
+    summary = fit_full_posterior(model, data.train, data.valid)
+    sig_e2, sig_f2 = float(model.energy_noise) ** 2, float(model.force_noise) ** 2
+    precision = torch.zeros(model.latent_dim, model.latent_dim, dtype=torch.float64)
+    for graph in data.train.graphs:  # one structure at a time, written out directly
+        state, _, jac = latent_jacobian(model, graph)
+        phi = state.phi.detach()[0]
+        precision += torch.outer(phi, phi) / (graph.num_nodes * sig_e2)
+        rows = jac.reshape(model.latent_dim, -1)
+        precision += rows @ rows.T / sig_f2
+    precision += summary["lambda"] * torch.eye(model.latent_dim, dtype=torch.float64)
+    sigma = model.full_posterior().covariance
+    torch.testing.assert_close(sigma @ precision, torch.eye(model.latent_dim, dtype=torch.float64), rtol=0, atol=1e-6)
+    # rows are sorted by decreasing posterior variance
+    norms = model.posterior_factor.square().sum(1)
+    assert (norms[:-1] >= norms[1:] - 1e-12).all()
