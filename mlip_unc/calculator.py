@@ -17,7 +17,8 @@ Modes (``uncertainty=``): ``"exact"`` (closed-form force variance, d backward pa
 ``"lowrank"`` (the model's ``posterior_rank`` leading posterior directions, rank + 1 backward
 passes), ``"sampled"`` (``n_samples`` weight draws, an unbiased estimate, reproducible: the
 generator is re-seeded with ``seed`` at every calculation), ``"energy"`` (energy uncertainties
-only, free with the forward pass) and ``"none"``.
+only, free with the forward pass) and ``"none"``. Default: ``"lowrank"`` for a model with a
+full posterior (the calibrated, cheap one), ``"exact"`` otherwise.
 
 Cost follows the request: energy-like results (with the domain ones) take one forward pass,
 ``forces`` one backward pass more, force and stress uncertainties (and ``flag`` with a force
@@ -205,19 +206,21 @@ class UncertaintyCalculator(Calculator):
     default_parameters: dict[str, Any] = {}
 
     def __init__(
-        self, model: Any, *, device: str | torch.device = "cpu", uncertainty: str = "exact", n_samples: int = 4,
+        self, model: Any, *, device: str | torch.device = "cpu", uncertainty: str | None = None, n_samples: int = 4,
         dtype: torch.dtype | str | None = None, thresholds: Thresholds | Mapping[str, Any] | None = None,
         seed: int = 0, domain: DomainGuard | Mapping[str, Any] | bool | None = None, **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
+        self.device = torch.device(device)
+        self.model, self.metadata = _load_model(model, self.device)
+        if uncertainty is None:  # the cheap calibrated default when the model has a full posterior
+            uncertainty = "lowrank" if getattr(self.model, "has_full_posterior", False) else "exact"
         if uncertainty not in UNCERTAINTY_MODES:
             raise ValueError(f"uncertainty must be one of {UNCERTAINTY_MODES}, got {uncertainty!r}")
         if uncertainty not in {m.value for m in UncertaintyMode}:
             raise ValueError(f"this model version does not support uncertainty={uncertainty!r}")
         if uncertainty == "sampled" and n_samples < 2:
             raise ValueError(f"the sampled mode needs n_samples >= 2, got {n_samples}")
-        self.device = torch.device(device)
-        self.model, self.metadata = _load_model(model, self.device)
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         first = next(self.model.parameters())

@@ -33,7 +33,11 @@ class Mode(str, Enum):
     """Force-uncertainty mode of the calculator."""
 
     EXACT = "exact"
+    LOWRANK = "lowrank"
     SAMPLED = "sampled"
+
+
+_MODE_HELP = "Force-uncertainty mode (default: lowrank for a model with a full posterior, else exact)."
 
 
 class Metric(str, Enum):
@@ -78,7 +82,7 @@ def md(
     friction: float = typer.Option(0.01, "--friction", help="Langevin friction, 1/fs."),
     interval: int = typer.Option(10, "--interval", help="Log/trajectory every N steps."),
     out: Path = typer.Option(Path("md_run"), "--out", "-o", help="Output folder."),
-    uncertainty: Mode = typer.Option(Mode.EXACT, "--uncertainty", "-u"),
+    uncertainty: Optional[Mode] = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
     max_force_std: Optional[float] = typer.Option(None, "--max-force-std", help=_THRESHOLD_HELP),
     energy_std_per_atom: Optional[float] = typer.Option(
         None, "--energy-std-per-atom", help="Flag threshold on the epistemic energy std, eV/atom (or relative)."
@@ -99,7 +103,7 @@ def md(
     try:
         start = read_structures(structure, index=index, require_energy=False, require_forces=False)[0]
         calc = UncertaintyCalculator(
-            model, device=device, uncertainty=uncertainty.value, seed=seed,
+            model, device=device, uncertainty=uncertainty.value if uncertainty else None, seed=seed,
             thresholds=_thresholds(max_force_std, energy_std_per_atom, relative),
         )  # fmt: skip
         settings = validate(MDSettings, dict(
@@ -127,7 +131,7 @@ def flag(
     relative: bool = typer.Option(False, "--relative", help="--threshold is a multiple of the validation level."),
     metric: Metric = typer.Option(Metric.MAX_FORCE_STD, "--metric", help="Ranking score."),
     diverse: Diverse = typer.Option(Diverse.NONE, "--diverse", help="Farthest-point selection (needs --top-k)."),
-    uncertainty: Mode = typer.Option(Mode.EXACT, "--uncertainty", "-u"),
+    uncertainty: Optional[Mode] = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
     out: Path = typer.Option(Path("flagged.xyz"), "--out", "-o", help="Selected structures (extxyz)."),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
@@ -148,7 +152,7 @@ def flag(
     set_threads(threads)
     try:
         frames = read_structures(data, require_energy=False, require_forces=False)
-        calc = UncertaintyCalculator(model, device=device, uncertainty=uncertainty.value, seed=seed)
+        calc = UncertaintyCalculator(model, device=device, uncertainty=uncertainty.value if uncertainty else None, seed=seed)
         selected, scores = flag_structures(calc, frames, metric=metric.value, top_k=top_k, threshold=threshold,
                                            relative=relative, diverse=diverse.value)  # fmt: skip
     except user_errors() as err:

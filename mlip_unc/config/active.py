@@ -104,7 +104,7 @@ class ActiveLearningConfig(Section):
         model: start from this checkpoint instead of training on the initial data.
         rounds: number of MD -> label -> retrain rounds.
         retrain_epochs: epochs of each retraining (``None``: the training config's).
-        uncertainty: calculator mode during MD (``exact`` or ``sampled``).
+        uncertainty: calculator mode during MD (``exact``, ``lowrank`` or ``sampled``).
         thresholds: ``mlip_unc.calculator.Thresholds`` fields (checked when the run starts).
         refit_offsets: refit the per-element energy offsets after each training, for small
             energy weights.
@@ -123,7 +123,7 @@ class ActiveLearningConfig(Section):
     model: str | None = None
     rounds: int = Field(1, gt=0)
     retrain_epochs: int | None = None
-    uncertainty: Literal["exact", "sampled"] = "exact"
+    uncertainty: Literal["exact", "lowrank", "sampled"] = "exact"
     md: MDSettings = MDSettings()
     thresholds: dict[str, Any] = Field(default_factory=lambda: {"max_force_std": 2.0, "relative": True})
     selection: SelectionSettings = SelectionSettings()

@@ -101,7 +101,7 @@ class PotentialModelConfig(Section):
     reference_energies: ReferenceEnergies = ReferenceEnergies.AUTO
     standardise: bool = True
     posterior: PosteriorKind = PosteriorKind.FULL
-    posterior_rank: int = Field(8, gt=0)
+    posterior_rank: int = Field(4, gt=0)
 
 
 class LossConfig(Section):

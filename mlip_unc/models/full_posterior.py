@@ -7,8 +7,9 @@ After training, the last-layer prediction-rigidity posterior (LLPR, Bigi et al. 
 is stored as a factor ``L (d, d)`` with ``Sigma = L^T L``, rows ``sqrt(sigma_k) v_k^T`` sorted by
 decreasing eigenvalue ``sigma_k`` of ``Sigma`` (the least constrained directions first), plus
 calibration scalars fitted on validation data by NLL (``mlip_unc.train.posterior``):
-``alpha_E^2, alpha_F^2`` scale the epistemic energy and force variances, ``sigma_e^2`` (per atom)
-and ``sigma_f^2`` (per component) are the aleatoric noises::
+``alpha_E^2, alpha_F^2`` scale the epistemic energy and force variances (``alpha_r^2`` the
+low-rank force variance), ``sigma_e^2`` (per atom) and ``sigma_f^2`` (per component) are the
+aleatoric noises::
 
     Var_epi[E]    = alpha_E^2 ||L Phi||^2                      (free with the forward pass)
     Var_epi[F_ic] = alpha_F^2 sum_k (d(l_k^T Phi)/dr_ic)^2     (k over all d rows: exact;
@@ -50,7 +51,9 @@ class FullPosterior:
 
     Attributes:
         factor: ``(d, d)`` rows ``sqrt(sigma_k) v_k``, ``Sigma = factor^T factor``.
-        calibration: ``(4,)`` ``[alpha_E^2, alpha_F^2, sigma_e^2, sigma_f^2]``.
+        calibration: ``(5,)`` ``[alpha_E^2, alpha_F^2, sigma_e^2, sigma_f^2, alpha_r^2]``;
+            ``alpha_r^2`` scales the low-rank force variance (fitted for the model's
+            ``posterior_rank`` at fitting time; the truncation keeps a fraction of the exact one).
     """
 
     factor: Tensor
@@ -63,6 +66,10 @@ class FullPosterior:
     @property
     def alpha2_forces(self) -> Tensor:
         return self.calibration[1]
+
+    @property
+    def alpha2_lowrank(self) -> Tensor:
+        return self.calibration[4]
 
     @property
     def energy_noise_var(self) -> Tensor:
@@ -106,10 +113,11 @@ def full_derivatives(
     weights = torch.cat([mu.detach()[None], rows])  # (r + 1, d)
     grads = input_gradients(state, weights, method)
     out = forces_and_stress(state, [g[0] for g in grads])
-    out[keys.FORCES_VAR] = post.alpha2_forces * grads[0][1:].square().sum(0)  # (n_atoms, 3)
+    alpha2 = post.alpha2_forces if rank is None else post.alpha2_lowrank
+    out[keys.FORCES_VAR] = alpha2 * grads[0][1:].square().sum(0)  # (n_atoms, 3)
     if state.strain is not None:
         stress_var = grads[1][1:].square().sum(0) * inverse_volume(state).square()[:, None, None]
-        out[keys.STRESS_VAR] = post.alpha2_forces * stress_var  # (n_graphs, 3, 3)
+        out[keys.STRESS_VAR] = alpha2 * stress_var  # (n_graphs, 3, 3)
     return out
 
 
@@ -158,7 +166,7 @@ def posterior_uncertainty(
             out.update(full_derivatives(state, mu, post, rank=None, method=method))
     elif mode is UncertaintyMode.LOWRANK:
         if post is None:  # the largest-variance axes of the diagonal posterior, uncalibrated
-            ones = torch.ones(4, dtype=mu.dtype, device=mu.device)
+            ones = torch.ones(5, dtype=mu.dtype, device=mu.device)
             diag = FullPosterior(diagonal_factor(s2.detach(), model.posterior_rank), ones)
             out.update(full_derivatives(state, mu, diag, rank=None, method=method))
         else:

@@ -95,7 +95,7 @@ class BayesianPotential(nn.Module):
         isolated_reference: bool = True,
         gradient_method: str = "auto",
         full_posterior: bool = False,
-        posterior_rank: int = 8,
+        posterior_rank: int = 4,
     ) -> None:
         super().__init__()
         if not isinstance(getattr(backbone, "latent_dim", None), int):
@@ -147,7 +147,7 @@ class BayesianPotential(nn.Module):
         self.posterior_rank = int(posterior_rank)
         if full_posterior:
             d = self.latent_dim
-            self.set_full_posterior(torch.zeros(d, d, dtype=torch.float64), torch.ones(4, dtype=torch.float64))
+            self.set_full_posterior(torch.zeros(d, d, dtype=torch.float64), torch.ones(5, dtype=torch.float64))
 
     def reset_parameters(self) -> None:
         """Re-initialise the backbone (if it can), the head and the noise scales."""
@@ -189,11 +189,14 @@ class BayesianPotential(nn.Module):
 
     def set_full_posterior(self, factor: Tensor, calibration: Tensor) -> None:
         """Attach ``factor (d, d)`` (``Sigma = factor^T factor``, rows by decreasing variance) and
-        ``calibration (4,)`` ``[alpha_E^2, alpha_F^2, sigma_e^2, sigma_f^2]`` as buffers."""
+        ``calibration`` ``[alpha_E^2, alpha_F^2, sigma_e^2, sigma_f^2(, alpha_r^2)]`` as buffers
+        (``alpha_r^2``, the low-rank scale, defaults to ``alpha_F^2``)."""
         d = self.latent_dim
-        if tuple(factor.shape) != (d, d) or tuple(calibration.shape) != (4,):
-            raise ValueError(f"expected a ({d}, {d}) factor and 4 calibration values")
-        dtype, device = self.atomic_energies.dtype, self.atomic_energies.device
+        if calibration.shape == (4,):
+            calibration = torch.cat([calibration, calibration[1:2]])
+        if tuple(factor.shape) != (d, d) or tuple(calibration.shape) != (5,):
+            raise ValueError(f"expected a ({d}, {d}) factor and 4 or 5 calibration values")
+        dtype, device = self.dtype, self.atomic_energies.device  # the head's precision
         self.register_buffer("posterior_factor", factor.detach().to(device, dtype).clone())
         self.register_buffer("posterior_calibration", calibration.detach().to(device, dtype).clone())
 

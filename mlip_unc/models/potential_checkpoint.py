@@ -89,7 +89,7 @@ def potential_from_checkpoint(
         isolated_reference=cfg["isolated_reference"],
         gradient_method=cfg.get("gradient_method", "auto"),
         full_posterior=cfg.get("posterior", {}).get("full", False),
-        posterior_rank=cfg.get("posterior", {}).get("rank", 8),
+        posterior_rank=cfg.get("posterior", {}).get("rank", 4),
         **cfg["noise"],
     )
     model.to(getattr(torch, cfg.get("dtype", "float32")))

@@ -1,10 +1,8 @@
 """Evaluation of an interatomic potential on a dataset: metrics dict and per-frame table.
 
-Data flow: graphs -> :func:`predict` (one pass over the data, arrays in eV and eV/A) ->
-:func:`potential_metrics` (accuracy in meV, calibration of energies and forces) and
-:func:`frame_table` (one row per structure). A "model" is anything with the forward
-signature of :class:`mlip_unc.models.potential.BayesianPotential` and ``noise_variances``;
-:class:`Committee` wraps several models into one (the deep-ensemble baseline).
+Data flow: graphs -> :func:`predict` (arrays in eV and eV/A) -> :func:`potential_metrics`
+(accuracy in meV, calibration) and :func:`frame_table` (one row per structure). A "model" has
+the forward signature of ``BayesianPotential`` and ``noise_variances`` (a ``Committee`` too).
 
 Definitions used throughout (frame = structure):
 
@@ -231,16 +229,19 @@ def frame_table(pred: Predictions) -> dict[str, np.ndarray]:
     return table
 
 
-def uncertainty_levels(model: nn.Module, data: Any, *, batch_size: int = 16) -> dict[str, float]:
+def uncertainty_levels(model: nn.Module, data: Any, *, batch_size: int = 16, uncertainty: str | None = None) -> dict:
     """Calibrated levels for relative flagging thresholds, over ``data`` (the validation set).
 
-    The mean over frames of ``max_force_std`` (max over atoms of sqrt(sum_c Var F_ic), exact
-    mode) and of ``energy_std_per_atom`` (epistemic energy std / n_atoms): the definitions of
+    The mean over frames of ``max_force_std`` (max over atoms of sqrt(sum_c Var F_ic)) and of
+    ``energy_std_per_atom`` (epistemic energy std / n_atoms): the definitions of
     :class:`mlip_unc.calculator.UncertaintyCalculator`, stored in a checkpoint's
-    ``metadata["uncertainty_levels"]``.
+    ``metadata["uncertainty_levels"]``, in the calculator's default mode (``uncertainty``
+    None: ``lowrank`` with a full posterior, else ``exact``), recorded as ``mode``.
     """
-    table = frame_table(predict(model, data, uncertainty="exact", batch_size=batch_size))
+    uncertainty = uncertainty or ("lowrank" if getattr(model, "has_full_posterior", False) else "exact")
+    table = frame_table(predict(model, data, uncertainty=uncertainty, batch_size=batch_size))
     return {
+        "mode": uncertainty,
         "max_force_std": float(np.nanmean(table["forces_max_std"])),
         "energy_std_per_atom": float(np.nanmean(table["energy_epistemic_std"] / table["num_atoms"])),
         "n_structures": int(len(table["num_atoms"])),

@@ -69,11 +69,14 @@ def _pass(model, dataset: Any, batch_size: int, *, keep: bool) -> dict[str, Any]
     return result
 
 
-def gaussian_scale_fit(err: Tensor, var: Tensor, weight: Tensor | None = None) -> tuple[float, float, float]:
+def gaussian_scale_fit(
+    err: Tensor, var: Tensor, weight: Tensor | None = None, *, fixed_noise: float | None = None
+) -> tuple[float, float, float]:
     """Maximum likelihood ``(alpha^2, sigma^2, nll)`` of ``err ~ N(0, alpha^2 var + weight sigma^2)``.
 
     ``weight`` (default 1) multiplies the noise per entry (e.g. ``n_atoms`` for a per-atom energy
-    noise); ``nll`` is the mean negative log-likelihood at the optimum. Both scales stay >= 0.
+    noise); ``fixed_noise`` fixes ``sigma^2`` and fits ``alpha^2`` only; ``nll`` is the mean
+    negative log-likelihood at the optimum. Both scales stay >= 0.
     """
     err, var = err.double(), var.double().clamp_min(1e-30)
     weight = torch.ones_like(err) if weight is None else weight.double()
@@ -84,7 +87,8 @@ def gaussian_scale_fit(err: Tensor, var: Tensor, weight: Tensor | None = None) -
     opt = torch.optim.LBFGS([params], lr=0.5, max_iter=200, line_search_fn="strong_wolfe")
 
     def nll() -> Tensor:
-        total = params[0].exp() * var + params[1].exp() * weight
+        noise = params[1].exp() if fixed_noise is None else torch.tensor(fixed_noise, dtype=torch.float64)
+        total = params[0].exp() * var + noise * weight
         return 0.5 * (math.log(2 * math.pi) + total.log() + e2 / total).mean()
 
     def closure() -> Tensor:
@@ -95,7 +99,8 @@ def gaussian_scale_fit(err: Tensor, var: Tensor, weight: Tensor | None = None) -
 
     opt.step(closure)
     with torch.no_grad():
-        return float(params[0].exp()), float(params[1].exp()), float(nll())
+        noise = float(params[1].exp()) if fixed_noise is None else float(fixed_noise)
+        return float(params[0].exp()), noise, float(nll())
 
 
 def _variances(proj: Tensor, eig: Tensor, lam: float) -> Tensor:
@@ -123,9 +128,12 @@ def fit_full_posterior(model, train: Any, valid: Any | None = None, *, batch_siz
         scores.append((nll, lam, alpha2, noise2))
     nll_f, lam, alpha2_f, noise2_f = min(scores)
     alpha2_e, noise2_e, nll_e = gaussian_scale_fit(val["e_err"], _variances(e_proj, eig, lam), val["n_atoms"])
+    rank = min(int(model.posterior_rank), eig.shape[0])  # low rank: the smallest eig of A
+    low = _variances(f_proj[:rank], eig[:rank], lam)
+    alpha2_r, _, nll_r = gaussian_scale_fit(val["f_err"], low, fixed_noise=noise2_f)
     sigma = 1.0 / (eig + lam)  # posterior variances along vec, descending with ascending eig
     factor = sigma.sqrt()[:, None] * vec.T  # rows sqrt(sigma_k) v_k, largest variance first
-    calibration = torch.tensor([alpha2_e, alpha2_f, noise2_e, noise2_f], dtype=torch.float64)
+    calibration = torch.tensor([alpha2_e, alpha2_f, noise2_e, noise2_f, alpha2_r], dtype=torch.float64)
     model.set_full_posterior(factor, calibration)
     model.train(was_training)
     p = eig / eig.sum().clamp_min(1e-300)
@@ -133,7 +141,8 @@ def fit_full_posterior(model, train: Any, valid: Any | None = None, *, batch_siz
     summary = {
         "lambda": lam, "lambda_over_mean_eig": lam / scale, "alpha2_energy": alpha2_e, "alpha2_forces": alpha2_f,
         "noise_energy_per_atom": math.sqrt(noise2_e), "noise_forces": math.sqrt(noise2_f),
-        "valid_nll_forces": nll_f, "valid_nll_energy": nll_e, "precision_effective_rank": eff_rank,
+        "valid_nll_forces": nll_f, "valid_nll_energy": nll_e, "alpha2_lowrank": alpha2_r, "lowrank_rank": rank,
+        "valid_nll_forces_lowrank": nll_r, "precision_effective_rank": eff_rank,
         "valid_nll_forces_by_lambda": {f"{s[1] / scale:.0e}": s[0] for s in scores},
         "n_valid_components": int(val["f_err"].numel()),
     }  # fmt: skip

@@ -11,8 +11,8 @@ import torch
 from e3nn import o3
 from torch_geometric.data import Batch
 
-from mlip_unc.data import TypeMap, atoms_to_graph
 from mlip_unc import keys
+from mlip_unc.data import TypeMap, atoms_to_graph
 from mlip_unc.models.backbones import BACKBONES, Backbone, build_backbone
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.models.potential_checkpoint import potential_payload
@@ -266,3 +266,22 @@ def test_rich_potential_checkpoint_round_trip(variant):
     again = BayesianPotential.from_checkpoint(potential_payload(model)).to(torch.float64).eval()
     batch = _batch(_molecule(seed=5, n=5))
     torch.testing.assert_close(again(batch)[keys.ENERGY], model(batch)[keys.ENERGY], rtol=0, atol=0)
+
+
+POTENTIAL_CONFIGS = ("3bpa_equivariant", "3bpa_gin", "ethanol_equivariant", "ethanol_gin", "ethanol_gin_agl",
+                     "ethanol_committee", "tiny_emt")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", POTENTIAL_CONFIGS)
+def test_shipped_configs_build_a_spanning_backbone(name):
+    """Each shipped potential config passes the latent-span check (latent_dim <= readout width)."""
+    from pathlib import Path
+
+    from mlip_unc.config import load_potential_config
+
+    path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml"
+    model = load_potential_config(path, ["data_root=/nowhere"]).model
+    backbone = build_backbone(
+        model.backbone.value, num_types=2, r_max=R_MAX, latent_dim=model.latent_dim, **model.backbone_kwargs
+    )
+    assert backbone.latent_dim == model.latent_dim

@@ -125,5 +125,5 @@ def test_linear_readout_cannot_exceed_its_input_width():
 
 @pytest.mark.parametrize("name", ["gin", "equivariant"])
 def test_rich_backbones_span_many_directions(name):
-    effective, count = assert_rich_features(_backbone(name, **RICH), _molecule())
+    _, count = assert_rich_features(_backbone(name, **RICH), _molecule())
     assert count <= 3 * 12 - 6 + 1e-9  # E(3)-invariant latents: 6 zero modes
