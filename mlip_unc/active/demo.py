@@ -236,7 +236,7 @@ def run_demo(out: str | Path | None = None, *, settings: DemoSettings | None = N
                        "energy_std_per_atom": calc0.thresholds.energy_std_per_atom},
         "temperatures": {"train": s.train_temperature, "hot": s.hot_temperature},
         "before": before, "after": after, "control": control, "timings_s": timings,
-        "checks": _checks(before, after, control),
+        "checks": _checks(before, after, control), "uncertainty_mode": calc0.uncertainty,
     }  # fmt: skip
     numbers["seconds"] = time.monotonic() - start
     report = write_demo_report(numbers, out, md_plot=md.plot)

@@ -138,6 +138,12 @@ def evaluate(
         "model": [str(m) for m in model], "threads": torch.get_num_threads(),
     }  # fmt: skip
     _print_metrics(report.metrics)
+    pred = report.predictions
+    missing_e, missing_f = int((~pred.has_energy).sum()), int((~pred.has_forces).sum())
+    if missing_e or missing_f:  # never skip frames silently
+        typer.echo(f"warning: of {pred.n_frames} frames in {data}, {missing_e} have no energy and {missing_f} "
+                   "no forces; their errors are not in the metrics (predictions are in --per-frame)", err=True)  # fmt: skip
+    metrics.update(n_frames_without_energy=missing_e, n_frames_without_forces=missing_f)
     if out is not None:
         write_json(out, metrics)
         typer.echo(f"metrics: {out}")

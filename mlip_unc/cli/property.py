@@ -160,7 +160,10 @@ def _read_smiles(path: Path, column: str) -> list[str]:
         if reader.fieldnames is None or column not in [f.strip() for f in reader.fieldnames]:
             raise DataError(f"'{path}': no column '{column}'; columns are {reader.fieldnames}")
         key = next(f for f in reader.fieldnames if f.strip() == column)
-        return [row[key] for row in reader if any((v or "").strip() for v in row.values())]
+        smiles = [row[key] for row in reader if any((v or "").strip() for v in row.values())]
+    if not smiles:
+        raise DataError(f"'{path}' has a header but no data rows: nothing to predict")
+    return smiles
 
 
 @property_app.command("predict")

@@ -219,6 +219,8 @@ def load_csv(
                 data[keys.ROW_INDEX] = torch.tensor([row_index], dtype=torch.long)
                 graphs.append(data)
             row_index += 1
+    if not graphs:
+        raise DataError(f"'{path}' has a header but no valid data rows")
     return graphs
 
 

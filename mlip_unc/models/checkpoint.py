@@ -5,11 +5,17 @@ without unpickling any code::
 
     {"format": "mlip_unc", "version": 1, "kind": "property" | "potential",
      "config": {...}, "metadata": {...}, "model_state": {...},
-     "optimizer_state": {...} (optional), "epoch": int, ...}
+     "optimizer_state": {...} (optional), "epoch": int, ..., "sha256": str}
+
+``sha256`` is a digest of every tensor of the payload (name, dtype, shape, bytes), written at
+save and checked at load: flipped bits inside a weight tensor, which still unpickle, are
+refused with a clear error instead of producing NaN later. Checkpoints written before the
+digest existed load without the check.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -18,7 +24,7 @@ import torch
 
 from mlip_unc.atomic import atomic_write
 
-__all__ = ["FORMAT", "VERSION", "CheckpointError", "save_checkpoint", "load_checkpoint"]
+__all__ = ["FORMAT", "VERSION", "CheckpointError", "save_checkpoint", "load_checkpoint", "tensor_digest"]
 
 FORMAT = "mlip_unc"
 VERSION = 1
@@ -34,7 +40,29 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     A crash mid-write leaves the previous checkpoint intact.
     """
     full = {"format": FORMAT, "version": VERSION, **payload}
+    full["sha256"] = tensor_digest(full)
     return atomic_write(path, lambda handle: torch.save(full, handle))
+
+
+def tensor_digest(payload: Any) -> str:
+    """SHA-256 over every tensor in ``payload`` (nested dicts/lists), in a fixed order."""
+    digest = hashlib.sha256()
+
+    def walk(node: Any, name: str) -> None:
+        if isinstance(node, torch.Tensor):
+            t = node.detach().cpu().contiguous()
+            digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(node, dict):
+            for key in sorted(node, key=str):
+                if key != "sha256":
+                    walk(node[key], f"{name}/{key}")
+        elif isinstance(node, (list, tuple)):
+            for i, item in enumerate(node):
+                walk(item, f"{name}[{i}]")
+
+    walk(payload, "")
+    return digest.hexdigest()
 
 
 def load_checkpoint(
@@ -49,6 +77,12 @@ def load_checkpoint(
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # pickle, zip and EOF errors all mean an unreadable file
+        if "Unsupported global" in str(err):  # a pickled class or function: code, not data
+            raise CheckpointError(
+                f"{path} holds pickled Python objects, not a plain-data mlip-unc checkpoint; it is "
+                "refused because loading it would run code (weights_only=True). Re-save the model "
+                "with mlip-unc, or load it yourself only if you trust its source"
+            ) from None
         raise CheckpointError(
             f"checkpoint {path} is truncated or corrupted and cannot be read "
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'})"
@@ -58,6 +92,12 @@ def load_checkpoint(
     if payload.get("version", 0) > VERSION:
         raise CheckpointError(
             f"{path} was written by a newer mlip-unc (format version {payload['version']})"
+        )
+    expected = payload.get("sha256")
+    if expected is not None and tensor_digest(payload) != expected:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupted: its tensors do not match the SHA-256 digest written with "
+            "it (changed bytes in a weight tensor); restore it from a copy or retrain"
         )
     if kind is not None and payload.get("kind") != kind:
         raise CheckpointError(f"{path} holds a {payload.get('kind')!r} model, expected {kind!r}")

@@ -1,9 +1,8 @@
 import csv
 
-import torch
-
 import numpy as np
 import pytest
+import torch
 from ase import units
 from ase.build import bulk
 from ase.io import read

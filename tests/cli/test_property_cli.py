@@ -135,3 +135,13 @@ def test_known_dataset_with_shared_split(tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["n_train"] == 902 and metrics["n_test"] == 113
+
+
+def test_header_only_csv_is_a_clear_error(tmp_path):
+    path = tmp_path / "empty.csv"
+    path.write_text("mol,logS\n")
+    result = _train(path, tmp_path / "run")
+    assert result.exit_code == 1 and "no valid data rows" in result.output
+    result = runner.invoke(app, ["property", "predict", "--model", str(tmp_path / "run"), "--data", str(path),
+                                 "--out", str(tmp_path / "p.csv")])  # fmt: skip
+    assert result.exit_code == 1 and "error:" in result.output and "Traceback" not in result.output

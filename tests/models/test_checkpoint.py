@@ -33,3 +33,28 @@ def test_wrong_kind_and_missing(tmp_path):
         load_checkpoint(path, kind="potential")
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "nope.pt")
+
+
+def test_flipped_bits_in_a_weight_tensor_are_detected(tmp_path):
+    """A checkpoint that still unpickles but whose tensor bytes changed is refused (SHA-256)."""
+    import torch
+
+    from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+    weights = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    path = save_checkpoint(tmp_path / "m.pt", {"kind": "potential", "model_state": {"w": weights}})
+    assert load_checkpoint(path)["sha256"]
+    data = bytearray(path.read_bytes())
+    start = bytes(data).find(weights.numpy().tobytes()[400:432])
+    assert start > 0
+    data[start + 5] ^= 0x20  # one flipped bit inside the tensor data
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="SHA-256"):
+        load_checkpoint(path)
+
+
+def test_a_pickled_object_is_refused_with_the_right_reason(tmp_path):
+    path = tmp_path / "pickled.pt"
+    torch.save({"format": "mlip_unc", "obj": ValueError("code, not data")}, path)
+    with pytest.raises(CheckpointError, match="pickled Python objects"):
+        load_checkpoint(path)

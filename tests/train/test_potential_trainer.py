@@ -147,3 +147,13 @@ def test_init_from_fine_tunes_a_checkpoint(data_dir, tmp_path):
     start = BayesianPotential.from_checkpoint(first.model_path)
     assert tuned.history[0]["valid_loss"] < json.loads((tmp_path / "a" / "history.json").read_text())["initial"]["valid_loss"]
     assert BayesianPotential.from_checkpoint(tuned.model_path).latent_dim == start.latent_dim == 4
+
+
+def test_no_validation_split_trains_on_the_training_set(data_dir, tmp_path):
+    """data.valid_fraction=0: validation, best model, posterior and levels use the training set."""
+    raw = _as_raw(_config(data_dir, tmp_path, epochs=2))
+    raw["data"]["valid_fraction"] = 0.0
+    result = train_potential(config_from_dict(raw))
+    assert result.stop_reason == "epochs" and np.isfinite(result.history[-1]["valid_loss"])
+    metadata = load_checkpoint(result.model_path)["metadata"]
+    assert metadata["uncertainty_levels"]["n_structures"] == 8  # every multi-atom training frame
