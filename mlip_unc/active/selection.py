@@ -13,11 +13,14 @@ latent (mean per-atom latent), provided by the caller.
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from ase import Atoms
+from tqdm.auto import tqdm
 
 from mlip_unc.uncertainty.density import structure_descriptor
 
@@ -114,13 +117,15 @@ def score_structures(calc: Any, structures: Sequence[Atoms], *, forces: bool = T
 
     Returns ``(n,)`` arrays: ``max_force_std`` (eV/A; NaN without force uncertainty),
     ``energy_std_per_atom`` (epistemic, eV/atom), ``energy_std`` (total, eV), ``alignment``,
-    ``flag`` (bool),    With ``forces`` the calculator's force uncertainty is computed (its exact/sampled cost).
+    ``flag`` (bool). With ``forces`` the calculator's force uncertainty is computed (its mode's
+    cost). A progress bar shows on a terminal when the log level is INFO or lower.
     """
     props = ["energy_std"] + (["max_force_std"] if forces and "max_force_std" in calc.implemented_properties else [])
     if "flag" in calc.implemented_properties:
         props.append("flag")
     rows: dict[str, list] = {k: [] for k in (*SCORE_METRICS, "energy_std", "alignment", "flag")}
-    for atoms in structures:
+    show = sys.stderr.isatty() and logging.getLogger("mlip_unc").getEffectiveLevel() <= logging.INFO
+    for atoms in tqdm(structures, desc="scoring", unit="structure", disable=not show, leave=False):
         atoms = atoms.copy()
         calc.calculate(atoms, props)
         res = calc.results

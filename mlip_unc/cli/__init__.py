@@ -24,8 +24,8 @@ app = typer.Typer(
 
 @app.callback()
 def _root(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log messages."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Warnings and errors only; no progress bars."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", metavar="", help="Debug log messages."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", metavar="", help="Warnings and errors only; no progress bars."),
 ) -> None:
     """Set up logging for every command."""
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO

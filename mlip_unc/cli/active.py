@@ -87,7 +87,7 @@ def md(
     energy_std_per_atom: Optional[float] = typer.Option(
         None, "--energy-std-per-atom", help="Flag threshold on the epistemic energy std, eV/atom (or relative)."
     ),
-    relative: bool = typer.Option(False, "--relative", help="Thresholds are multiples of the validation level."),
+    relative: bool = typer.Option(False, "--relative", metavar="", help="Thresholds are multiples of the validation level."),
     max_flags: Optional[int] = typer.Option(None, "--max-flags", help="Stop after this many flagged frames."),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
@@ -128,7 +128,7 @@ def flag(
     data: Path = typer.Option(..., "--data", "-d", help="Candidate structures (extxyz, ...)."),
     top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help="Keep the K most uncertain."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Keep those with score above X."),
-    relative: bool = typer.Option(False, "--relative", help="--threshold is a multiple of the validation level."),
+    relative: bool = typer.Option(False, "--relative", metavar="", help="--threshold is a multiple of the validation level."),
     metric: Metric = typer.Option(Metric.MAX_FORCE_STD, "--metric", help="Ranking score."),
     diverse: Diverse = typer.Option(Diverse.NONE, "--diverse", help="Farthest-point selection (needs --top-k)."),
     uncertainty: Optional[Mode] = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
@@ -197,7 +197,7 @@ def active_learn(
 
 def demo(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default ./mlip-unc-demo-<time>)."),
-    quick: bool = typer.Option(False, "--quick", help="Tiny settings (seconds; numbers not meaningful)."),
+    quick: bool = typer.Option(False, "--quick", metavar="", help="Tiny settings (seconds; numbers not meaningful)."),
     seed: int = typer.Option(0, "--seed"),
     threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
 ) -> None:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -38,7 +39,7 @@ def train(
         None, "--set", "-s", help="Override a config key, e.g. --set train.epochs=3 (repeatable)."
     ),
     out: Optional[Path] = typer.Option(None, "--out", help="Output folder (overrides 'out')."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt."),
+    resume: bool = typer.Option(False, "--resume", metavar="", help="Continue from OUT/last.pt."),
     threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
     """Train; writes OUT/model.pt (best on validation), OUT/last.pt and OUT/history.json."""
@@ -129,7 +130,7 @@ def evaluate(
         )  # fmt: skip
         report = evaluate_potential(
             potential, dataset, uncertainty=uncertainty.value, n_samples=n_samples,
-            batch_size=batch_size, seed=seed,
+            batch_size=batch_size, seed=seed, progress=not quiet() and sys.stderr.isatty(),
         )  # fmt: skip
     except user_errors() as err:
         fail(err)

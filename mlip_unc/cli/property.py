@@ -107,9 +107,9 @@ def train(
     epochs: Optional[int] = typer.Option(None, "--epochs", help="Shortcut for train.epochs."),
     calibration: Optional[Calibration] = typer.Option(None, "--calibration", help="Shortcut for train.calibration."),
     freeze_posterior_from: Optional[Path] = typer.Option(None, "--freeze-posterior-from"),
-    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/last.pt."),
+    resume: bool = typer.Option(False, "--resume", metavar="", help="Continue from OUT/last.pt."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", hidden=True),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on a terminal."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", metavar="", help="Progress bar on a terminal."),
     threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
 ) -> None:
     """Train a property model; write OUT/model.pt and OUT/metrics.json; print test metrics."""

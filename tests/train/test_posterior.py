@@ -84,7 +84,7 @@ def test_covariance_is_the_inverse_regularised_precision(trained):
     data = prepare_data(config)
     model = BayesianPotential.from_checkpoint(result.model_path)
     summary = fit_full_posterior(model, data.train, data.valid)
-    sig_e2, sig_f2 = float(model.energy_noise) ** 2, float(model.force_noise) ** 2
+    sig_e2, sig_f2 = float(model.energy_noise.detach()) ** 2, float(model.force_noise.detach()) ** 2
     precision = torch.zeros(model.latent_dim, model.latent_dim, dtype=torch.float64)
     for graph in data.train.graphs:  # one structure at a time, written out directly
         state, _, jac = latent_jacobian(model, graph)
