@@ -28,6 +28,7 @@ from mlip_unc.active.evaluation import evaluate_structures
 from mlip_unc.active.monitor import run_md
 from mlip_unc.active.oracles import label_structures, make_oracle
 from mlip_unc.active.selection import distance_histograms, select
+from mlip_unc.active.state import CachedLabels, RunState
 from mlip_unc.active.training import train_model
 from mlip_unc.config import ActiveLearningConfig, SelectionSettings
 
@@ -46,9 +47,12 @@ def select_flagged(flagged: list[Atoms], selection: SelectionSettings) -> list[A
     return [flagged[k] for k in select(scores, top_k=selection.top_k, features=features)]
 
 
-def label_selected(chosen: list[Atoms], oracle: Any, selection: SelectionSettings) -> tuple[list[Atoms], int]:
-    """Label ``chosen`` with ``oracle``; returns (kept frames, number dropped by ``max_label_force``)."""
-    labelled = label_structures(chosen, oracle)
+def label_selected(
+    chosen: list[Atoms], oracle: Any, selection: SelectionSettings, *, cache: CachedLabels | None = None
+) -> tuple[list[Atoms], int]:
+    """Label ``chosen`` with ``oracle`` (through ``cache`` when given); returns (kept frames,
+    number dropped by ``max_label_force``)."""
+    labelled = label_structures(chosen, oracle, cache=cache)
     if selection.max_label_force is None:
         return labelled, 0
     kept = [a for a in labelled if np.abs(a.get_forces()).max() <= selection.max_label_force]
@@ -95,32 +99,72 @@ def _check_thresholds(config: ActiveLearningConfig) -> None:
         raise ThresholdError(f"thresholds: {err}") from None
 
 
-def run_active_learning(config: ActiveLearningConfig) -> list[dict[str, Any]]:
+def _data(config: ActiveLearningConfig, oracle: Any, starts: list[Atoms], out: Path, state: RunState
+          ) -> tuple[list[Atoms], list[Atoms], list[Atoms]]:  # fmt: skip
+    """Round-0 data, generated once and committed to ``out/data`` (read back on resume)."""
+    from mlip_unc.data.readers import read_structures
+
+    files = {name: out / "data" / f"{name}.xyz" for name in ("train", "valid", "test")}
+    if state.data.get("data"):
+        return tuple(read_structures(files[n]) if state.data["data"][n] else [] for n in files)  # type: ignore[return-value]
+    parts = initial_data(config, oracle, starts)
+    for name, frames in zip(files, parts):
+        if frames:
+            write_frames(files[name], frames)
+    state.data["data"] = {name: bool(frames) for name, frames in zip(files, parts)}
+    state.commit()
+    return parts
+
+
+def run_active_learning(
+    config: ActiveLearningConfig, *, resume: bool = False, overwrite: bool = False
+) -> list[dict[str, Any]]:
     """Run ``config.rounds`` rounds; returns one row per model (row k: the model after k rounds).
+
+    Every finished stage is committed to ``out/state.json`` and every oracle result to
+    ``out/labels/`` (:mod:`mlip_unc.active.state`): ``resume=True`` continues a killed run
+    where it stopped, without labelling any structure twice; a folder that holds a run is
+    never reused unless ``resume`` or ``overwrite`` is given.
 
     Raises:
         ThresholdError: ``config.thresholds`` are invalid (checked before anything is done).
+        FileExistsError: ``out`` holds a run, and neither ``resume`` nor ``overwrite``.
     """
     from mlip_unc.active.report import write_rounds_report
     from mlip_unc.calculator import UncertaintyCalculator
+    from mlip_unc.data.readers import read_structures
 
     _check_thresholds(config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
+    state = RunState.start(out, config.to_dict(), resume=resume, overwrite=overwrite)
+    cache = CachedLabels(out / "labels")
     oracle = make_oracle(config.oracle)
     starts = build_structure(config.structures) if config.structures is not None else []
-    train, valid, test = initial_data(config, oracle, starts)
+    train, valid, test = _data(config, oracle, starts, out, state)
     starts = starts or [train[0].copy()]
-    if test:
-        write_frames(out / "data" / "test.xyz", test)
     rng = np.random.default_rng(config.seed)
-    model = Path(config.model) if config.model else None
+    start_model = state.data["initial_model"] or config.model
+    model = Path(start_model) if start_model else None
     if model is None:
         log.info("training the initial model on %d structures", len(train))
         model = train_model(train, valid, config.training, out / "initial", seed=config.seed,
-                            refit_offsets=config.refit_offsets)  # fmt: skip
+                            refit_offsets=config.refit_offsets, resume=resume)  # fmt: skip
+        state.data["initial_model"] = str(model)
+        state.commit()
     rows: list[dict[str, Any]] = []
     for r in range(config.rounds + 1):
+        rdir = out / f"round_{r}"
+        if r < len(state.data["rounds"]):  # committed by an earlier invocation
+            done = state.data["rounds"][r]
+            rows.append(done["row"])
+            if done["model"] is None:
+                break
+            model = Path(done["model"])
+            train = read_structures(rdir / "retrained" / "train.xyz")
+            valid = _read_optional(rdir / "retrained" / "valid.xyz")
+            rng.bit_generator.state = done["rng"]
+            continue
         t0 = time.monotonic()
         calc = UncertaintyCalculator(model, uncertainty=config.uncertainty, thresholds=config.thresholds,
                                      seed=config.seed)  # fmt: skip
@@ -128,9 +172,9 @@ def run_active_learning(config: ActiveLearningConfig) -> list[dict[str, Any]]:
         rows.append(row)
         if r == config.rounds:  # the final model: evaluated, no more MD
             break
-        rdir = out / f"round_{r}"
         flagged, n_frames = _explore(config, calc, starts, rdir, r, row["level_max_force_std"])
-        labelled, n_dropped = label_selected(select_flagged(flagged, config.selection), oracle, config.selection)
+        chosen = select_flagged(flagged, config.selection)
+        labelled, n_dropped = label_selected(chosen, oracle, config.selection, cache=cache)
         row.update({"n_md_frames": n_frames, "n_flagged": len(flagged), "n_labelled": len(labelled),
                     "n_dropped": n_dropped})  # fmt: skip
         log.info("round %d: %d of %d MD frames flagged, %d labelled%s", r, len(flagged), n_frames, len(labelled),
@@ -138,15 +182,25 @@ def run_active_learning(config: ActiveLearningConfig) -> list[dict[str, Any]]:
         if not labelled:
             row["minutes"] = (time.monotonic() - t0) / 60
             log.info("nothing to label: the model stayed under the thresholds along the MD; stopping")
+            state.data["rounds"].append({"round": r, "row": row, "model": None, "rng": rng.bit_generator.state})
+            state.commit()
             break
         write_frames(rdir / "labelled.xyz", labelled)
         new_train, new_valid = split_labelled(labelled, config.selection.valid_fraction, rng)
         train, valid = train + new_train, valid + new_valid
         model = train_model(train, valid, config.training, rdir / "retrained", init_from=model,
                             epochs=config.retrain_epochs, seed=config.seed + r + 1,
-                            refit_offsets=config.refit_offsets)  # fmt: skip
+                            refit_offsets=config.refit_offsets, resume=resume)  # fmt: skip
         row["minutes"] = (time.monotonic() - t0) / 60
+        state.data["rounds"].append({"round": r, "row": row, "model": str(model), "rng": rng.bit_generator.state})
+        state.commit()
         write_rounds_report(rows, out)
     report = write_rounds_report(rows, out)
-    log.info("report: %s", report)
+    log.info("report: %s (%d oracle calls in this invocation)", report, cache.calls)
     return rows
+
+
+def _read_optional(path: Path) -> list[Atoms]:
+    from mlip_unc.data.readers import read_structures
+
+    return read_structures(path) if path.is_file() else []

@@ -165,7 +165,7 @@ def make_oracle(spec: str | Mapping[str, Any] | Calculator) -> Calculator:
 
 
 def label_structures(
-    structures: Iterable[Atoms], oracle: Calculator, *, stress: bool | None = None
+    structures: Iterable[Atoms], oracle: Calculator, *, stress: bool | None = None, cache: Any = None
 ) -> list[Atoms]:
     """Label copies of ``structures`` with ``oracle``: energy, forces and (periodic) stress.
 
@@ -176,24 +176,26 @@ def label_structures(
     Args:
         stress: also label stress; default: when the structure is fully periodic and the oracle
             implements it.
+        cache: a :class:`~mlip_unc.active.state.CachedLabels`: results already on disk are
+            reused and new ones stored as soon as the oracle returns.
     """
-    labelled = []
-    for k, atoms in enumerate(structures):
+
+    def one(atoms: Atoms, calc: Calculator, k: int = 0) -> Atoms:
         atoms = atoms.copy()
         atoms.calc = None
         try:
-            energy = float(oracle.get_potential_energy(atoms))
-            forces = np.asarray(oracle.get_forces(atoms), dtype=np.float64)
-            results: dict[str, Any] = {"energy": energy, "forces": forces}
+            results: dict[str, Any] = {"energy": float(calc.get_potential_energy(atoms)),
+                                       "forces": np.asarray(calc.get_forces(atoms), dtype=np.float64)}  # fmt: skip
             want_stress = stress
             if want_stress is None:
-                want_stress = bool(atoms.pbc.all()) and "stress" in getattr(
-                    oracle, "implemented_properties", ()
-                )
+                want_stress = bool(atoms.pbc.all()) and "stress" in getattr(calc, "implemented_properties", ())
             if want_stress:
-                results["stress"] = np.asarray(oracle.get_stress(atoms), dtype=np.float64)
+                results["stress"] = np.asarray(calc.get_stress(atoms), dtype=np.float64)
         except PropertyNotImplementedError as err:
-            raise OracleError(f"oracle {type(oracle).__name__} cannot label structure {k}: {err}") from err
+            raise OracleError(f"oracle {type(calc).__name__} cannot label structure {k}: {err}") from err
         atoms.calc = SinglePointCalculator(atoms, **results)
-        labelled.append(atoms)
-    return labelled
+        return atoms
+
+    if cache is not None:
+        return cache.label_all(structures, oracle, one)
+    return [one(atoms, oracle, k) for k, atoms in enumerate(structures)]

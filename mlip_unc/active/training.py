@@ -63,6 +63,7 @@ def train_model(
     epochs: int | None = None,
     seed: int = 0,
     refit_offsets: bool = False,
+    resume: bool = False,
 ) -> Path:
     """Train a potential on in-memory labelled structures; returns ``out_dir/model.pt``.
 
@@ -73,6 +74,8 @@ def train_model(
     relative thresholds work with it.
 
     ``refit_offsets``: afterwards, :func:`refit_energy_offsets` on the training structures.
+
+    ``resume``: continue an interrupted training in ``out_dir`` (its ``last.pt``).
 
     ``init_from``: fine-tune from this checkpoint (the trainer's ``train.init_from``: its
     architecture, offsets and weights, a fresh optimiser) for ``epochs`` epochs; the
@@ -85,6 +88,8 @@ def train_model(
     valid_file = write_frames(out_dir / "valid.xyz", valid) if valid else None
     config = _training_config(train_file, valid_file, training, out_dir, init_from=init_from, epochs=epochs,
                               seed=seed)  # fmt: skip
+    if resume:
+        config = config.updated(train=config.train.updated(resume=True))
     log.info("training on %d + %d validation structures%s -> %s", len(train), len(valid),
              f" (fine-tuning {init_from})" if init_from is not None else "", out_dir)  # fmt: skip
     result = train_potential(config)

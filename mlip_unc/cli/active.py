@@ -172,9 +172,14 @@ def active_learn(
     config: Path = typer.Option(..., "--config", "-c", help="Active-learning YAML (see configs/al_emt.yaml)."),
     overrides: Optional[list[str]] = typer.Option(None, "--set", "-s", help="Override, e.g. --set rounds=3."),
     out: Optional[Path] = typer.Option(None, "--out", help="Output folder (overrides 'out')."),
+    resume: bool = typer.Option(False, "--resume", metavar="", help="Continue the run in OUT where it stopped."),
+    overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace a run already in OUT."),
     threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
-    """Rounds of MD -> flag -> label with the oracle -> retrain; writes OUT/report.md and rounds.png."""
+    """Rounds of MD -> flag -> label with the oracle -> retrain; writes OUT/report.md and rounds.png.
+
+    Every finished stage is committed to OUT/state.json and every oracle label to OUT/labels/, so
+    a killed run continues with --resume without labelling a structure twice."""
     from mlip_unc.active.loop import run_active_learning
     from mlip_unc.active.oracles import OracleError
     from mlip_unc.config import load_active_config
@@ -185,8 +190,8 @@ def active_learn(
     set_threads(threads)
     try:
         cfg = load_active_config(config, items)
-        rows = run_active_learning(cfg)
-    except (*user_errors(), OracleError) as err:
+        rows = run_active_learning(cfg, resume=resume, overwrite=overwrite)
+    except (*user_errors(), OracleError, FileExistsError) as err:
         fail(err)
     for row in rows:
         err = row.get("test_force_rmse")

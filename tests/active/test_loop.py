@@ -84,3 +84,51 @@ def test_one_round_with_the_emt_oracle(tmp_path, tiny_training):
     history = json.loads((out / "round_0" / "retrained" / "history.json").read_text())
     assert history["config"]["train"]["init_from"] == rows[0]["model"]
     assert calc.model.backbone.config() == UncertaintyCalculator(rows[0]["model"]).model.backbone.config()
+
+
+class _Killed(Exception):
+    """Stands for kill -9 in the middle of an oracle call."""
+
+
+def _al_config(out, tiny_training, oracle):
+    return validate(ActiveLearningConfig, {
+        "out": str(out), "oracle": oracle, "structures": CU, "rounds": 2,
+        "bootstrap": {"frames": 6, "valid_frames": 2, "interval": 3, "equilibration": 0},
+        "training": tiny_training, "retrain_epochs": 1,
+        "md": {"temperature": 1500, "steps": 6, "interval": 2, "timestep": 2.0},
+        "thresholds": {"max_force_std": 1e-9}, "selection": {"top_k": 2},
+    })  # fmt: skip
+
+
+def test_resume_after_a_kill_gives_the_same_data_and_labels_nothing_twice(tmp_path, tiny_training, monkeypatch):
+    """Kill during an oracle call of round 1, then --resume: the final training set equals an
+    uninterrupted run's, and no structure goes to the oracle twice."""
+    import ase.io
+
+    straight = run_active_learning(_al_config(tmp_path / "a", tiny_training, "emt"))
+    calls: list[str] = []
+    from mlip_unc.active.state import CachedLabels, structure_hash
+
+    original = CachedLabels.label
+
+    def counting(self, atoms, oracle, compute):
+        def spy(a, o):
+            calls.append(structure_hash(a))
+            if len(calls) == 3:  # the first label of round 1 (round 0 labels 2)
+                raise _Killed
+            return compute(a, o)
+        return original(self, atoms, oracle, spy)
+
+    monkeypatch.setattr(CachedLabels, "label", counting)
+    config = _al_config(tmp_path / "b", tiny_training, "emt")
+    with pytest.raises(_Killed):
+        run_active_learning(config)
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_active_learning(config)
+    resumed = run_active_learning(config, resume=True)
+    assert len(calls) == len(set(calls)) + 1  # only the killed call was repeated
+    assert [r["n_train"] for r in resumed] == [r["n_train"] for r in straight]
+    final = lambda root: ase.io.read(root / "round_1" / "retrained" / "train.xyz", ":")  # noqa: E731
+    a, b = final(tmp_path / "a"), final(tmp_path / "b")
+    assert len(a) == len(b) and all(np.allclose(x.positions, y.positions) for x, y in zip(a, b))
+    assert all(np.isclose(x.get_potential_energy(), y.get_potential_energy()) for x, y in zip(a, b))
