@@ -88,8 +88,8 @@ def train_model(
     valid_file = write_frames(out_dir / "valid.xyz", valid) if valid else None
     config = _training_config(train_file, valid_file, training, out_dir, init_from=init_from, epochs=epochs,
                               seed=seed)  # fmt: skip
-    if resume:
-        config = config.updated(train=config.train.updated(resume=True))
+    # the run's own state guards the folder: a round's training resumes, or starts over
+    config = config.updated(train=config.train.updated(resume=resume, overwrite=not resume))
     log.info("training on %d + %d validation structures%s -> %s", len(train), len(valid),
              f" (fine-tuning {init_from})" if init_from is not None else "", out_dir)  # fmt: skip
     result = train_potential(config)

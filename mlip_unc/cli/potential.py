@@ -40,6 +40,7 @@ def train(
     ),
     out: Optional[Path] = typer.Option(None, "--out", help="Output folder (overrides 'out')."),
     resume: bool = typer.Option(False, "--resume", metavar="", help="Continue from OUT/last.pt."),
+    overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace a run already in OUT."),
     threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
     """Train; writes OUT/model.pt (best on validation), OUT/last.pt and OUT/history.json."""
@@ -51,13 +52,15 @@ def train(
         items.append(f"out={out}")
     if resume:
         items.append("train.resume=true")
+    if overwrite:
+        items.append("train.overwrite=true")
     if quiet():
         items.append("train.progress=false")
     set_threads(threads)
     try:
         cfg = load_potential_config(config, items)
         results = run_training(cfg)
-    except user_errors() as err:
+    except (*user_errors(), FileExistsError) as err:
         fail(err)
     for result in results:
         typer.echo(f"model: {result.model_path} (epoch {result.best_epoch}, {result.stop_reason}, "

@@ -108,6 +108,7 @@ def train(
     calibration: Optional[Calibration] = typer.Option(None, "--calibration", help="Shortcut for train.calibration."),
     freeze_posterior_from: Optional[Path] = typer.Option(None, "--freeze-posterior-from"),
     resume: bool = typer.Option(False, "--resume", metavar="", help="Continue from OUT/last.pt."),
+    overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace a run already in OUT."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", hidden=True),
     progress: bool = typer.Option(True, "--progress/--no-progress", metavar="", help="Progress bar on a terminal."),
     threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
@@ -137,10 +138,10 @@ def train(
             "split": {"train": list(train_rows), "val": list(rows.val), "test": list(rows.test)},
         }
         _, metrics = train_property_model(
-            config, *parts, out_dir=out, metadata=metadata, resume=resume, stop_after=stop_after,
+            config, *parts, out_dir=out, metadata=metadata, resume=resume, overwrite=overwrite, stop_after=stop_after,
             freeze_posterior=freeze_posterior_from,
         )
-    except user_errors() as err:
+    except (*user_errors(), FileExistsError) as err:
         fail(err)
     if metrics is None:
         typer.echo(f"stopped after {stop_after} epoch(s); continue with --resume")

@@ -148,6 +148,8 @@ class PotentialTrainConfig(TrainCoreConfig):
         ensemble: M > 1 trains M members (seeds seed..seed+M-1) under ``out/member_k``.
         resume: continue from ``out/last.pt`` when it exists (if the data changed, the
             best-on-validation tracking restarts).
+        overwrite: replace a run already in ``out`` (without it, and without ``resume``, a
+            folder holding a run is refused).
         init_from: fine-tune: start from the weights, architecture and offsets of this
             ``model.pt`` (fresh optimiser and schedule); the ``model`` section is then unused.
     """
@@ -156,6 +158,7 @@ class PotentialTrainConfig(TrainCoreConfig):
     valid_batch_size: int = Field(32, gt=0)
     ensemble: int = Field(1, gt=0)
     resume: bool = False
+    overwrite: bool = False
     init_from: str | None = None
 
 

@@ -289,14 +289,19 @@ class Trainer:
 
     # -------------------------------------------------------------- the loop
     def fit(
-        self, *, resume: bool = False, stop_after: int | None = None, callbacks: Sequence[EpochCallback] = ()
+        self, *, resume: bool = False, overwrite: bool = False, stop_after: int | None = None,
+        callbacks: Sequence[EpochCallback] = (),
     ) -> FitResult:
         """Train until ``epochs``, the time budget, early stopping or ``stop_after`` epochs of
         this call; then load the best weights. ``callbacks`` run after each epoch's checkpoint
-        (an exception there aborts the run like a kill)."""
+        (an exception there aborts the run like a kill). A folder that holds a run (``last.pt``)
+        is continued with ``resume``, replaced with ``overwrite``, and otherwise refused."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             last = None if self.out is None else self.out / LAST_FILE
+            if last is not None and last.is_file() and not (resume or overwrite):
+                raise FileExistsError(f"{self.out} already holds a training run; continue it with --resume "
+                                      "or replace it with --overwrite")  # fmt: skip
             if resume and last is not None and last.is_file():
                 self.restore(last)
                 torch.set_rng_state(self.torch_rng)

@@ -269,7 +269,7 @@ def train_potential(config: PotentialConfig, *, data: PreparedData | None = None
              0 if data.valid is None else len(data.valid), data.type_map.symbols, out)  # fmt: skip
     task = PotentialTask(config, data, out)
     trainer = Trainer(task, config.train, seed=config.seed, out=out, history_extra=task.history_extra)
-    result = trainer.fit(resume=config.train.resume)
+    result = trainer.fit(resume=config.train.resume, overwrite=config.train.overwrite)
     model_path = out / "model.pt"
     if not model_path.is_file():  # e.g. resumed after the budget was already spent
         task.on_best(task.model.state_dict(), trainer.epoch)

@@ -231,6 +231,7 @@ def train_property_model(
     out_dir: str | os.PathLike,
     metadata: dict[str, Any] | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     stop_after: int | None = None,
     freeze_posterior: str | os.PathLike | None = None,
     callbacks: Sequence[EpochCallback] = (),
@@ -252,7 +253,7 @@ def train_property_model(
         freeze_posterior_from(model, freeze_posterior)
         meta["frozen_posterior_from"] = str(freeze_posterior)
     result: FitResult = property_trainer(model, config, train, val, out_dir=out_dir).fit(
-        resume=resume, stop_after=stop_after, callbacks=callbacks
+        resume=resume, overwrite=overwrite, stop_after=stop_after, callbacks=callbacks
     )
     if not result.finished:
         return None, None

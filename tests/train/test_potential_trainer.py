@@ -157,3 +157,12 @@ def test_no_validation_split_trains_on_the_training_set(data_dir, tmp_path):
     assert result.stop_reason == "epochs" and np.isfinite(result.history[-1]["valid_loss"])
     metadata = load_checkpoint(result.model_path)["metadata"]
     assert metadata["uncertainty_levels"]["n_structures"] == 8  # every multi-atom training frame
+
+
+def test_a_run_folder_is_never_overwritten_silently(data_dir, tmp_path):
+    train_potential(_config(data_dir, tmp_path / "run", epochs=1))
+    before = (tmp_path / "run" / "model.pt").read_bytes()
+    with pytest.raises(FileExistsError, match="--resume"):
+        train_potential(_config(data_dir, tmp_path / "run", epochs=1))
+    assert (tmp_path / "run" / "model.pt").read_bytes() == before
+    assert train_potential(_config(data_dir, tmp_path / "run", epochs=1, overwrite=True)).stop_reason == "epochs"
