@@ -19,14 +19,6 @@ TYPES = TypeMap.from_list([13, 29])
 R_MAX = 4.0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _model(name: str = "gin", d: int = 8) -> BayesianPotential:
     torch.manual_seed(0)
     kwargs = {"gin": {"hidden": 12, "num_layers": 2}, "equivariant": {"channels": 8, "num_layers": 2}}[name]

@@ -27,15 +27,6 @@ BACKBONE_KWARGS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: intra-op threads only add contention on a busy machine (100x slower here)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _model(name: str, seed: int = 0, **kwargs) -> BayesianPotential:
     torch.manual_seed(seed)
     backbone = build_backbone(name, num_types=len(TYPES), r_max=R_MAX, **BACKBONE_KWARGS[name])

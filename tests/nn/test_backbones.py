@@ -42,15 +42,6 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: intra-op threads only add contention on a busy machine (100x slower here)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _backbone(variant: str, seed: int = 0):
     name, kwargs = VARIANTS[variant]
     torch.manual_seed(seed)

@@ -37,14 +37,6 @@ MIN_EFFECTIVE_RANK = 8.0  # measured >= 8.9 (see the module docstring)
 MIN_RANK_COUNT = 20  # measured >= 27 of at most 30
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _molecule(seed: int = 0, n: int = 12) -> ase.Atoms:
     """A random branched 'molecule': each atom 1.0-1.5 A from an earlier one, pairs >= 0.95 A."""
     rng = np.random.default_rng(seed)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlip_unc.nn.rotation import RandomRotation
 from mlip_unc.train import regularizers as reg
 from mlip_unc.train.regularizers import LambdaSchedule, RegularizerKind
 
@@ -81,31 +80,6 @@ def test_decorrelation_matches_covariance() -> None:
     diag_only = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]])
     assert float(reg.decorrelation(diag_only)) == pytest.approx(0.0)
     assert float(reg.decorrelation(z[:1])) == 0.0
-
-
-def test_random_rotation_orthogonal_and_reproducible() -> None:
-    rot = RandomRotation(5, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    q = rot.Q
-    torch.testing.assert_close(q @ q.T, torch.eye(5, dtype=torch.float64))
-    again = RandomRotation(5, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    torch.testing.assert_close(again.Q, q)
-    assert not torch.allclose(RandomRotation(5, seed=8, dtype=torch.float64).Q, q)
-    z = torch.randn(3, 5, dtype=torch.float64)
-    torch.testing.assert_close(rot(z), z @ q.T)
-    torch.testing.assert_close(rot(z).norm(dim=1), z.norm(dim=1))
-    assert "Q" in rot.state_dict()
-
-
-def test_random_rotation_redraw() -> None:
-    rot = RandomRotation(4, seed=0, redraw=True)
-    z = torch.randn(2, 4)
-    q0 = rot.Q.clone()
-    rot(z)
-    q1 = rot.Q.clone()
-    assert not torch.allclose(q0, q1)
-    rot.eval()
-    rot(z)
-    torch.testing.assert_close(rot.Q, q1)
 
 
 def test_lambda_schedule() -> None:
