@@ -330,3 +330,23 @@ def test_nve_200_steps_conserves_energy():
     assert np.abs(etot - etot[0]).max() < TOLERANCE_EV_PER_ATOM
     assert atoms.get_temperature() > 10  # the atoms moved
     assert atoms.calc.n_model_calls == 201  # get_total_energy reuses the forces call
+
+
+@pytest.mark.slow
+def test_nve_20000_steps_drift(capsys):
+    """Long NVE (20,000 steps of 1 fs, 8 Cu atoms at 300 K): no drift and no blow-up. The drift
+    (slope of a linear fit of E_tot per atom against time) is printed for the record."""
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True) * (2, 1, 1)
+    thermalize_momenta(atoms, temperature_K=300, rng=np.random.default_rng(1))
+    atoms.calc = UncertaintyCalculator(tiny_model(), uncertainty="energy")
+    dyn = VelocityVerlet(atoms, 1.0 * units.fs)
+    etot = []
+    dyn.attach(lambda: etot.append(atoms.get_total_energy() / len(atoms)), interval=10)
+    dyn.run(20_000)
+    etot = np.asarray(etot)
+    t_ps = np.arange(len(etot)) * 10 * 1e-3
+    slope = np.polyfit(t_ps, etot, 1)[0]  # eV/atom/ps
+    with capsys.disabled():
+        print(f"\nNVE 20,000 x 1 fs: drift {slope:.2e} eV/atom/ps, max |dE| {np.abs(etot - etot[0]).max():.2e} eV/atom")
+    assert np.all(np.isfinite(etot)) and len(etot) == 2001
+    assert abs(slope) < 1e-5 and np.abs(etot - etot[0]).max() < 1e-4
