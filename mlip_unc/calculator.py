@@ -17,8 +17,7 @@ Modes (``uncertainty=``): ``"exact"`` (closed-form force variance, d backward pa
 ``"lowrank"`` (the model's ``posterior_rank`` leading posterior directions, rank + 1 backward
 passes), ``"sampled"`` (``n_samples`` weight draws, an unbiased estimate, reproducible: the
 generator is re-seeded with ``seed`` at every calculation), ``"energy"`` (energy uncertainties
-only, free with the forward pass) and ``"none"``. Default: ``"lowrank"`` for a model with a
-full posterior (the calibrated, cheap one), ``"exact"`` otherwise.
+only, free with the forward pass) and ``"none"``; default ``default_uncertainty_mode(model)``.
 
 Cost follows the request: energy-like results (with the domain ones) take one forward pass,
 ``forces`` one backward pass more, force and stress uncertainties (and ``flag`` with a force
@@ -53,6 +52,7 @@ from mlip_unc.data.graphs import atoms_to_graph
 from mlip_unc.data.typemap import TypeMap
 from mlip_unc.models.checkpoint import load_checkpoint
 from mlip_unc.models.committee import Committee
+from mlip_unc.models.full_posterior import default_uncertainty_mode
 from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
 
 __all__ = [
@@ -214,7 +214,7 @@ class UncertaintyCalculator(Calculator):
         self.device = torch.device(device)
         self.model, self.metadata = _load_model(model, self.device)
         if uncertainty is None:  # the cheap calibrated default when the model has a full posterior
-            uncertainty = "lowrank" if getattr(self.model, "has_full_posterior", False) else "exact"
+            uncertainty = default_uncertainty_mode(self.model)
         if uncertainty not in UNCERTAINTY_MODES:
             raise ValueError(f"uncertainty must be one of {UNCERTAINTY_MODES}, got {uncertainty!r}")
         if uncertainty not in {m.value for m in UncertaintyMode}:

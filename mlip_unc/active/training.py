@@ -102,26 +102,12 @@ def train_model(
 
 
 def refit_posterior(checkpoint: str | Path, config: Any) -> None:
-    """Refit the full posterior and the uncertainty levels of ``checkpoint`` after a change of
-    its energy offsets (the energy calibration depends on the energy errors)."""
-    from mlip_unc.calculator import LEVELS_KEY
-    from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
-    from mlip_unc.models.potential import BayesianPotential
-    from mlip_unc.train.evaluate import uncertainty_levels
-    from mlip_unc.train.posterior import fit_full_posterior
+    """Refit the full posterior, domain guard and uncertainty levels of ``checkpoint`` after its
+    energy offsets changed (the energy calibration depends on the energy errors)."""
+    from mlip_unc.train.potential import finalize_checkpoint
     from mlip_unc.train.potential_data import prepare_data
 
-    payload = load_checkpoint(checkpoint, kind="potential")
-    model = BayesianPotential.from_checkpoint(payload)
-    if not model.has_full_posterior:
-        return
-    data = prepare_data(config)
-    metadata = dict(payload.get("metadata") or {})
-    metadata["posterior"] = fit_full_posterior(model, data.train, data.valid)
-    levels_data = data.valid if data.valid is not None and len(data.valid) else data.train
-    metadata[LEVELS_KEY] = uncertainty_levels(model, levels_data)
-    extra = {k: v for k, v in payload.items() if k not in ("kind", "config", "model_state", "format", "version")}
-    save_checkpoint(checkpoint, {**model.to_checkpoint(), **extra, "metadata": metadata})
+    finalize_checkpoint(Path(checkpoint), config, prepare_data(config))
 
 
 def ensure_uncertainty_levels(checkpoint: str | Path, structures: Sequence[Atoms], *,

@@ -216,7 +216,6 @@ class PropertyConfig(Section):
         Keys are plain field names (each name belongs to one section); derived defaults
         (dropout, likelihood, reg_warmup/ramp) are recomputed unless given.
         """
-        items = []
         raw = self.raw_dict()
         for key, value in overrides.items():
             if value is None:
@@ -225,7 +224,7 @@ class PropertyConfig(Section):
             if section is None:
                 raise ConfigError(f"{key}: unknown key")
             raw[section][key] = getattr(value, "value", value)
-        return validate(PropertyConfig, apply_overrides(raw, items))
+        return validate(PropertyConfig, raw)
 
 
 def load_property_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> PropertyConfig:

@@ -41,6 +41,7 @@ from mlip_unc.uncertainty import moments
 
 __all__ = [
     "FullPosterior", "full_energy_uncertainty", "full_derivatives", "latent_jacobian", "diagonal_factor",
+    "default_uncertainty_mode",
     "posterior_uncertainty",
 ]  # fmt: skip
 
@@ -137,6 +138,12 @@ def latent_jacobian(model, batch) -> tuple[PotentialState, dict[str, Tensor], Te
         (grads,) = input_gradients(state, weights, model.gradient_method)[:1]
     out.update(forces_and_stress(state, [grads[0]]))
     return state, {k: v.detach() for k, v in out.items()}, grads[1:].detach()
+
+
+def default_uncertainty_mode(model) -> str:
+    """The calculator's and the stored levels' default mode: ``lowrank`` (calibrated, cheap)
+    for a model with a full posterior, ``exact`` otherwise."""
+    return "lowrank" if getattr(model, "has_full_posterior", False) else "exact"
 
 
 def diagonal_factor(s2: Tensor, rank: int | None) -> Tensor:

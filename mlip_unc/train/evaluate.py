@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from mlip_unc import keys
 from mlip_unc.models.committee import Committee, load_potential
+from mlip_unc.models.full_posterior import default_uncertainty_mode
 from mlip_unc.models.potential import UncertaintyMode
 from mlip_unc.uncertainty import calibration as cal
 from mlip_unc.uncertainty import diagnostics as diag
@@ -235,10 +236,9 @@ def uncertainty_levels(model: nn.Module, data: Any, *, batch_size: int = 16, unc
     The mean over frames of ``max_force_std`` (max over atoms of sqrt(sum_c Var F_ic)) and of
     ``energy_std_per_atom`` (epistemic energy std / n_atoms): the definitions of
     :class:`mlip_unc.calculator.UncertaintyCalculator`, stored in a checkpoint's
-    ``metadata["uncertainty_levels"]``, in the calculator's default mode (``uncertainty``
-    None: ``lowrank`` with a full posterior, else ``exact``), recorded as ``mode``.
+    ``metadata["uncertainty_levels"]``, in the calculator's default mode, recorded as ``mode``.
     """
-    uncertainty = uncertainty or ("lowrank" if getattr(model, "has_full_posterior", False) else "exact")
+    uncertainty = uncertainty or default_uncertainty_mode(model)
     table = frame_table(predict(model, data, uncertainty=uncertainty, batch_size=batch_size))
     return {
         "mode": uncertainty,

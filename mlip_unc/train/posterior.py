@@ -113,8 +113,9 @@ def fit_full_posterior(model, train: Any, valid: Any | None = None, *, batch_siz
     (lambda, calibration scalars, validation NLL per lambda, effective rank of ``A``)."""
     was_training = model.training
     model.eval()
-    fit = _pass(model, train, batch_size, keep=False)
-    val = _pass(model, valid if valid is not None and len(valid) else train, batch_size, keep=True)
+    has_valid = valid is not None and len(valid) > 0
+    fit = _pass(model, train, batch_size, keep=not has_valid)
+    val = _pass(model, valid, batch_size, keep=True) if has_valid else fit  # one pass when calibrating in-sample
     a = fit["a_energy"] + fit["a_forces"]
     eig, vec = torch.linalg.eigh(a)  # ascending
     eig = eig.clamp_min(0.0)

@@ -42,7 +42,10 @@ from mlip_unc.train.posterior import fit_full_posterior
 from mlip_unc.train.potential_data import PreparedData, data_fingerprint, prepare_data
 from mlip_unc.train.regularizers import LambdaSchedule, regularizer_term
 
-__all__ = ["PotentialTask", "TrainResult", "build_model", "train_potential", "train_ensemble", "run_training"]
+__all__ = [
+    "PotentialTask", "TrainResult", "build_model", "finalize_checkpoint", "train_potential", "train_ensemble",
+    "run_training",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 _MAP_STD = 1e-8  # posterior std of a MAP head: the weight draw is the mean to ~1e-8
@@ -235,27 +238,32 @@ class TrainResult:
     test_metrics: dict[str, float] | None = None
 
 
-def _finish(task: PotentialTask, model_path: Path) -> dict[str, float] | None:
-    """Post-training steps on the best model, written into ``model.pt``: the full posterior
-    (``model.posterior: full``), the domain guard, the validation uncertainty levels
-    (relative flagging thresholds). Returns the test metrics (None without a test set)."""
+def finalize_checkpoint(model_path: Path, config: PotentialConfig, data: PreparedData) -> BayesianPotential:
+    """Post-training steps on the model in ``model_path``, written back into it: the full
+    posterior (``model.posterior: full``, Bayesian heads), the domain guard, the uncertainty
+    levels for relative flagging thresholds (validation set, else training set). Run again
+    after anything that changes the model's predictions (e.g. refitted energy offsets)."""
     payload = load_checkpoint(model_path, kind="potential")
     best = BayesianPotential.from_checkpoint(payload)
-    cfg, data = task.config, task.data
-    batch_size = cfg.train.valid_batch_size
+    batch_size = config.train.valid_batch_size
+    bayesian = config.model.head is HeadKind.BAYESIAN
     metadata = dict(payload.get("metadata") or {})
-    if task.bayesian and cfg.model.posterior is PosteriorKind.FULL:
-        best.posterior_rank = cfg.model.posterior_rank
+    if bayesian and config.model.posterior is PosteriorKind.FULL:
+        best.posterior_rank = config.model.posterior_rank
         metadata["posterior"] = fit_full_posterior(best, data.train, data.valid, batch_size=batch_size)
     metadata["domain"] = DomainGuard.fit(data.train).to_dict()
     levels_data = data.valid if data.valid is not None and len(data.valid) else data.train
-    if task.bayesian:
+    if bayesian:
         metadata["uncertainty_levels"] = uncertainty_levels(best, levels_data, batch_size=batch_size)
-    save_checkpoint(model_path, {**best.to_checkpoint(), **{k: v for k, v in payload.items() if k not in
-                                 ("kind", "config", "model_state", "format", "version")}, "metadata": metadata})  # fmt: skip
+    extra = {k: v for k, v in payload.items() if k not in ("kind", "config", "model_state", "format", "version")}
+    save_checkpoint(model_path, {**best.to_checkpoint(), **extra, "metadata": metadata})
+    return best
+
+
+def _test_metrics(model: BayesianPotential, config: PotentialConfig, data: PreparedData) -> dict[str, float] | None:
     if data.test is None:
         return None
-    test = evaluate_potential(best, data.test, uncertainty="energy", batch_size=batch_size).metrics
+    test = evaluate_potential(model, data.test, uncertainty="energy", batch_size=config.train.valid_batch_size).metrics
     log.info("test: E_mae=%.2f meV/atom F_mae=%.1f meV/A", test.get("energy_mae_meV_atom", float("nan")),
              test.get("forces_mae_meV_A", float("nan")))  # fmt: skip
     return test
@@ -273,7 +281,7 @@ def train_potential(config: PotentialConfig, *, data: PreparedData | None = None
     model_path = out / "model.pt"
     if not model_path.is_file():  # e.g. resumed after the budget was already spent
         task.on_best(task.model.state_dict(), trainer.epoch)
-    test = _finish(task, model_path)
+    test = _test_metrics(finalize_checkpoint(model_path, config, data), config, data)
     if test is not None:
         history = {**task.history_extra(), "initial": result.initial, "epochs": result.history,
                    "best_epoch": result.best_epoch, "stop_reason": result.stop_reason,
