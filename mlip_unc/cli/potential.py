@@ -2,7 +2,10 @@
 
     mlip-unc train --config configs/ethanol_gin.yaml --set train.epochs=3 --set seed=1
     mlip-unc eval --model runs/ethanol_gin/model.pt --data test_MD.xyz --uncertainty exact \\
-        --per-frame frames.csv --out metrics.json
+        --per-frame frames.csv --predictions predictions.xyz --out metrics.json
+
+``--data`` reads extxyz, CIF, POSCAR and JSON lists in mlearn's layout (``.json``, whose
+``virial_stress`` becomes the ``stress`` label in ASE's convention).
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ _TABLE = (
     ("energy_rmse_meV", "energy RMSE (meV)"),
     ("forces_mae_meV_A", "force MAE (meV/A)"),
     ("forces_rmse_meV_A", "force RMSE (meV/A)"),
+    ("stress_mae_GPa", "stress MAE (GPa, periodic frames)"),
+    ("stress_rmse_GPa", "stress RMSE (GPa, periodic frames)"),
     ("energy_nll", "energy NLL (eV)"),
     ("energy_spearman", "energy Spearman(std, |err|)"),
     ("energy_miscalibration_area", "energy miscalibration area"),
@@ -102,34 +107,51 @@ def evaluate(
     model: list[Path] = typer.Option(
         ..., "--model", "-m", help="Checkpoint (model.pt) or run folder; repeat for a committee."
     ),
-    data: Path = typer.Option(..., "--data", "-d", help="Structure file (extxyz, ...)."),
+    data: Path = typer.Option(..., "--data", "-d", help="Structure file (extxyz, mlearn JSON, CIF, ...)."),
     energy_key: str = typer.Option("energy", "--energy-key"),
     forces_key: str = typer.Option("forces", "--forces-key"),
+    stress_key: str = typer.Option(
+        "stress", "--stress-key", help="Stress label; the convention follows the name (e.g. virial_stress_kbar)."
+    ),
     index: str = typer.Option(":", "--index", help="ASE-style frame selection, e.g. 0:100."),
     uncertainty: EvalUncertainty = typer.Option(EvalUncertainty.EXACT, "--uncertainty", "-u"),
     n_samples: int = typer.Option(4, "--n-samples", help="Posterior draws of the sampled mode."),
     batch_size: int = typer.Option(16, "--batch-size"),
     seed: int = typer.Option(0, "--seed"),
     per_frame: Optional[Path] = typer.Option(None, "--per-frame", help="Write a per-frame CSV."),
+    predictions: Optional[Path] = typer.Option(
+        None, "--predictions", "--out-xyz",
+        help="Write the structures with predicted energy, forces, stress and variances (extxyz, keys mlip_unc_*).",
+    ),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the metrics as JSON."),
     threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
-    """Energy/force errors (meV) and calibration of the uncertainties on DATA."""
+    """Energy (per atom and total), force and stress errors and calibration on DATA."""
     import torch
 
     from mlip_unc.data import StructureDataset, TypeMap
+    from mlip_unc.data.readers import read_validated_frames
     from mlip_unc.models.committee import load_potential
-    from mlip_unc.train.evaluate import evaluate_potential, write_frame_csv
+    from mlip_unc.train.evaluate import (
+        evaluate_potential,
+        write_frame_csv,
+        write_predictions_xyz,
+    )
     from mlip_unc.train.io import write_json
 
     set_threads(threads)
     try:
         potential = load_potential(model)
         first = potential.members[0] if hasattr(potential, "members") else potential
-        dataset = StructureDataset.from_files(
-            data, first.r_max, TypeMap.from_list(first.type_map), index=index,
-            energy_key=energy_key, forces_key=forces_key, require_energy=False,
-            require_forces=False, dtype=first.dtype,
+        label_keys = {"energy": energy_key, "forces": forces_key, "stress": stress_key}
+        frames = read_validated_frames(
+            data, index, label_keys=label_keys, stress_convention=None,
+            required={"energy": False, "forces": False, "stress": False},
+        )  # fmt: skip
+        dataset = StructureDataset.from_atoms(
+            [atoms for _, atoms in frames], first.r_max, TypeMap.from_list(first.type_map),
+            energy_key=energy_key, forces_key=forces_key, stress_key=stress_key,
+            frame_indices=[k for k, _ in frames], source=data, dtype=first.dtype,
         )  # fmt: skip
         report = evaluate_potential(
             potential, dataset, uncertainty=uncertainty.value, n_samples=n_samples,
@@ -146,7 +168,8 @@ def evaluate(
     missing_e, missing_f = int((~pred.has_energy).sum()), int((~pred.has_forces).sum())
     if missing_e or missing_f:  # never skip frames silently
         typer.echo(f"warning: of {pred.n_frames} frames in {data}, {missing_e} have no energy and {missing_f} "
-                   "no forces; their errors are not in the metrics (predictions are in --per-frame)", err=True)  # fmt: skip
+                   "no forces; their errors are not in the metrics (predictions are in --per-frame and "
+                   "--predictions)", err=True)  # fmt: skip
     metrics.update(n_frames_without_energy=missing_e, n_frames_without_forces=missing_f)
     if out is not None:
         write_json(out, metrics)
@@ -154,3 +177,6 @@ def evaluate(
     if per_frame is not None:
         write_frame_csv(report.frames, per_frame)
         typer.echo(f"per-frame table: {per_frame}")
+    if predictions is not None:
+        write_predictions_xyz([atoms for _, atoms in frames], pred, predictions)
+        typer.echo(f"predictions: {predictions}")

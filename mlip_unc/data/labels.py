@@ -13,10 +13,22 @@ Stress conventions (:class:`StressConvention`, inferred from the key name when n
 * ``virial``: eV, ``stress = -virial / volume`` (keys containing "virial", e.g. ``virial``,
   ``REF_virial``); 6 (Voigt, ASE order), 9 or 3x3 components.
 * ``vasp_kbar``: kbar in VASP's OUTCAR order ``xx yy zz xy yz zx`` with VASP's sign
-  (positive = compressive, i.e. pressure-like), as mlearn's ``virial_stress_kbar``
-  (keys containing "kbar"). Converted like ASE's VASP reader:
-  ``stress = -value * 0.1 GPa`` (1 kbar = 0.1 GPa = 6.2415e-4 eV/A^3). Checked on mlearn Si
-  "Elastic" frames: positive strain gives negative values there, i.e. positive ASE stress.
+  (positive = compressive, i.e. pressure-like), as mlearn's ``outputs.virial_stress`` (JSON)
+  and ``virial_stress_kbar`` (the extxyz conversions in shared/data; keys containing "kbar").
+  Converted like ASE's VASP reader: ``stress = -value * 0.1 GPa`` (1 kbar = 0.1 GPa =
+  6.2415e-4 eV/A^3).
+
+ASE's convention (the package's, everywhere): ``stress = (1/V) dE/d(strain)`` in eV/A^3, so a
+stretched cell that wants to contract has positive stress (tensile positive).
+
+mlearn's convention, checked (``tests/data/test_json_reader.py``): its MTP writer names the
+order ``vasp_stress_order = [xx, yy, zz, xy, yz, xz]`` (materialsvirtuallab/mlearn
+``mlearn/potentials/mtp.py``); on the Si "Elastic" strain series the energy differences equal
+the work integral of ``V stress : d(strain)`` with the stress converted here, for the normal
+(modes 0-2) and the shear (xy, zx, yz) modes alike, which fixes unit, sign and order.
+
+:func:`stress_to_ase` is the one conversion of every convention; the readers
+(:mod:`mlip_unc.data.json_reader` included) call it.
 """
 
 from __future__ import annotations
@@ -32,10 +44,11 @@ from mlip_unc.data.neighbours import check_cell
 
 __all__ = [
     "StressConvention",
-    "validate_atoms",
     "frame_energy",
     "frame_forces",
     "frame_stress",
+    "stress_to_ase",
+    "validate_atoms",
 ]
 
 _VOIGT_ASE = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))  # xx yy zz yz xz xy
@@ -168,6 +181,33 @@ def _to_matrix(value: np.ndarray, voigt_order: tuple[tuple[int, int], ...]) -> n
     return matrix
 
 
+def stress_to_ase(
+    value: np.ndarray | list, convention: StressConvention | str, *, volume: float | None = None
+) -> np.ndarray:
+    """A stress-like label -> stress (3, 3) in eV/A^3 with ASE's sign: the one conversion.
+
+    Args:
+        value: 6 Voigt components (in the convention's order), 9 (row-major) or (3, 3).
+        convention: how ``value`` is stored (:class:`StressConvention`).
+        volume: cell volume in A^3 (needed by ``virial`` only).
+
+    Raises:
+        ValueError: wrong number of components, NaN/inf, a virial without a positive volume.
+    """
+    conv = StressConvention(convention)
+    order = _VOIGT_VASP if conv is StressConvention.VASP_KBAR else _VOIGT_ASE
+    matrix = _to_matrix(np.asarray(value, dtype=np.float64), order)  # (3, 3)
+    if not np.isfinite(matrix).all():
+        raise ValueError("contains NaN or inf")
+    if conv is StressConvention.VASP_KBAR:
+        return -matrix * _KBAR
+    if conv is StressConvention.VIRIAL:
+        if volume is None or not volume > 0.0:
+            raise ValueError("a virial needs a cell with non-zero volume")
+        return -matrix / volume
+    return matrix
+
+
 def frame_stress(
     atoms: ase.Atoms,
     key: str | None = None,
@@ -188,18 +228,8 @@ def frame_stress(
     value = _required_lookup(atoms, "stress", key, per_atom=False, required=required, loc=loc)
     if value is None:
         return None
-    order = _VOIGT_VASP if conv is StressConvention.VASP_KBAR else _VOIGT_ASE
+    volume = abs(float(np.linalg.det(atoms.cell.array)))
     try:
-        matrix = _to_matrix(value, order)  # (3, 3)
+        return stress_to_ase(value, conv, volume=volume)  # (3, 3)
     except ValueError as err:
-        raise DataError(f"{loc}: stress '{key}': {err}") from None
-    if not np.isfinite(matrix).all():
-        raise DataError(f"{loc}: stress '{key}' contains NaN or inf")
-    if conv is StressConvention.VASP_KBAR:
-        return -matrix * _KBAR
-    if conv is StressConvention.VIRIAL:
-        volume = abs(float(np.linalg.det(atoms.cell.array)))
-        if volume <= 0.0:
-            raise DataError(f"{loc}: virial '{key}' needs a cell with non-zero volume")
-        return -matrix / volume
-    return matrix
+        raise DataError(f"{loc}: stress '{key}' ({conv.value}): {err}") from None

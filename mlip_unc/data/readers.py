@@ -1,4 +1,5 @@
-"""Reading structure files: extxyz (ASE), CIF and POSCAR (pymatgen), other ASE formats.
+"""Reading structure files: extxyz (ASE), CIF and POSCAR (pymatgen), JSON lists in mlearn's
+layout (:mod:`mlip_unc.data.json_reader`), other ASE formats.
 
 Every frame read here is validated (:func:`mlip_unc.data.labels.validate_atoms`) and its
 labels are checked (:mod:`mlip_unc.data.labels`); errors name the file and the frame.
@@ -13,6 +14,7 @@ import ase.io
 from ase.io.formats import string2index
 
 from mlip_unc.data.errors import DataError, where
+from mlip_unc.data.json_reader import read_json_structures
 from mlip_unc.data.labels import (
     StressConvention,
     frame_energy,
@@ -38,11 +40,14 @@ def _select(n: int, index: int | slice | str) -> list[int]:
 
 
 def _read_all(path: Path) -> list[ase.Atoms]:
-    """Every structure in ``path`` (extxyz via ASE, CIF/POSCAR via pymatgen, else ASE's guess)."""
+    """Every structure in ``path`` (extxyz via ASE, CIF/POSCAR via pymatgen, JSON in mlearn's
+    layout, else ASE's guess)."""
     name = path.name.upper()
     suffix = path.suffix.lower()
     if suffix in _EXTXYZ_SUFFIXES:
         return ase.io.read(path, index=":", format="extxyz")
+    if suffix == ".json":
+        return read_json_structures(path)
     if suffix == ".cif" or suffix in _POSCAR_SUFFIXES or name.startswith(("POSCAR", "CONTCAR")):
         from pymatgen.io.ase import AseAtomsAdaptor
 
@@ -66,6 +71,8 @@ def _read_frames(path: str | Path, index: int | slice | str = ":") -> list[tuple
         raise DataError(f"structure file not found: '{path}'")
     try:
         frames = _read_all(path)
+    except DataError:  # already names the file and the entry
+        raise
     except Exception as err:  # any parser failure -> one clear error naming the file
         raise DataError(f"could not read '{path}': {type(err).__name__}: {err}") from err
     try:
@@ -120,7 +127,9 @@ def read_structures(
     require_forces: bool = True,
     require_stress: bool = False,
 ) -> list[ase.Atoms]:
-    """Read and validate structures (extxyz, CIF, POSCAR/CONTCAR/.vasp, other ASE formats).
+    """Read and validate structures (extxyz, CIF, POSCAR/CONTCAR/.vasp, mlearn-layout JSON
+    (``.json``: energy, forces and stress with the stress converted to ASE's convention, see
+    :mod:`mlip_unc.data.json_reader`), other ASE formats).
 
     Every frame is checked (non-empty, finite positions, non-degenerate periodic cell,
     well-formed labels) and, when required, must carry the requested labels. CIF and POSCAR

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import ase
@@ -24,6 +25,7 @@ from mlip_unc.data import (
     frame_stress,
     read_structures,
 )
+from mlip_unc.data.references import is_isolated_atom
 
 TYPE_MAP = TypeMap.from_list([1, 6, 8])
 
@@ -216,13 +218,34 @@ def test_reference_energies_prefer_isolated_atoms(molecules) -> None:
     oxygen = ase.Atoms("O", info={"config_type": "IsolatedAtom", "energy": isolated[8]})
     fitted = fit_reference_energies(molecules + [hydrogen, oxygen])
     assert fitted[1] == isolated[1] and fitted[8] == isolated[8]
-    # carbon: least squares of what remains after removing the isolated H and O energies
+    # carbon: least squares, per atom, of what remains after removing the isolated H and O energies
     rows = [a for a in molecules if 6 in a.numbers]
+    n = np.array([len(a) for a in rows], dtype=float)
     counts = np.array([[np.sum(a.numbers == 6)] for a in rows], dtype=float)
     rest = np.array([
         a.get_potential_energy() - sum(isolated[z] for z in a.numbers if z != 6) for a in rows
     ])  # fmt: skip
-    assert fitted[6] == pytest.approx(np.linalg.lstsq(counts, rest, rcond=None)[0][0])
+    assert fitted[6] == pytest.approx(np.linalg.lstsq(counts / n[:, None], rest / n, rcond=None)[0][0])
+
+
+def test_reference_energy_of_elemental_periodic_set_is_mean_per_atom_energy() -> None:
+    """Every frame one element (as mlearn's Si): E0 = the mean per-atom energy, whatever the
+    cell sizes, with no rank warning; a one-atom bulk cell is a crystal, not an isolated atom."""
+    frames = []
+    for k, reps in enumerate([(1, 1, 1), (2, 1, 1), (2, 2, 2), (3, 2, 1)]):
+        atoms = ase.build.bulk("Si", "diamond", a=5.43).repeat(reps)
+        atoms.calc = SinglePointCalculator(atoms, energy=len(atoms) * (-5.4 + 0.01 * k))
+        frames.append(atoms)
+    primitive = ase.build.bulk("Cu", "fcc", a=3.6)  # one atom, periodic
+    primitive.calc = SinglePointCalculator(primitive, energy=-3.7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fitted = fit_reference_energies(frames + [primitive])
+    expected = np.mean([a.get_potential_energy() / len(a) for a in frames])
+    assert fitted[14] == pytest.approx(expected, abs=1e-12) and fitted[29] == pytest.approx(-3.7)
+    assert not is_isolated_atom(primitive)
+    in_vacuum = ase.Atoms("Cu", cell=np.eye(3) * 20.0, pbc=True)  # periodic box, no near image
+    assert is_isolated_atom(in_vacuum) and is_isolated_atom(ase.Atoms("Cu"))
 
 
 def test_reference_energies_rank_deficient_warns(molecules) -> None:

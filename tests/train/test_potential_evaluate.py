@@ -1,18 +1,27 @@
-"""Potential evaluation: a perfect predictor has zero errors; frame table; committee; CSV."""
+"""Potential evaluation: a perfect predictor has zero errors; frame table; committee; CSV;
+stress in GPa on periodic frames; the extxyz of predictions."""
 
 import csv
 
+import ase.io
 import numpy as np
 import pytest
 import torch
-from ase.build import molecule
+from ase.build import bulk, molecule
 from ase.calculators.emt import EMT
+from ase.units import GPa
 from torch import nn
 
 from mlip_unc import keys
-from mlip_unc.data import StructureDataset
+from mlip_unc.data import StructureDataset, TypeMap
 from mlip_unc.models.committee import Committee
-from mlip_unc.train.evaluate import evaluate_potential, frame_table, predict, write_frame_csv
+from mlip_unc.train.evaluate import (
+    evaluate_potential,
+    frame_table,
+    predict,
+    write_frame_csv,
+    write_predictions_xyz,
+)
 
 
 class Oracle(nn.Module):
@@ -26,8 +35,12 @@ class Oracle(nn.Module):
         n = batch[keys.NUM_ATOMS].to(torch.float64)
         return {keys.ENERGY: 1e-4 * n, keys.FORCES: torch.full_like(batch[keys.FORCES], 1e-4)}
 
-    def forward(self, batch, *, compute_forces=True, uncertainty="none", **_):
+    def forward(self, batch, *, compute_forces=True, compute_stress=False, uncertainty="none", **_):
         out = {keys.ENERGY: batch[keys.ENERGY] + self.offset, keys.FORCES: batch[keys.FORCES] + self.offset}
+        if compute_stress:
+            out[keys.STRESS] = batch[keys.STRESS] + self.offset
+            if uncertainty in ("exact", "sampled"):
+                out[keys.STRESS_VAR] = torch.full_like(out[keys.STRESS], 4e-6)
         graph = batch[keys.BATCH]
         out[keys.ATOMIC_ENERGIES] = (out[keys.ENERGY] / batch[keys.NUM_ATOMS])[graph]  # (n_atoms,), sums to E
         if uncertainty != "none":
@@ -123,3 +136,70 @@ def test_sigma_vs_force_diagnostics(dataset, tmp_path):
 def test_diagnostics_absent_without_force_uncertainty(dataset):
     m = evaluate_potential(Oracle(), dataset, uncertainty="energy").metrics
     assert "forces_std_over_rmse" not in m and "forces_std_vs_pred_spearman" not in m
+
+
+# ---------------------------------------------------------------- periodic frames: stress
+def _mixed_frames():
+    """Two EMT copper cells (periodic, stress labels) and a molecule (no stress)."""
+    frames = []
+    for k, a in enumerate((3.55, 3.65)):
+        atoms = bulk("Cu", "fcc", a=a, cubic=True)
+        atoms.rattle(0.05, seed=k)
+        atoms.calc = EMT()
+        atoms.get_stress()
+        frames.append(atoms)
+    water = molecule("H2O")
+    water.calc = EMT()
+    water.get_potential_energy()
+    return frames + [water]
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    frames = _mixed_frames()
+    dataset = StructureDataset.from_atoms(frames, 3.0, TypeMap.from_list([1, 8, 29]), stress_key="stress")
+    return frames, dataset
+
+
+def test_stress_metrics_in_gpa_on_periodic_frames_only(mixed):
+    _, dataset = mixed
+    report = evaluate_potential(Oracle(offset=0.002), dataset, uncertainty="exact", batch_size=2)
+    m, pred = report.metrics, report.predictions
+    assert pred.periodic.tolist() == [True, True, False] and pred.has_stress.tolist() == [True, True, False]
+    assert m["stress_n_frames"] == 2
+    assert m["stress_mae_GPa"] == pytest.approx(0.002 / GPa) and m["stress_rmse_GPa"] == pytest.approx(0.002 / GPa)
+    assert m["stress_mean_epistemic_std_GPa"] == pytest.approx(2e-3 / GPa)
+    np.testing.assert_allclose(report.frames["stress_mae_GPa"][:2], 0.002 / GPa)
+    assert np.isnan(report.frames["stress_mae_GPa"][2])
+    # energy per atom beside the total
+    assert m["energy_mae_meV"] == pytest.approx(2.0)
+    assert m["energy_mae_meV_atom"] == pytest.approx(np.mean([2.0 / 4, 2.0 / 4, 2.0 / 3]))
+    assert "stress_mae_GPa" not in evaluate_potential(Oracle(), dataset, stress=False).metrics
+
+
+def test_predictions_extxyz_carries_predictions_and_labels(mixed, tmp_path):
+    frames, dataset = mixed
+    pred = predict(Oracle(offset=0.01), dataset, uncertainty="exact", batch_size=2, stress=True)
+    path = write_predictions_xyz(frames, pred, tmp_path / "pred.xyz")
+    back = ase.io.read(path, ":")
+    assert len(back) == 3
+    for k, (read, ref) in enumerate(zip(back, frames)):
+        rows = pred.atom_frame == k
+        # reference labels stay under ASE's names, predictions beside them
+        assert read.get_potential_energy() == pytest.approx(ref.get_potential_energy())
+        assert read.info["mlip_unc_energy"] == pytest.approx(ref.get_potential_energy() + 0.01)
+        np.testing.assert_allclose(read.arrays["mlip_unc_forces"], ref.get_forces() + 0.01, atol=1e-8)
+        np.testing.assert_allclose(read.arrays["mlip_unc_forces"], pred.forces_pred[rows], atol=1e-8)
+        np.testing.assert_allclose(read.arrays["mlip_unc_forces_var"],  # extxyz: 8 decimals per atom
+                                   pred.forces_epistemic_var[rows] + 1e-4, atol=1e-8)  # fmt: skip
+        assert read.info["mlip_unc_energy_var"] == pytest.approx(1e-3 * len(ref) + 1e-4 * len(ref))
+        if k < 2:
+            np.testing.assert_allclose(read.info["mlip_unc_stress"], ref.get_stress() + 0.01, atol=1e-8)
+            np.testing.assert_allclose(read.get_stress(), ref.get_stress(), atol=1e-8)
+            np.testing.assert_allclose(read.info["mlip_unc_stress_var"], 4e-6)
+        else:
+            assert "mlip_unc_stress" not in read.info
+    with pytest.raises(ValueError, match="2 structures for 3 predicted frames"):
+        write_predictions_xyz(frames[:2], pred, tmp_path / "bad.xyz")
+    with pytest.raises(ValueError, match="frame 0: 3 atoms but 4 predicted"):
+        write_predictions_xyz(frames[::-1], pred, tmp_path / "bad.xyz")
