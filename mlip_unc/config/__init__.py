@@ -18,6 +18,7 @@ from mlip_unc.config.enums import (
     Backbone,
     Calibration,
     DType,
+    EnergyCount,
     Estimator,
     HeadKind,
     Intervention,
@@ -62,7 +63,7 @@ from mlip_unc.config.training import TrainCoreConfig
 
 __all__ = [
     "ActiveLearningConfig", "GenerateSettings", "MDSettings", "SelectionSettings", "load_active_config",
-    "AGLForm", "Backbone", "Calibration", "DType", "Estimator", "HeadKind", "Intervention",
+    "AGLForm", "Backbone", "Calibration", "DType", "EnergyCount", "Estimator", "HeadKind", "Intervention",
     "Likelihood", "LRSchedule", "Method", "Norm", "Pooling", "PosteriorKind", "ReferenceEnergies", "RegularizerKind",
     "StopMetric",
     "DATA_ROOT_ENV", "ConfigError", "Section", "apply_overrides", "config_to_dict", "default_data_root",

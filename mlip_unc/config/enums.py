@@ -180,6 +180,9 @@ class Backbone(str, Enum):
     """Geometric GIN (invariant; distances only), ``mlip_unc.nn.geometric_gin``."""
     EQUIVARIANT = "equivariant"
     """E(3)-equivariant e3nn network with invariant output latents, ``mlip_unc.nn.equivariant``."""
+    MACE = "mace"
+    """MACE (mace-torch's interaction and product blocks) with this project's readout,
+    ``mlip_unc.nn.mace_backbone``; needs ``pip install mlip-unc[mace]``."""
 
 
 class HeadKind(str, Enum):
@@ -199,6 +202,18 @@ class PosteriorKind(str, Enum):
     Jacobian rows of the training set), calibrated on validation data by NLL."""
     DIAGONAL = "diagonal"
     """The mean-field posterior of Bayes-by-Backprop, as trained."""
+
+
+class EnergyCount(str, Enum):
+    """How often a structure's energy enters the potential loss (``mlip_unc.train.losses``)."""
+
+    AUTO = "auto"
+    """``atom`` when any training structure is periodic, ``structure`` otherwise."""
+    STRUCTURE = "structure"
+    """Once per structure: the plain likelihood of its total energy (per-atom normalised)."""
+    ATOM = "atom"
+    """Once per atom (n_atoms x the per-atom energy NLL): the size-independent per-atom energy
+    loss, like MACE's ((E_pred - E) / N)^2 against the per-atom force error."""
 
 
 class ReferenceEnergies(str, Enum):

@@ -10,18 +10,27 @@ enters through the sampling and the likelihood variances are the noise only)::
     loss = w_E NLL_E + w_F NLL_F + w_S NLL_S + kl_weight(epoch) * KL / N_train  (+ lambda R(z))
 
 * ``NLL_E`` is per-atom normalised: the residual is (E_pred - E) / n_atoms with the variance
-  the model gives it (its aleatoric energy variance / n_atoms^2), averaged over the
-  structures that carry an energy.
+  the model gives it (its aleatoric energy variance / n_atoms^2); a structure's term counts
+  once (``per_atom=False``) or once per atom (``per_atom=True``, n_atoms x that NLL), averaged
+  over the structures that carry an energy.
 * ``NLL_F`` sums over the 3 n_atoms force components of a structure (the proper likelihood
   of its forces) and averages over the structures that carry forces.
 * ``NLL_S`` sums over the 9 stress components, averaged over structures with a stress.
 * ``N_train`` is the number of training examples: molecules or structures (not batches, not
   atoms).
 
-Every potential term is thus per structure and, with unit weights and beta = 1, the loss is
-the negative ELBO per training structure. (Averaging the force NLL over components instead
-would down-weight the forces 3 n_atoms-fold against the energy and the KL: in a quick
-ethanol check that delayed force learning by tens of epochs.)
+The energy/force balance (``loss.energy_count``, ``mlip_unc.config.potential.LossConfig``):
+counted per atom, both terms grow with the number of atoms, so per atom the loss weighs one
+per-atom energy against three force components whatever the structure's size (the
+size-independent balance MACE gets from averaging both of its terms per atom); counted per
+structure (the plain likelihood; with unit weights and beta = 1 the loss is then the negative
+ELBO per training structure), the energy carries 1 / (3 n_atoms + 1) of a structure's terms.
+Per atom kept the energy on mlearn Si (periodic 64-atom cells), where per structure let the
+learned energy noise grow; per structure learned the forces of small molecules faster. The
+default ``auto`` takes ``atom`` for periodic training data and ``structure`` otherwise.
+(Averaging the force NLL over components instead would down-weight the forces 3 n_atoms-fold
+against the energy and the KL: in a quick ethanol check that delayed force learning by tens
+of epochs.)
 Shapes are those of :mod:`mlip_unc.keys`.
 """
 
@@ -117,24 +126,28 @@ def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
 
 def energy_nll(
     energy_pred: Tensor, energy_true: Tensor, num_atoms: Tensor, var: Tensor,
-    mask: Tensor | None = None,
+    mask: Tensor | None = None, *, per_atom: bool = False,
 ) -> Tensor:
     """Per-atom normalised energy NLL, mean over labelled structures.
 
     The residual is ``(E_pred - E) / n`` with the variance the model assigns to it,
     ``var / n^2`` (``var`` is the total-energy noise variance, ``n sigma_e^2`` for independent
-    per-atom noise), so the term is the total-energy NLL shifted by the constant ``log n``
-    and the learned noise stays consistent with ``ENERGY_ALEATORIC_VAR``.
+    per-atom noise), so its NLL is the total-energy NLL shifted by the constant ``log n`` and
+    the learned noise stays consistent with ``ENERGY_ALEATORIC_VAR``. With ``per_atom`` a
+    structure's term is ``n`` times that NLL (the per-atom energy loss; module docstring), so
+    the energy keeps its share against the force term, which also grows with ``n``.
 
     Args:
         energy_pred, energy_true: (n_graphs,) total energies, eV.
         num_atoms: (n_graphs,) atoms per structure.
         var: () or (n_graphs,) noise variance of the total energy, eV^2.
         mask: (n_graphs,) bool, structures with an energy label (None = all).
+        per_atom: count each structure's term once per atom (``loss.energy_count: atom``).
     """
     n = num_atoms.to(energy_pred.dtype)
     residual = (energy_pred - energy_true) / n  # (n_graphs,) eV/atom
-    terms = gaussian_nll_terms(residual, var.expand_as(residual) / n**2)
+    terms = gaussian_nll_terms(residual, var.expand_as(residual) / n**2)  # (n_graphs,)
+    terms = n * terms if per_atom else terms
     return masked_mean(terms, torch.ones_like(terms, dtype=torch.bool) if mask is None else mask)
 
 
@@ -180,6 +193,7 @@ def likelihood_terms(
     noise: Mapping[str, Tensor],
     *,
     use_stress: bool = False,
+    energy_per_atom: bool = False,
 ) -> dict[str, Tensor]:
     """The NLL terms ``{"energy", "forces"[, "stress"]}`` of one batch.
 
@@ -190,13 +204,15 @@ def likelihood_terms(
             ``FORCES`` (n_atoms, 3) and, with stress, ``STRESS`` (() or (n_graphs, 3, 3)), as
             ``BayesianPotential.noise_variances`` returns them.
         use_stress: include the stress term.
+        energy_per_atom: the energy term counted once per atom (:func:`energy_nll`).
     """
     has_e = batch[keys.HAS_ENERGY].reshape(-1)
     has_f = batch[keys.HAS_FORCES].reshape(-1)
     n_graphs = has_e.shape[0]
     terms = {
         "energy": energy_nll(
-            out[keys.ENERGY], batch[keys.ENERGY], batch[keys.NUM_ATOMS], noise[keys.ENERGY], has_e
+            out[keys.ENERGY], batch[keys.ENERGY], batch[keys.NUM_ATOMS], noise[keys.ENERGY], has_e,
+            per_atom=energy_per_atom,
         ),
         "forces": forces_nll(
             out[keys.FORCES], batch[keys.FORCES], noise[keys.FORCES], batch[keys.BATCH], has_f, n_graphs

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from mlip_unc import keys
-from mlip_unc.config import ConfigError, HeadKind, PosteriorKind, PotentialConfig, RegularizerKind
+from mlip_unc.config import ConfigError, EnergyCount, HeadKind, PosteriorKind, PotentialConfig, RegularizerKind
 from mlip_unc.data.domain import DomainGuard
 from mlip_unc.models.backbones import build_backbone
 from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
@@ -114,6 +114,13 @@ def _mae_rmse(err: np.ndarray) -> tuple[float, float]:
     return 1e3 * float(np.mean(np.abs(err))), 1e3 * float(np.sqrt(np.mean(err**2)))
 
 
+def energy_per_atom(count: EnergyCount, graphs: list) -> bool:
+    """Resolve ``loss.energy_count``: ``auto`` counts per atom when a training graph is periodic."""
+    if count is EnergyCount.AUTO:
+        return any(bool(torch.as_tensor(g[keys.PBC]).any()) for g in graphs)
+    return count is EnergyCount.ATOM
+
+
 class PotentialTask:
     """The potential's step, validation and best-model checkpoint for the training core."""
 
@@ -127,6 +134,7 @@ class PotentialTask:
         self.bayesian = config.model.head is HeadKind.BAYESIAN
         loss = config.loss
         self.weights = {"energy": loss.energy_weight, "forces": loss.forces_weight, "stress": loss.stress_weight}
+        self.energy_per_atom = energy_per_atom(loss.energy_count, data.train.graphs)
         self.epoch = 0
 
     def train_data(self) -> list:
@@ -139,7 +147,7 @@ class PotentialTask:
         noise = model.noise_variances(batch)
         if use_stress:
             noise[keys.STRESS] = out[keys.STRESS].new_tensor(config.loss.stress_noise**2)
-        nll = likelihood_terms(out, batch, noise, use_stress=use_stress)
+        nll = likelihood_terms(out, batch, noise, use_stress=use_stress, energy_per_atom=self.energy_per_atom)
         lam = self.lam(step.epoch)
         reg = None
         if config.regularizer.kind is not RegularizerKind.NONE and lam > 0:
@@ -165,7 +173,7 @@ class PotentialTask:
         if e_mask.any() and w["energy"] > 0:
             loss += w["energy"] * float(energy_nll(
                 t(pred.energy_pred[e_mask]), t(pred.energy_true[e_mask]),
-                t(pred.num_atoms[e_mask]), t(pred.energy_noise_var[e_mask]),
+                t(pred.num_atoms[e_mask]), t(pred.energy_noise_var[e_mask]), per_atom=self.energy_per_atom,
             ))  # fmt: skip
         if pred.has_forces.any() and w["forces"] > 0:
             loss += w["forces"] * float(forces_nll(

@@ -33,7 +33,7 @@ def _with(section, key, value):
         (_with("train", "batch_size", 0), "train.batch_size"),
         (_with("train", "epochs", 1.5), "train.epochs"),
         (_with("train", "ema_decay", 1.5), "train.ema_decay"),
-        (_with("model", "backbone", "mace"), "model.backbone"),
+        (_with("model", "backbone", "schnet"), "model.backbone"),
         (_with("model", "latent_dim", "big"), "model.latent_dim"),
         (_with("regularizer", "kind", "agl"), "regularizer.kind"),
         (_with("loss", "beta", -1.0), "loss.beta"),
