@@ -12,7 +12,7 @@ import logging
 
 import typer
 
-from mlip_unc.cli import active, potential, property
+from mlip_unc.cli import active, attach, potential, property
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -33,7 +33,7 @@ def _root(
     logging.getLogger("mlip_unc").setLevel(level)
 
 
-for _module in (property, potential, active):
+for _module in (property, potential, active, attach):
     _module.register(app)
 
 

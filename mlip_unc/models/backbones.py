@@ -10,24 +10,38 @@
   and strain;
 - optionally ``r_max`` (checked against the potential's), ``reset_parameters()``, and, for
   checkpoints, ``backbone_name`` (a key of :data:`BACKBONES`) and ``config() -> dict`` of
-  constructor kwargs.
+  constructor kwargs;
+- optionally ``latents_and_energies(batch) -> (z (n_atoms, latent_dim), e (n_atoms,))``: the
+  latents and the backbone's own per-atom energies ("base energies", e.g. a trained MACE
+  model's). The potential then computes them in one pass instead of ``forward`` and adds ``e``
+  to its per-atom energies: ``E_a = w^T z~_a + b_Z + e_a``. With a zero head mean and zero
+  offsets the potential predicts the backbone model's own energies, forces and stress (they flow
+  through ``e``; equal to rounding, the totals being summed per atom), and the head's posterior
+  (fitted post hoc: ``mlip_unc.train.attach``) gives their uncertainty. The energies travel in
+  :class:`BackboneState`. ``forward`` still returns ``z`` alone (the isolated-atom reference
+  latents use it).
 
-This is how a frozen external backbone (e.g. a MACE model's per-atom features) can sit under
-the Bayesian head.
+This is how a frozen external model sits under the Bayesian head: ``mace_model``
+(:class:`~mlip_unc.nn.mace_backbone.MACEModelFeatures`, a MACE model trained with mace-torch,
+``mlip-unc attach``); ``mace`` (:class:`~mlip_unc.nn.mace_backbone.MACEBackbone`) is a MACE
+trained here. Both need mace-torch (``pip install mlip-unc[mace]``), imported when built.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 from torch_geometric.data import Data
 
+from mlip_unc.models.derivatives import PotentialState
 from mlip_unc.nn.equivariant import EquivariantBackbone
 from mlip_unc.nn.geometric_gin import GeometricGIN
+from mlip_unc.nn.mace_backbone import MACEBackbone, MACEModelFeatures
 
-__all__ = ["Backbone", "BACKBONES", "build_backbone", "isolated_atoms_batch"]
+__all__ = ["BACKBONES", "Backbone", "BackboneState", "build_backbone", "isolated_atoms_batch"]
 
 
 @runtime_checkable
@@ -40,12 +54,22 @@ class Backbone(Protocol):
         ...
 
 
-BACKBONES: dict[str, type[nn.Module]] = {"gin": GeometricGIN, "equivariant": EquivariantBackbone}
+BACKBONES: dict[str, type[nn.Module]] = {
+    "gin": GeometricGIN, "equivariant": EquivariantBackbone, "mace": MACEBackbone, "mace_model": MACEModelFeatures,
+}
 """Backbones that checkpoints can rebuild from plain data, by ``backbone_name``."""
 
 
+@dataclass
+class BackboneState(PotentialState):
+    """A potential's forward state with the backbone's own per-atom energies (contract above)."""
+
+    base_energy: Tensor | None = None
+    """``(n_atoms,)`` energies from ``latents_and_energies``, or None (most backbones)."""
+
+
 def build_backbone(name: str, **kwargs: Any) -> nn.Module:
-    """Build a registered backbone from plain data: ``"gin"`` or ``"equivariant"``."""
+    """Build a registered backbone from plain data: a key of :data:`BACKBONES`."""
     try:
         cls = BACKBONES[name]
     except KeyError:

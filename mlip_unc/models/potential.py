@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mlip_unc import keys
-from mlip_unc.models.backbones import BACKBONES, Backbone, build_backbone, isolated_atoms_batch
+from mlip_unc.models.backbones import BACKBONES, Backbone, BackboneState, build_backbone, isolated_atoms_batch
 from mlip_unc.models.checkpoint import save_checkpoint
 from mlip_unc.models.derivatives import (
     PotentialState,
@@ -252,15 +252,17 @@ class BayesianPotential(nn.Module):
                 self._iso_cache = (key, self.backbone(self._isolated_batch()).detach())
         return self._iso_cache[1]
 
-    def _latents(self, batch, pos: Tensor, cell: Tensor, atom_type: Tensor) -> Tensor:
-        """``z~ (n_atoms, d)``: the backbone on ``batch`` with the given (strained) geometry."""
+    def _latents(self, batch, pos: Tensor, cell: Tensor, atom_type: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``z~ (n_atoms, d)``: the backbone on ``batch`` with the given (strained) geometry, and its
+        own per-atom energies ``(n_atoms,)`` or None (``latents_and_energies``, models/backbones.py)."""
         inputs = copy.copy(batch)
         inputs[keys.POSITIONS] = pos
         inputs[keys.CELL] = cell
         inputs[keys.ATOM_TYPE] = atom_type
         if getattr(batch, keys.CELL_SHIFT, None) is None:
             inputs[keys.CELL_SHIFT] = pos.new_zeros(batch[keys.EDGE_INDEX].shape[1], 3)
-        z = self.backbone(inputs)  # (n_atoms, d)
+        both = getattr(self.backbone, "latents_and_energies", None)
+        z, base = both(inputs) if both is not None else (self.backbone(inputs), None)  # (n_atoms, d)
         if z.shape != (pos.shape[0], self.latent_dim):
             raise ValueError(
                 f"the backbone returned {tuple(z.shape)}, expected "
@@ -268,7 +270,7 @@ class BayesianPotential(nn.Module):
             )
         if self.isolated_reference:
             z = z - self.isolated_latents().to(z.dtype)[atom_type]
-        return z
+        return z, base
 
     def _state(self, batch, *, forces: bool, stress: bool) -> PotentialState:
         """Positions (and strain) as differentiable inputs, latents and per-graph sums."""
@@ -281,11 +283,11 @@ class BayesianPotential(nn.Module):
             pos, cell, graph, n_graphs, forces=forces, stress=stress
         )
         atom_type = self.atom_types(batch)
-        z = self._latents(batch, pos, cell_strained, atom_type)  # (n_atoms, d)
+        z, base = self._latents(batch, pos, cell_strained, atom_type)  # (n_atoms, d), (n_atoms,) or None
         phi = z.new_zeros(n_graphs, self.latent_dim).index_add_(0, graph, z)  # (n_graphs, d)
-        return PotentialState(
+        return BackboneState(
             batch=batch, graph=graph, n_graphs=n_graphs, inputs=inputs, strain=strain,
-            cell=cell, atom_type=atom_type, z=z, phi=phi,
+            cell=cell, atom_type=atom_type, z=z, phi=phi, base_energy=base,
         )
 
     def _energies(self, state: PotentialState, *, weights: Tensor) -> dict[str, Tensor]:
@@ -293,7 +295,8 @@ class BayesianPotential(nn.Module):
         z = state.z
         offsets = self.atomic_energies.to(z.dtype)[state.atom_type]  # (n_atoms,)
         latent_part = z @ weights if weights.dim() == 1 else (z * weights).sum(-1)
-        atomic = latent_part + offsets  # (n_atoms,)
+        base = getattr(state, "base_energy", None)  # the backbone's own energies (models/backbones.py)
+        atomic = latent_part + offsets if base is None else latent_part + offsets + base  # (n_atoms,)
         energy = atomic.new_zeros(state.n_graphs).index_add_(0, state.graph, atomic)
         return {
             keys.ENERGY: energy,
