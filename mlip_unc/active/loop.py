@@ -10,7 +10,9 @@ flagged; the most uncertain ``top_k`` (optionally diversified, :func:`select_fla
 labelled by the oracle (:func:`label_selected`); 80 % go to the training set, 20 % to the
 validation set; the model is retrained (:func:`~mlip_unc.active.training.train_model`). The
 report (``out/report.md``, ``out/rounds.png``) lists per round the data size, the held-out
-errors, the uncertainty levels and the flagged count.
+errors, the uncertainty levels and the flagged count; one log line per round sums it up.
+With ``progress`` a tqdm bar counts the rounds, with inner bars for the MD steps and the oracle
+calls of each round.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 from ase import Atoms
+from tqdm.auto import tqdm
 
 from mlip_unc.active.data import build_structure, initial_data, split_labelled, write_frames
 from mlip_unc.active.evaluation import evaluate_structures
@@ -30,9 +33,10 @@ from mlip_unc.active.oracles import label_structures, make_oracle
 from mlip_unc.active.selection import distance_histograms, select
 from mlip_unc.active.state import CachedLabels, RunState
 from mlip_unc.active.training import train_model
+from mlip_unc.atomic import remove_stale_temps
 from mlip_unc.config import ActiveLearningConfig, SelectionSettings
 
-__all__ = ["select_flagged", "label_selected", "run_active_learning"]
+__all__ = ["select_flagged", "label_selected", "run_active_learning", "round_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +52,13 @@ def select_flagged(flagged: list[Atoms], selection: SelectionSettings) -> list[A
 
 
 def label_selected(
-    chosen: list[Atoms], oracle: Any, selection: SelectionSettings, *, cache: CachedLabels | None = None
+    chosen: list[Atoms], oracle: Any, selection: SelectionSettings, *, cache: CachedLabels | None = None,
+    progress: bool = False,
 ) -> tuple[list[Atoms], int]:
     """Label ``chosen`` with ``oracle`` (through ``cache`` when given); returns (kept frames,
-    number dropped by ``max_label_force``)."""
-    labelled = label_structures(chosen, oracle, cache=cache)
+    number dropped by ``max_label_force``). ``progress``: a bar of the oracle calls."""
+    bar = tqdm(chosen, desc="oracle", unit="structure", disable=not progress, leave=False)
+    labelled = label_structures(bar, oracle, cache=cache)
     if selection.max_label_force is None:
         return labelled, 0
     kept = [a for a in labelled if np.abs(a.get_forces()).max() <= selection.max_label_force]
@@ -77,13 +83,14 @@ def _model_row(calc: Any, r: int, model: Path, train: list, valid: list, test: l
 
 
 def _explore(config: ActiveLearningConfig, calc: Any, starts: list[Atoms], rdir: Path, r: int,
-             level: float | None) -> tuple[list[Atoms], int]:  # fmt: skip
+             level: float | None, progress: bool = False) -> tuple[list[Atoms], int]:  # fmt: skip
     """MD from every starting structure; returns (flagged frames, number of logged frames)."""
     flagged: list[Atoms] = []
     n_frames = 0
     for k, start in enumerate(starts):
         settings = config.md.updated(seed=config.md.seed + 1000 * r + k)
-        md = run_md(start, calc, settings, rdir / f"md_{k}", reference_level=level, title=f"round {r}, structure {k}")
+        md = run_md(start, calc, settings, rdir / f"md_{k}", reference_level=level, title=f"round {r}, structure {k}",
+                    progress=progress)  # fmt: skip
         flagged.extend(md.flagged)
         n_frames += len(md.log["step"])
     return flagged, n_frames
@@ -99,15 +106,16 @@ def _check_thresholds(config: ActiveLearningConfig) -> None:
         raise ThresholdError(f"thresholds: {err}") from None
 
 
-def _data(config: ActiveLearningConfig, oracle: Any, starts: list[Atoms], out: Path, state: RunState
-          ) -> tuple[list[Atoms], list[Atoms], list[Atoms]]:  # fmt: skip
-    """Round-0 data, generated once and committed to ``out/data`` (read back on resume)."""
+def _data(config: ActiveLearningConfig, oracle: Any, starts: list[Atoms], out: Path, state: RunState,
+          cache: CachedLabels) -> tuple[list[Atoms], list[Atoms], list[Atoms]]:  # fmt: skip
+    """Round-0 data, generated once and committed to ``out/data`` (read back on resume); oracle
+    MD goes through ``cache``, so a bootstrap killed half-way is read back, not recomputed."""
     from mlip_unc.data.readers import read_structures
 
     files = {name: out / "data" / f"{name}.xyz" for name in ("train", "valid", "test")}
     if state.data.get("data"):
         return tuple(read_structures(files[n]) if state.data["data"][n] else [] for n in files)  # type: ignore[return-value]
-    parts = initial_data(config, oracle, starts)
+    parts = initial_data(config, cache.calculator(oracle), starts)
     for name, frames in zip(files, parts):
         if frames:
             write_frames(files[name], frames)
@@ -117,14 +125,15 @@ def _data(config: ActiveLearningConfig, oracle: Any, starts: list[Atoms], out: P
 
 
 def run_active_learning(
-    config: ActiveLearningConfig, *, resume: bool = False, overwrite: bool = False
+    config: ActiveLearningConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = False
 ) -> list[dict[str, Any]]:
     """Run ``config.rounds`` rounds; returns one row per model (row k: the model after k rounds).
 
     Every finished stage is committed to ``out/state.json`` and every oracle result to
     ``out/labels/`` (:mod:`mlip_unc.active.state`): ``resume=True`` continues a killed run
     where it stopped, without labelling any structure twice; a folder that holds a run is
-    never reused unless ``resume`` or ``overwrite`` is given.
+    never reused unless ``resume`` or ``overwrite`` is given; temporary files of writes killed
+    mid-way are removed when it is opened. ``progress``: tqdm bars (rounds, MD steps, oracle calls).
 
     Raises:
         ThresholdError: ``config.thresholds`` are invalid (checked before anything is done).
@@ -138,10 +147,11 @@ def run_active_learning(
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     state = RunState.start(out, config.to_dict(), resume=resume, overwrite=overwrite)
+    remove_stale_temps(out, recursive=True)
     cache = CachedLabels(out / "labels")
     oracle = make_oracle(config.oracle)
     starts = build_structure(config.structures) if config.structures is not None else []
-    train, valid, test = _data(config, oracle, starts, out, state)
+    train, valid, test = _data(config, oracle, starts, out, state, cache)
     starts = starts or [train[0].copy()]
     rng = np.random.default_rng(config.seed)
     start_model = state.data["initial_model"] or config.model
@@ -153,7 +163,8 @@ def run_active_learning(
         state.data["initial_model"] = str(model)
         state.commit()
     rows: list[dict[str, Any]] = []
-    for r in range(config.rounds + 1):
+    rounds = tqdm(range(config.rounds + 1), desc="active learning", unit="round", disable=not progress)
+    for r in rounds:
         rdir = out / f"round_{r}"
         if r < len(state.data["rounds"]):  # committed by an earlier invocation
             done = state.data["rounds"][r]
@@ -171,17 +182,17 @@ def run_active_learning(
         row = _model_row(calc, r, model, train, valid, test)
         rows.append(row)
         if r == config.rounds:  # the final model: evaluated, no more MD
+            log.info("final model (after %d rounds): %s", r, round_summary(row))
             break
-        flagged, n_frames = _explore(config, calc, starts, rdir, r, row["level_max_force_std"])
+        flagged, n_frames = _explore(config, calc, starts, rdir, r, row["level_max_force_std"], progress)
         chosen = select_flagged(flagged, config.selection)
-        labelled, n_dropped = label_selected(chosen, oracle, config.selection, cache=cache)
+        labelled, n_dropped = label_selected(chosen, oracle, config.selection, cache=cache, progress=progress)
         row.update({"n_md_frames": n_frames, "n_flagged": len(flagged), "n_labelled": len(labelled),
                     "n_dropped": n_dropped})  # fmt: skip
-        log.info("round %d: %d of %d MD frames flagged, %d labelled%s", r, len(flagged), n_frames, len(labelled),
-                 f", {n_dropped} dropped (max_label_force)" if n_dropped else "")  # fmt: skip
         if not labelled:
             row["minutes"] = (time.monotonic() - t0) / 60
-            log.info("nothing to label: the model stayed under the thresholds along the MD; stopping")
+            log.info("round %d: %s; nothing to label (the model stayed under the thresholds): stopping", r,
+                     round_summary(row))  # fmt: skip
             state.data["rounds"].append({"round": r, "row": row, "model": None, "rng": rng.bit_generator.state})
             state.commit()
             break
@@ -194,10 +205,26 @@ def run_active_learning(
         row["minutes"] = (time.monotonic() - t0) / 60
         state.data["rounds"].append({"round": r, "row": row, "model": str(model), "rng": rng.bit_generator.state})
         state.commit()
+        log.info("round %d: %s; retrained on %d + %d structures", r, round_summary(row), len(train), len(valid))
         write_rounds_report(rows, out)
+    rounds.close()
     report = write_rounds_report(rows, out)
     log.info("report: %s (%d oracle calls in this invocation)", report, cache.calls)
     return rows
+
+
+def round_summary(row: dict[str, Any]) -> str:
+    """One line of a round's row: the model's data and held-out error, MD flags, labels, time."""
+    parts = [f"model on {row['n_train']} + {row['n_valid']} structures"]
+    if row.get("test_force_rmse") is not None:
+        parts.append(f"test force RMSE {row['test_force_rmse']:.4g} eV/A")
+    if "n_flagged" in row:
+        dropped = f" ({row['n_dropped']} dropped by max_label_force)" if row.get("n_dropped") else ""
+        parts.append(f"{row['n_flagged']} of {row['n_md_frames']} MD frames flagged, {row['n_labelled']} labelled"
+                     + dropped)  # fmt: skip
+    if row.get("minutes") is not None:
+        parts.append(f"{row['minutes']:.2f} min")
+    return "; ".join(parts)
 
 
 def _read_optional(path: Path) -> list[Atoms]:

@@ -46,6 +46,7 @@ from typing import IO, Any
 import numpy as np
 from ase import Atoms, units
 from ase.io import read, write
+from tqdm.auto import tqdm
 
 from mlip_unc.calculator import NonFiniteResultError
 from mlip_unc.config import MDSettings
@@ -267,12 +268,8 @@ class UncertaintyMonitor:
     def _write_flagged(self, row: dict[str, Any], unc: dict[str, Any]) -> None:
         calc = self.atoms.calc
         frame = self.atoms.copy()  # copy() drops the calculator: no model values pass as labels
-        frame.info.update(
-            {
-                k: row[k]
-                for k in ("step", "time_ps", "energy_std", "energy_std_per_atom", "max_force_std", "alignment")
-            }
-        )
+        keys = ("step", "time_ps", "energy_std", "energy_std_per_atom", "max_force_std", "alignment")
+        frame.info.update({k: row[k] for k in keys})
         frame.info["mlip_energy"] = row["epot"]
         frame.info["flag_reason"] = flag_reason(unc)
         frame.info["out_of_domain"] = bool(unc["out_of_domain"])
@@ -329,6 +326,7 @@ def run_md(
     plot: bool = True,
     reference_level: float | None = None,
     title: str = "",
+    progress: bool = False,
 ) -> MDResult:
     """Run MD on a copy of ``atoms`` with ``calc`` and an :class:`UncertaintyMonitor`.
 
@@ -337,7 +335,7 @@ def run_md(
     A run stopped by ``settings.max_flags`` ends normally with ``stopped_early=True``; a run
     whose frame the calculator refused (:data:`CALCULATOR_FAILURES`: NaN results, coincident
     atoms) ends normally too, with ``failure`` set, a failed row in ``md.csv`` and the frame in
-    ``failed.xyz``.
+    ``failed.xyz``. ``progress``: a tqdm bar of the MD steps (the caller decides: terminal, ``-q``).
     """
     from ase.io.trajectory import Trajectory
     from ase.md.langevin import Langevin
@@ -361,11 +359,13 @@ def run_md(
         )  # fmt: skip
     paths = {"trajectory": out_dir / "md.traj", "csv": out_dir / "md.csv", "flagged_path": out_dir / "flagged.xyz"}
     stopped, failure = False, None
+    bar = tqdm(total=settings.steps, desc=title or "md", unit="step", disable=not progress, leave=False)
     with Trajectory(paths["trajectory"], "w", atoms) as traj, UncertaintyMonitor(
         atoms, paths["csv"], flagged_path=paths["flagged_path"], dyn=dyn, max_flags=settings.max_flags
-    ) as monitor:
+    ) as monitor, bar:
         dyn.attach(monitor, interval=settings.interval)  # first: computes the uncertainties
         dyn.attach(traj.write, interval=settings.interval)
+        dyn.attach(lambda: bar.update(int(dyn.nsteps) - bar.n), interval=settings.interval)
         try:
             dyn.run(settings.steps)
         except UncertaintyLimitReached:

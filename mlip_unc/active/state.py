@@ -6,7 +6,9 @@ the rows of the report. ``out/labels/<hash>.json`` holds every oracle result, ke
 of the structure (atomic numbers, positions, cell, pbc), written as soon as the oracle returns,
 so a killed run never labels the same structure twice: on ``--resume`` the rounds already
 committed are skipped, the interrupted one is replayed (its MD is seeded, so it reaches the
-same frames) and its labels come from the cache.
+same frames) and its labels come from the cache. The oracle MD that makes the round-0 data goes
+through the same cache (:meth:`CachedLabels.calculator`): a replayed bootstrap trajectory is
+read back step by step instead of recomputed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import numpy as np
 from ase import Atoms
-from ase.calculators.calculator import Calculator
+from ase.calculators.calculator import Calculator, all_changes
 from ase.calculators.singlepoint import SinglePointCalculator
 
 from mlip_unc.atomic import atomic_write_text
@@ -48,22 +50,59 @@ class CachedLabels:
         self.folder = Path(folder)
         self.calls = 0  # oracle calls made through this cache (not served from disk)
 
+    def lookup(self, atoms: Atoms) -> dict[str, Any] | None:
+        """The stored results of ``atoms`` (arrays as numpy), or None."""
+        path = self.folder / f"{structure_hash(atoms)}.json"
+        if not path.is_file():
+            return None
+        return {k: np.asarray(v) if isinstance(v, list) else v for k, v in json.loads(path.read_text()).items()}
+
+    def store(self, atoms: Atoms, results: dict[str, Any]) -> None:
+        """Write the oracle ``results`` of ``atoms`` (atomically, as soon as they exist)."""
+        plain = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in results.items()}
+        atomic_write_text(self.folder / f"{structure_hash(atoms)}.json", json.dumps(plain))
+
     def label(self, atoms: Atoms, oracle: Calculator, compute: Any) -> Atoms:
         """``atoms`` labelled: from the cache, or by ``compute(atoms, oracle) -> Atoms`` (stored)."""
-        path = self.folder / f"{structure_hash(atoms)}.json"
-        if path.is_file():
-            results = {k: np.asarray(v) if isinstance(v, list) else v for k, v in json.loads(path.read_text()).items()}
+        results = self.lookup(atoms)
+        if results is not None:
             out = atoms.copy()
             out.calc = SinglePointCalculator(out, **results)
             return out
         out = compute(atoms, oracle)
         self.calls += 1
-        results = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in out.calc.results.items()}
-        atomic_write_text(path, json.dumps(results))
+        self.store(atoms, out.calc.results)
         return out
+
+    def calculator(self, oracle: Calculator) -> Calculator:
+        """``oracle`` behind this cache, as an ASE calculator (for oracle-driven MD)."""
+        return _CachedOracle(self, oracle)
 
     def label_all(self, structures: Iterable[Atoms], oracle: Calculator, compute: Any) -> list[Atoms]:
         return [self.label(a, oracle, compute) for a in structures]
+
+
+class _CachedOracle(Calculator):
+    """Energy, forces and (fully periodic, when the oracle has it) stress of each structure from
+    the cache, else from the oracle (then stored): what a replayed oracle MD reads back."""
+
+    def __init__(self, cache: CachedLabels, oracle: Calculator) -> None:
+        super().__init__()
+        self.cache, self.oracle = cache, oracle
+        self.implemented_properties = list(getattr(oracle, "implemented_properties", ("energy", "forces")))
+
+    def calculate(self, atoms: Atoms | None = None, properties: Any = None, system_changes: Any = all_changes) -> None:
+        Calculator.calculate(self, atoms, properties, system_changes)
+        results = self.cache.lookup(self.atoms)
+        if results is None or any(p not in results for p in properties or ()):
+            work = self.atoms.copy()
+            work.calc = self.oracle
+            results = {"energy": float(work.get_potential_energy()), "forces": np.asarray(work.get_forces())}
+            if work.pbc.all() and "stress" in self.implemented_properties:
+                results["stress"] = np.asarray(work.get_stress())
+            self.cache.calls += 1
+            self.cache.store(self.atoms, results)
+        self.results = {**results, "free_energy": results["energy"]}
 
 
 class RunState:

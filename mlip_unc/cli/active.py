@@ -8,18 +8,20 @@
 
 Nothing heavy at module level (no torch, data layer or calculator): the library and its
 exception classes are imported inside the commands. Progress goes through ``logging``
-(set up by the root command's ``-v``/``-q``).
+(set up by the root command's ``-v``/``-q``); ``md`` and ``active-learn`` show tqdm bars on a
+terminal unless ``-q`` is given (:func:`_progress`).
 """
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from mlip_unc.cli._common import THREADS_HELP, fail, set_threads, user_errors
+from mlip_unc.cli._common import THREADS_HELP, fail, quiet, set_threads, user_errors
 
 
 class Ensemble(str, Enum):
@@ -53,6 +55,11 @@ class Diverse(str, Enum):
     NONE = "none"
     DESCRIPTOR = "descriptor"
     LATENT = "latent"
+
+
+def _progress() -> bool:
+    """Progress bars: on a terminal, unless ``-q``."""
+    return sys.stderr.isatty() and not quiet()
 
 
 def register(app: typer.Typer) -> None:
@@ -111,7 +118,7 @@ def md(
             friction=friction, max_flags=max_flags, seed=seed,
         ), resolve=False)  # fmt: skip
         levels = calc.uncertainty_levels or {}
-        result = run_md(start, calc, settings, out, reference_level=levels.get("max_force_std"))
+        result = run_md(start, calc, settings, out, reference_level=levels.get("max_force_std"), progress=_progress())
     except user_errors() as err:
         fail(err)
     log = result.log
@@ -190,7 +197,7 @@ def active_learn(
     set_threads(threads)
     try:
         cfg = load_active_config(config, items)
-        rows = run_active_learning(cfg, resume=resume, overwrite=overwrite)
+        rows = run_active_learning(cfg, resume=resume, overwrite=overwrite, progress=_progress())
     except (*user_errors(), OracleError, FileExistsError) as err:
         fail(err)
     for row in rows:

@@ -7,10 +7,12 @@ without unpickling any code::
      "config": {...}, "metadata": {...}, "model_state": {...},
      "optimizer_state": {...} (optional), "epoch": int, ..., "sha256": str}
 
-``sha256`` is a digest of every tensor of the payload (name, dtype, shape, bytes), written at
-save and checked at load: flipped bits inside a weight tensor, which still unpickle, are
-refused with a clear error instead of producing NaN later. Checkpoints written before the
-digest existed load without the check.
+``sha256`` is a digest of the whole payload, written at save and checked at load: every tensor
+(name, dtype, shape, bytes) and every other value (name, type, ``repr``), so flipped bits
+inside a weight tensor or in the config or metadata, which still unpickle, are refused with a
+clear error instead of producing NaN or another model later (``digest: 2``). Checkpoints with
+``digest`` 1 (absent: tensors only) are checked with that older digest, and checkpoints
+written before any digest existed load without the check.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from mlip_unc.atomic import atomic_write
 
 __all__ = ["FORMAT", "VERSION", "CheckpointError", "save_checkpoint", "load_checkpoint", "tensor_digest"]
 
+_UNHASHED = ("sha256", "digest")  # the digest's own fields
+
 FORMAT = "mlip_unc"
 VERSION = 1
 
@@ -39,13 +43,14 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
 
     A crash mid-write leaves the previous checkpoint intact.
     """
-    full = {"format": FORMAT, "version": VERSION, **payload}
-    full["sha256"] = tensor_digest(full)
+    full = {"format": FORMAT, "version": VERSION, **payload, "digest": 2}
+    full["sha256"] = tensor_digest(full, values=True)
     return atomic_write(path, lambda handle: torch.save(full, handle))
 
 
-def tensor_digest(payload: Any) -> str:
-    """SHA-256 over every tensor in ``payload`` (nested dicts/lists), in a fixed order."""
+def tensor_digest(payload: Any, *, values: bool = False) -> str:
+    """SHA-256 over every tensor in ``payload`` (nested dicts/lists), in a fixed order; with
+    ``values`` over every other leaf too (its type and ``repr``)."""
     digest = hashlib.sha256()
 
     def walk(node: Any, name: str) -> None:
@@ -55,11 +60,13 @@ def tensor_digest(payload: Any) -> str:
             digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         elif isinstance(node, dict):
             for key in sorted(node, key=str):
-                if key != "sha256":
-                    walk(node[key], f"{name}/{key}")
+                if not (name == "" and key in _UNHASHED):
+                    walk(node[key], f"{name}/{key!r}" if values else f"{name}/{key}")
         elif isinstance(node, (list, tuple)):
             for i, item in enumerate(node):
                 walk(item, f"{name}[{i}]")
+        elif values:
+            digest.update(f"{name}|{type(node).__name__}|{node!r}\n".encode())
 
     walk(payload, "")
     return digest.hexdigest()
@@ -93,11 +100,12 @@ def load_checkpoint(
         raise CheckpointError(
             f"{path} was written by a newer mlip-unc (format version {payload['version']})"
         )
-    expected = payload.get("sha256")
-    if expected is not None and tensor_digest(payload) != expected:
+    expected, full = payload.get("sha256"), payload.get("digest") == 2
+    if expected is not None and tensor_digest(payload, values=full) != expected:
+        what = "its contents" if full else "its tensors"
         raise CheckpointError(
-            f"checkpoint {path} is corrupted: its tensors do not match the SHA-256 digest written with "
-            "it (changed bytes in a weight tensor); restore it from a copy or retrain"
+            f"checkpoint {path} is corrupted: {what} do not match the SHA-256 digest written with it "
+            "(changed bytes in a weight tensor, the config or the metadata); restore it from a copy or retrain"
         )
     if kind is not None and payload.get("kind") != kind:
         raise CheckpointError(f"{path} holds a {payload.get('kind')!r} model, expected {kind!r}")

@@ -37,6 +37,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
+from mlip_unc.atomic import remove_stale_temps
 from mlip_unc.config.enums import LRSchedule
 from mlip_unc.config.training import TrainCoreConfig
 from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -302,6 +303,7 @@ class Trainer:
             if last is not None and last.is_file() and not (resume or overwrite):
                 raise FileExistsError(f"{self.out} already holds a training run; continue it with --resume "
                                       "or replace it with --overwrite")  # fmt: skip
+            remove_stale_temps(self.out)  # temporary files of writes killed mid-way (kill -9)
             if resume and last is not None and last.is_file():
                 self.restore(last)
                 torch.set_rng_state(self.torch_rng)

@@ -58,7 +58,7 @@ def test_train_model_without_validation_levels_on_training_frames(tmp_path, tiny
     assert levels["n_structures"] == 4 and levels["max_force_std"] > 0 and levels["energy_std_per_atom"] > 0
 
 
-def test_one_round_with_the_emt_oracle(tmp_path, tiny_training):
+def test_one_round_with_the_emt_oracle(tmp_path, tiny_training, caplog, capsys):
     config = validate(ActiveLearningConfig, {
         "out": str(tmp_path / "al"), "oracle": "emt", "structures": CU, "rounds": 1,
         "bootstrap": {"frames": 6, "valid_frames": 2, "interval": 3, "equilibration": 0},
@@ -68,8 +68,16 @@ def test_one_round_with_the_emt_oracle(tmp_path, tiny_training):
         "thresholds": {"max_force_std": 1e-9},  # flag everything: the round must label and retrain
         "selection": {"top_k": 3},
     })  # fmt: skip
-    rows = run_active_learning(config)
+    with caplog.at_level("INFO", logger="mlip_unc.active.loop"):
+        rows = run_active_learning(config, progress=True)
     assert [r["round"] for r in rows] == [0, 1]
+    lines = [r.getMessage() for r in caplog.records if r.name == "mlip_unc.active.loop"]
+    round_lines = [m for m in lines if m.startswith("round 0:")]  # one line per round
+    assert len(round_lines) == 1 and "3 of 4 MD frames flagged, 3 labelled" in round_lines[0]
+    assert "retrained on 8 + 3 structures" in round_lines[0]
+    assert sum(m.startswith("final model (after 1 rounds):") for m in lines) == 1
+    bars = capsys.readouterr().err  # tqdm bars on stderr: rounds, MD steps, oracle calls
+    assert "active learning" in bars and "round 0, structure 0" in bars and "oracle" in bars
     # step 0 is the ideal lattice, where the forces and their std vanish by symmetry
     assert rows[0]["n_md_frames"] == 4 and rows[0]["n_flagged"] == 3 and rows[0]["n_labelled"] == 3
     assert rows[1]["n_train"] + rows[1]["n_valid"] == 6 + 2 + 3
@@ -125,10 +133,61 @@ def test_resume_after_a_kill_gives_the_same_data_and_labels_nothing_twice(tmp_pa
         run_active_learning(config)
     with pytest.raises(FileExistsError, match="--resume"):
         run_active_learning(config)
+    # what a kill -9 mid-write leaves: temporary files of atomic writes, removed on --resume
+    out = tmp_path / "b"
+    stale = [out / ".state.json.abcd_123.tmp", out / "labels" / f".{calls[0]}.json.x1y2z3w4.tmp"]
+    for path in stale:
+        path.write_bytes(b"")
     resumed = run_active_learning(config, resume=True)
+    assert not any(path.exists() for path in stale)
     assert len(calls) == len(set(calls)) + 1  # only the killed call was repeated
     assert [r["n_train"] for r in resumed] == [r["n_train"] for r in straight]
     final = lambda root: ase.io.read(root / "round_1" / "retrained" / "train.xyz", ":")  # noqa: E731
     a, b = final(tmp_path / "a"), final(tmp_path / "b")
     assert len(a) == len(b) and all(np.allclose(x.positions, y.positions) for x, y in zip(a, b))
     assert all(np.isclose(x.get_potential_energy(), y.get_potential_energy()) for x, y in zip(a, b))
+
+
+def test_a_bootstrap_killed_half_way_is_read_back_not_recomputed(tmp_path, tiny_training, monkeypatch):
+    """Kill during the oracle MD that makes the round-0 data, then --resume: the replayed
+    trajectory comes from the label cache (no oracle call repeated) and the data are the same."""
+    import ase.io
+    from ase.calculators.emt import EMT
+
+    from mlip_unc.active import loop
+
+    calls: list[int] = []
+
+    class CountingEMT(EMT):
+        def calculate(self, atoms=None, properties=("energy",), system_changes=None):
+            calls.append(1)
+            if len(calls) == kill_at[0]:
+                raise _Killed
+            super().calculate(atoms, properties, system_changes or [])
+
+    class _DataDone(Exception):
+        """The round-0 data are committed: the test needs nothing after."""
+
+    def stop(*args, **kwargs):
+        raise _DataDone
+
+    monkeypatch.setattr(loop, "make_oracle", lambda spec: CountingEMT())
+    monkeypatch.setattr(loop, "train_model", stop)
+    config = _al_config(tmp_path / "a", tiny_training, "emt")
+    kill_at = [0]
+    with pytest.raises(_DataDone):
+        run_active_learning(config)
+    n_straight = len(calls)
+    assert n_straight > 12  # 6 + 2 frames, 3 steps apart
+    calls.clear()
+    kill_at[0] = 9  # inside the bootstrap MD
+    config = config.updated(out=str(tmp_path / "b"))
+    with pytest.raises(_Killed):
+        run_active_learning(config)
+    kill_at[0] = 0
+    with pytest.raises(_DataDone):
+        run_active_learning(config, resume=True)
+    assert len(calls) == n_straight + 1  # only the killed call was made again
+    a, b = (ase.io.read(tmp_path / r / "data" / "train.xyz", ":") for r in ("a", "b"))
+    assert len(a) == len(b) == 6 and all(np.array_equal(x.positions, y.positions) for x, y in zip(a, b))
+    assert all(np.array_equal(x.get_forces(), y.get_forces()) for x, y in zip(a, b))

@@ -58,3 +58,29 @@ def test_a_pickled_object_is_refused_with_the_right_reason(tmp_path):
     torch.save({"format": "mlip_unc", "obj": ValueError("code, not data")}, path)
     with pytest.raises(CheckpointError, match="pickled Python objects"):
         load_checkpoint(path)
+
+
+def test_changed_config_or_metadata_is_detected(tmp_path):
+    """The digest covers non-tensor values too: a changed number in the config is refused."""
+    payload = {"kind": "potential", "model_state": {"w": torch.ones(3)}, "config": {"r_max": 5.0, "name": "abc"}}
+    path = save_checkpoint(tmp_path / "m.pt", payload)
+    raw = torch.load(path, weights_only=True)
+    assert raw["digest"] == 2
+    for key, value in (("r_max", 6.0), ("name", "abd")):
+        tampered = {**raw, "config": {**raw["config"], key: value}}
+        torch.save(tampered, path)  # bypasses save_checkpoint: the stored digest is now stale
+        with pytest.raises(CheckpointError, match="SHA-256"):
+            load_checkpoint(path)
+
+
+def test_tensor_only_digest_of_older_checkpoints_still_checked(tmp_path):
+    from mlip_unc.models.checkpoint import tensor_digest
+
+    old = {"format": "mlip_unc", "version": 1, "kind": "x", "model_state": {"w": torch.ones(3)}, "config": {"a": 1}}
+    old["sha256"] = tensor_digest(old)  # digest 1: tensors only
+    torch.save(old, tmp_path / "old.pt")
+    assert load_checkpoint(tmp_path / "old.pt")["config"] == {"a": 1}
+    old["model_state"] = {"w": torch.zeros(3)}
+    torch.save(old, tmp_path / "old.pt")
+    with pytest.raises(CheckpointError, match="its tensors"):
+        load_checkpoint(tmp_path / "old.pt")
