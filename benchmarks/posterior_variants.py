@@ -1,0 +1,284 @@
+"""Which last-layer posterior ranks force errors best? Post-hoc variants on the trained models of
+benchmarks/force_uncertainty.py (issue 11's missed targets, measured rather than guessed).
+
+For each dataset the single Bayesian model of the force-uncertainty benchmark
+(``<checkpoints>/<dataset>_single/model.pt``) is loaded once; one pass over its training,
+validation, in-domain test and OOD frames stores the position Jacobians of the per-element
+latent sums ``Phi_e = sum_{atoms of element e} z_a`` (their sum over elements is the shared
+``Phi`` of the model). From those, without retraining, every variant of the full-covariance
+posterior of ``mlip_unc.train.posterior`` is evaluated on the same frames:
+
+- basis: ``shared`` (the model's head, d weights) or ``per_element`` (one weight vector per
+  element, ``n_elements * d``; same posterior mean, so the same predictions);
+- precision: ``energy+forces`` (the default) or ``forces`` only;
+- lambda: chosen by the validation force NLL of the exact variance on the grid ``c * mean eig``, ``c`` from 1e-8 (the
+  grid until this run) or from 1e-14 (each grid up to 1);
+- rank: the r least-constrained directions (``lowrank``, r = 4, 8, 16) or all (``exact``).
+
+Frame score, error and metrics as in force_uncertainty.md (max over atoms of the force std;
+mean |F error|); a bootstrap over in-domain frames gives the spread of the in-domain Spearman.
+The cost of ``lowrank`` at each rank (shared basis; a per-element rank r costs the same r
+vector-Jacobian products) is timed against plain E+F on the in-domain frames, interleaved.
+Results: ``OUT/posterior_variants.{md,json}``; finished datasets are appended to
+``OUT/posterior_variants.jsonl`` and skipped when the command is run again.
+
+    python benchmarks/posterior_variants.py --datasets 3bpa,ethanol --threads 1
+    python benchmarks/posterior_variants.py --quick --out /tmp/pv_quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch_geometric.loader import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import force_uncertainty as fu
+
+from mlip_unc import keys
+from mlip_unc.config import load_potential_config
+from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.train.posterior import gaussian_scale_fit
+from mlip_unc.train.potential_data import prepare_data
+from mlip_unc.uncertainty import diagnostics as diag
+from mlip_unc.uncertainty import moments
+
+log = logging.getLogger("posterior_variants")
+RANKS = (4, 8, 16, None)  # None: exact
+GRIDS = {"1e-8": tuple(10.0**k for k in range(-8, 1)), "1e-14": tuple(10.0**k for k in range(-14, 1))}
+PRECISIONS = {"energy+forces": 1.0, "forces": 0.0}
+METRICS = ("spearman_frame_in_domain", "partial_spearman_given_force", "auroc_ood", "spearman_frame_pooled")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data")
+    p.add_argument("--datasets", default="3bpa,ethanol")
+    p.add_argument("--checkpoints", type=Path, default=None,
+                   help="folder of <dataset>_single (default: OUT/checkpoints/force_uncertainty)")  # fmt: skip
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="seed of the 3BPA split and the bootstrap")
+    p.add_argument("--bootstrap", type=int, default=200)
+    p.add_argument("--timing-frames", type=int, default=20)
+    p.add_argument("--quick", action="store_true", help="tiny EMT Cu model trained here (10 s); needs --out")
+    p.add_argument("--out", type=Path, default=None, help=f"results folder (default {fu.RESULTS})")
+    args = p.parse_args(argv)
+    if args.quick and args.out is None:
+        p.error("--quick writes to the folder given by --out")
+    args.out = args.out or fu.RESULTS
+    args.datasets = ["cu_emt"] if args.quick else [d.strip().lower() for d in args.datasets.split(",") if d]
+    args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or fu.REPO.parent / "shared" / "data")
+    args.checkpoints = args.checkpoints or args.out / "checkpoints" / "force_uncertainty"
+    return args
+
+
+def collect(model: BayesianPotential, dataset: Any) -> list[dict[str, torch.Tensor]]:
+    """Per frame: ``jac (n_el * d, n_atoms, 3)`` of the per-element latent sums, the force error
+    and the predicted forces ``(n_atoms, 3)`` at the posterior mean (float64)."""
+    n_el, mu = len(model.type_map), model.posterior()[0].detach()
+    frames = []
+    for batch in DataLoader(list(getattr(dataset, "graphs", dataset)), batch_size=8, shuffle=False):
+        with torch.enable_grad():
+            state = model._state(batch, forces=True, stress=False)
+            d = state.z.shape[1]
+            onehot = torch.nn.functional.one_hot(state.atom_type, n_el).to(state.z.dtype)  # (n_atoms, n_el)
+            z_el = (onehot[:, :, None] * state.z[:, None, :]).reshape(-1, n_el * d)
+            phi = torch.zeros(state.n_graphs, n_el * d, dtype=z_el.dtype).index_add(0, state.graph, z_el)
+            eye = torch.eye(n_el * d, dtype=phi.dtype)
+            (jac,) = moments.linear_gradients(phi, state.inputs[:1], eye, method=model.gradient_method)
+        forces = -torch.einsum("k,kac->ac", mu.repeat(n_el), jac).detach()  # F = -dE/dr, E = Phi . mu + E0
+        for g in range(state.n_graphs):
+            sel = state.graph == g
+            frames.append({"jac": jac[:, sel].detach().double(), "phi": phi[g].detach().double(),
+                           "error": (forces[sel] - batch[keys.FORCES][sel]).double(),
+                           "forces": forces[sel].double(), "n_atoms": int(sel.sum())})  # fmt: skip
+    return frames
+
+
+def to_shared(frames: list[dict[str, torch.Tensor]], n_el: int) -> list[dict[str, torch.Tensor]]:
+    """The model's own basis: ``Phi = sum_e Phi_e`` (and its Jacobian)."""
+    return [{**f, "jac": f["jac"].reshape(n_el, -1, *f["jac"].shape[1:]).sum(0),
+             "phi": f["phi"].reshape(n_el, -1).sum(0)} for f in frames]  # fmt: skip
+
+
+def precision(frames: list[dict[str, torch.Tensor]], noise: tuple[float, float], w_energy: float) -> torch.Tensor:
+    """``A = w_E sum Phi Phi^T / (n sigma_e^2) + sum J J^T / sigma_f^2`` over training frames."""
+    k = frames[0]["jac"].shape[0]
+    a = torch.zeros(k, k, dtype=torch.float64)
+    for f in frames:
+        j = f["jac"].reshape(k, -1)
+        a += j @ j.T / noise[1] ** 2 + w_energy * torch.outer(f["phi"], f["phi"]) / (f["n_atoms"] * noise[0] ** 2)
+    return a
+
+
+def frame_values(frames: list[dict[str, torch.Tensor]], vec: torch.Tensor, sigma: torch.Tensor,
+                 rank: int | None) -> dict[str, Any]:  # fmt: skip
+    """Frame score (max atom force std, raw), error (mean |F err|), max |F_pred|; all components'
+    raw variances and errors (for the calibration fit)."""
+    keep = slice(None) if rank is None else slice(0, rank)  # sigma descending: least constrained first
+    score, error, force, var, err = [], [], [], [], []
+    for f in frames:
+        proj = torch.einsum("kd,dac->kac", vec.T[keep], f["jac"])  # (r, n_atoms, 3)
+        v = (proj.square() * sigma[keep, None, None]).sum(0)  # (n_atoms, 3)
+        score.append(float(v.sum(1).sqrt().max()))
+        error.append(float(f["error"].norm(dim=1).mean()))
+        force.append(float(f["forces"].norm(dim=1).max()))
+        var.append(v.reshape(-1))
+        err.append(f["error"].reshape(-1))
+    return {"score": np.array(score), "error": np.array(error), "force": np.array(force),
+            "var": torch.cat(var), "err": torch.cat(err)}  # fmt: skip
+
+
+def bootstrap_spread(score: np.ndarray, error: np.ndarray, n: int, seed: int) -> float:
+    """Standard deviation of the in-domain Spearman over ``n`` bootstrap resamples of frames."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, score.size, size=(n, score.size))
+    return float(np.std([diag.spearman(score[i], error[i]) for i in idx]))
+
+
+def variants(sets: dict[str, list], noise: tuple[float, float], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every (precision, grid, rank) variant on one basis: metrics on the same frames."""
+    rows = []
+    for prec, w_e in PRECISIONS.items():
+        eig, vec = torch.linalg.eigh(precision(sets["train"], noise, w_e))
+        eig = eig.clamp_min(0.0)  # ascending precision = descending variance: least constrained first
+        scale = float(eig.mean())
+        for grid_name, grid in GRIDS.items():
+            fits = []
+            for c in grid:  # lambda by the validation force NLL of the exact variance, as the model
+                val = frame_values(sets["valid"], vec, 1.0 / (eig + c * scale), None)
+                fits.append((gaussian_scale_fit(val["err"], val["var"])[2], c))
+            c = min(fits)[1]
+            sigma = 1.0 / (eig + c * scale)
+            for rank in RANKS:
+                val = frame_values(sets["valid"], vec, sigma, rank)
+                nll = gaussian_scale_fit(val["err"], val["var"])[2]
+                ind, ood = (frame_values(sets[p], vec, sigma, rank) for p in ("test", "ood"))
+                ranking = diag.frame_ranking(ind["score"], ind["error"], ind["force"], ood["score"], ood["error"], ood["force"])
+                rows.append({"precision": prec, "grid_floor": grid_name, "rank": rank or "exact",
+                             "lambda_over_mean_eig": c, "valid_nll_forces": nll, **{k: ranking[k] for k in METRICS},
+                             "spearman_in_domain_bootstrap_std": bootstrap_spread(
+                                 ind["score"], ind["error"], args.bootstrap, args.seed)})  # fmt: skip
+    return rows
+
+
+def timings(model: BayesianPotential, graphs: list) -> dict[str, float]:
+    """Cost of lowrank at each rank and of exact, as ratios to plain E+F (interleaved calls)."""
+    rank0 = model.posterior_rank
+
+    def lowrank(rank: int):
+        def call(g):
+            model.posterior_rank = rank
+            return model(g, compute_forces=True, uncertainty="lowrank")
+        return call
+
+    calls = {"plain": lambda g: model(g, compute_forces=True, uncertainty="none"),
+             **{f"lowrank{r}": lowrank(r) for r in RANKS if r}, "exact": lambda g: model(g, compute_forces=True, uncertainty="exact")}  # fmt: skip
+    ms = fu.time_calls(calls, graphs)
+    model.posterior_rank = rank0
+    return {k: v / ms["plain"] for k, v in ms.items() if k != "plain"} | {"plain_ms": ms["plain"]}
+
+
+def run_dataset(name: str, args: argparse.Namespace, steps: fu.Steps, work: Path) -> None:
+    if steps.get(f"dataset:{name}"):
+        return
+    split = fu.dataset_split(name, args, work)
+    folder = args.checkpoints / f"{name}_single"
+    if args.quick and not (folder / "model.pt").is_file():  # the benchmark's own quick model
+        fu.main(["--quick", "--out", str(args.out)])
+    cfg = load_potential_config(folder / "config.yaml", [f"data_root={args.data_root}", f"data.train={split['train']}"])
+    data = prepare_data(cfg)  # the model's own train/valid split (config seed)
+    model = BayesianPotential.from_checkpoint(folder / "model.pt")
+    model.eval()
+    loaded = {p: fu.load_frames(split[p], model, split, None) for p in ("test", "ood")}
+    log.info("[%s] collecting Jacobians: %d train, %d valid, %d test, %d OOD frames", name, len(data.train),
+             len(data.valid), len(loaded["test"]), len(loaded["ood"]))  # fmt: skip
+    valid = data.valid if data.valid is not None and len(data.valid) else data.train  # as fit_full_posterior
+    per_el = {"train": collect(model, data.train), "valid": collect(model, valid),
+              **{p: collect(model, loaded[p]) for p in ("test", "ood")}}  # fmt: skip
+    n_el = len(model.type_map)
+    shared = {p: to_shared(f, n_el) for p, f in per_el.items()}
+    noise = (float(model.energy_noise.detach()), float(model.force_noise.detach()))
+    rows = [{"basis": "shared", **r} for r in variants(shared, noise, args)]
+    rows += [{"basis": "per_element", **r} for r in variants(per_el, noise, args)]
+    cost = timings(model, loaded["test"].graphs[: args.timing_frames])
+    steps.add(f"dataset:{name}", {"rows": rows, "cost_ratio": cost, "n_elements": n_el, "latent_dim": model.latent_dim,
+                                  "frames": {p: len(f) for p, f in per_el.items()}})  # fmt: skip
+    log.info("[%s] done: %d variants", name, len(rows))
+
+
+def _f(v: Any) -> str:
+    if not isinstance(v, float):
+        return "n/a" if v is None else str(v)
+    return f"{v:.0e}" if v != 0 and abs(v) < 1e-3 else f"{v:.3f}"
+
+
+def write_markdown(steps: fu.Steps, args: argparse.Namespace, path: Path, status: str) -> dict[str, Any]:
+    settings = steps.get("settings")
+    reference = {}
+    if (ref := args.out / "force_uncertainty.json").is_file():
+        reference = json.loads(ref.read_text())
+    lines = ["# Posterior variants on the force-uncertainty models (post hoc, same frames)", "",
+             f"Command: `{settings['command']}`", "",
+             (f"Seed {args.seed}; {settings['threads']} torch thread(s); started {settings['started']}, updated "
+             f"{time.strftime('%Y-%m-%d %H:%M')}; status: {status}. The models are the `single` checkpoints of "
+             "force_uncertainty.md (not retrained); the committee5 reference row is copied from "
+             "force_uncertainty.json (same frames, earlier run). spread = bootstrap std of the in-domain Spearman "
+             f"({args.bootstrap} resamples of frames). Definitions as in force_uncertainty.md; lambda chosen per "
+             "(basis, precision, grid) by the validation force NLL of the exact variance, as in the model."), ""]  # fmt: skip
+    out: dict[str, Any] = {"meta": {"command": settings["command"], "status": status}}
+    head = ["basis", "precision", "grid_floor", "rank", "lambda_over_mean_eig", *METRICS, "spread", "valid_nll_forces"]
+    for name in args.datasets:
+        rec = steps.get(f"dataset:{name}")
+        if rec is None:
+            continue
+        out[name] = rec
+        committee = (reference.get(name) or {}).get("committee5") or {}
+        lines += [f"## {name}", "", f"Frames: {rec['frames']}; latent_dim {rec['latent_dim']}, {rec['n_elements']} elements.",
+                  "", "committee5 (force_uncertainty.json): " + ", ".join(f"{k} {_f(committee.get(k))}" for k in METRICS),
+                  "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]  # fmt: skip
+        for r in rec["rows"]:
+            r = {**r, "spread": r["spearman_in_domain_bootstrap_std"]}
+            lines.append("| " + " | ".join(_f(r[k]) for k in head) + " |")
+        cost = rec["cost_ratio"]
+        lines += ["", "Cost vs plain E+F (shared basis, same run; per-element rank r costs the same r products): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in cost.items() if k != "plain_ms")
+                  + f" (plain {cost['plain_ms']:.2f} ms).", ""]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = shlex.join(["python", "benchmarks/posterior_variants.py", *(sys.argv[1:] if argv is None else argv)])
+    settings = {"command": command, "started": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick, "seed": args.seed,
+                "budget_minutes": None, "overrides": [], "threads": args.threads}  # fmt: skip
+    steps = fu.Steps(args.out / "posterior_variants.jsonl", settings)
+    with tempfile.TemporaryDirectory(prefix="mlip_unc_pv_") as work:
+        for name in args.datasets:
+            run_dataset(name, args, steps, Path(work))
+            write_markdown(steps, args, args.out / "posterior_variants.md", "partial")
+    results = write_markdown(steps, args, args.out / "posterior_variants.md", "complete")
+    tmp = args.out / ".posterior_variants.json.tmp"
+    tmp.write_text(json.dumps(fu._clean(results), indent=1))
+    os.replace(tmp, args.out / "posterior_variants.json")
+    log.info("results: %s", args.out / "posterior_variants.md")
+    return results
+
+
+if __name__ == "__main__":
+    main()
