@@ -29,7 +29,11 @@ import torch
 from torch import Tensor
 
 from mlip_unc import keys
-from mlip_unc.models.derivatives import PotentialState, forces_and_stress, inverse_volume
+from mlip_unc.models.derivatives import (
+    PotentialState,
+    forces_and_stress,
+    inverse_volume,
+)
 from mlip_unc.models.potential_uncertainty import (
     UncertaintyMode,
     energy_uncertainty,
@@ -162,6 +166,12 @@ def posterior_uncertainty(
     from the full posterior when ``model`` has one, else from the diagonal one."""
     mu, s2 = model.posterior()
     post, method = model.full_posterior(), model.gradient_method
+    base = getattr(state, "base_energy", None)  # a backbone's own energies (models/backbones.py)
+    base_grads = None
+    if base is not None and mode is not UncertaintyMode.ENERGY and state.inputs:
+        # their derivatives join the mean forces (stress), which the modes take from Phi . mu only
+        base_grads = torch.autograd.grad(base.sum(), state.inputs, retain_graph=True, allow_unused=True,
+                                         materialize_grads=True)  # fmt: skip
     if post is None:
         out = energy_uncertainty(state, s2, model.energy_noise.square())
     else:
@@ -186,4 +196,7 @@ def posterior_uncertainty(
                 eps = torch.randn(n_samples, mu.shape[0], generator=generator, dtype=mu.dtype, device=mu.device)
                 draws = mu.detach() + post.alpha2_forces.sqrt().to(mu.dtype) * eps @ post.factor.to(mu.dtype)
         out.update(sampled_derivatives(state, mu, draws, method=method))
+    if base_grads is not None:
+        for key, value in forces_and_stress(state, list(base_grads)).items():
+            out[key] = out[key] + value
     return out

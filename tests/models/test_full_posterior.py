@@ -113,3 +113,45 @@ def test_checkpoint_round_trip_and_clearing(tmp_path):
     assert not again.has_full_posterior and "posterior_factor" not in again.state_dict()
     assert not np.allclose(again(graph, uncertainty="exact")[keys.FORCES_VAR].detach().numpy(),
                            model(graph, uncertainty="exact")[keys.FORCES_VAR].detach().numpy())  # fmt: skip
+
+
+class _WithBaseEnergy(torch.nn.Module):
+    """A backbone with its own per-atom energies (the ``latents_and_energies`` contract of
+    models/backbones.py, as an attached MACE model has): a GIN's latents plus a pair energy."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.latent_dim, self.r_max = inner, inner.latent_dim, inner.r_max
+
+    def forward(self, batch):
+        return self.inner(batch)
+
+    def latents_and_energies(self, batch):
+        from mlip_unc.geometry import batch_edge_vectors
+
+        length = batch_edge_vectors(batch).norm(dim=-1)  # (n_edges,)
+        pair = 0.3 * torch.exp(-length)  # eV per edge, split between its two atoms
+        energies = pair.new_zeros(batch.pos.shape[0]).index_add(0, batch.edge_index[1], 0.5 * pair)
+        return self.inner(batch), energies
+
+
+@pytest.mark.parametrize("mode", ["energy", "exact", "lowrank", "sampled"])
+def test_base_energy_forces_and_stress_in_every_mode(mode):
+    """Forces and stress include the backbone's own energies whichever mode computes them."""
+    model = _model()
+    model.backbone = _WithBaseEnergy(model.backbone)
+    graph = _graph(6)
+    plain = model(graph, compute_stress=True, uncertainty="none")
+    out = model(graph, compute_stress=True, uncertainty=mode, n_samples=4, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(out[keys.FORCES], plain[keys.FORCES])
+    torch.testing.assert_close(out[keys.STRESS], plain[keys.STRESS])
+    # and the plain forces are -dE/dr of the total energy, base energy included (finite differences)
+    pos, h = graph.pos.clone(), 1e-5
+    for atom, comp in ((0, 0), (2, 1)):
+        energies = []
+        for sign in (1, -1):
+            graph.pos = pos.clone()
+            graph.pos[atom, comp] += sign * h
+            energies.append(float(model(graph, compute_forces=False)[keys.ENERGY]))
+        graph.pos = pos
+        assert abs((energies[1] - energies[0]) / (2 * h) - float(plain[keys.FORCES][atom, comp])) < 1e-6
