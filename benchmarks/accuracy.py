@@ -1,0 +1,641 @@
+"""Accuracy at MACE's level (issue 12): this project's potentials beside mace-torch's own MACE,
+each trained for the same wall-time budget on one thread, on the same files.
+
+Datasets (``--data-root``): ethanol (train.xyz -> test_MD.xyz); 3BPA (400 of train_300K -> the
+other 100, split of benchmarks/force_uncertainty.py; the same models also on train_mixedT less
+its frames repeated from train_300K, reported as ``3BPA_mixedT``); solvent_xtb (train_200 ->
+test, xTB keys, isolated atoms in the training file); mlearn Si, Ge, Li (training.json ->
+test.json, read directly, with stress). Rows:
+
+- ``native``: configs/<set>_equivariant.yaml (<set>: ethanol, 3bpa, solvent_xtb, mlearn);
+- ``gin``: configs/<set>_gin.yaml, else the native config with the model section of
+  configs/ethanol_gin.yaml;
+- ``mace_backbone``: configs/<set>_mace.yaml, else the native config with the model section of
+  configs/ethanol_mace.yaml (mace-torch's blocks under this project's Bayesian head and trainer);
+- ``mace_torch``: mace-torch's MACE trained by its own CLI (``mace_run_train`` beside the running
+  python; 32 channels, max_L 1, max_ell 3, correlation 3, 2 interactions, r_max and batch size
+  of the native config, lr 0.01, EMA 0.99, its default loss weights, E0s from isolated atoms
+  where the data has them, else ``average``). Budget: the CLI has no wall-time limit, so it
+  runs with an unreachable max_num_epochs; ``--budget-minutes`` after it logs "Started
+  training" (our trainer's clock also starts after data preparation) the epoch in progress is
+  let finish, then the process is stopped (SIGTERM; train_minutes is the time to that epoch's
+  validation, so up to one epoch over the budget, in the peer's favour); mace keeps one
+  checkpoint, written whenever the validation loss improves (EMA weights), and a second call
+  with ``--restart_latest --max_num_epochs <that epoch>`` loads it, trains no further and
+  saves the .model, which mace's own ASE calculator evaluates.
+
+Metrics (mlip_unc.train.evaluate.potential_metrics for every row, float64 labels): energy MAE
+per atom (meV/atom), force MAE per component (meV/A), stress MAE over the 6 Voigt components of
+periodic frames (GPa). Parameters: all trainable tensors (our rows include the head's posterior
+std and the noise scales). The mace rows are skipped, with the reason, where mace-torch cannot
+be imported. Every finished run is appended to ``OUT/accuracy.jsonl`` (skipped when the
+command is run again: resumable) and kept: ``--repeat k`` runs seeds seed..seed+k-1, a rerun
+with another ``--seed`` adds runs; the md shows mean +- std and n. ``--quick``: EMT Cu made
+here, configs/tiny_emt.yaml and small models, 10 s per row.
+
+    /work/venv_mace/bin/python benchmarks/accuracy.py --datasets ethanol,3BPA --budget-minutes 10
+    python benchmarks/accuracy.py --quick --out /tmp/acc_quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import importlib
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import ase.io
+import numpy as np
+import torch
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import force_uncertainty as fu
+
+from mlip_unc.config import load_potential_config
+from mlip_unc.data import (
+    StructureDataset,
+    TypeMap,
+    frame_energy,
+    frame_forces,
+    frame_stress,
+    read_structures,
+)
+from mlip_unc.models.committee import load_potential
+from mlip_unc.train.evaluate import Predictions, evaluate_potential, potential_metrics
+from mlip_unc.train.potential import run_training
+
+log = logging.getLogger("accuracy")
+REPO = fu.REPO
+RESULTS = fu.RESULTS
+CONFIGS = REPO / "configs"
+DATASETS = ("ethanol", "3BPA", "solvent_xtb", "Si", "Ge", "Li")
+MLEARN = ("Si", "Ge", "Li")
+ROWS = ("native", "gin", "mace_backbone", "mace_torch")
+MACE_ROWS = ("mace_backbone", "mace_torch")
+COLUMNS = ("energy_mae_meV_atom", "force_mae_meV_A", "stress_mae_GPa", "train_minutes", "parameters")
+SETTINGS = ("quick", "budget_minutes", "split_seed", "overrides")  # a resumed run must match these
+KEEP = {"energy_mae_meV_atom": "energy_mae_meV_atom", "energy_rmse_meV_atom": "energy_rmse_meV_atom",
+        "forces_mae_meV_A": "force_mae_meV_A", "forces_rmse_meV_A": "force_rmse_meV_A",
+        "stress_mae_GPa": "stress_mae_GPa", "stress_rmse_GPa": "stress_rmse_GPa", "n_frames": "n_frames"}  # fmt: skip
+MACE_MODEL = {"num_channels": 32, "max_L": 1, "max_ell": 3, "correlation": 3, "num_interactions": 2,
+              "num_radial_basis": 8}  # fmt: skip
+QUICK_MODELS = {  # --quick: model sections small enough for 10 s
+    "native": {"backbone": "equivariant", "latent_dim": 8, "backbone_kwargs": {
+        "channels": 8, "l_max": 1, "num_layers": 1, "num_basis": 4, "radial_hidden": 8, "readout_hidden": [8]}},
+    "mace_backbone": {"backbone": "mace", "latent_dim": 8, "backbone_kwargs": {
+        "channels": 8, "max_L": 0, "l_max": 1, "num_layers": 2, "correlation": 2, "num_basis": 4,
+        "radial_mlp": [8], "readout_hidden": [8]}},
+}  # fmt: skip
+QUICK_MACE = {"num_channels": 8, "max_L": 0, "max_ell": 1, "correlation": 2, "num_interactions": 2,
+              "num_radial_basis": 4}  # fmt: skip
+
+
+# ================================================================ arguments and data
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data")
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--budget-minutes", type=float, default=None, help="wall time per row (10; quick: 1/6)")
+    for flag, default, text in (("--threads", 1, "torch threads (mace_torch: OMP/MKL threads)"),
+                                ("--seed", 0, "seed of the first repeat"), ("--repeat", 1, "seeds seed..seed+k-1"),
+                                ("--split-seed", 0, "seed of the 3BPA split (fixed across repeats)")):  # fmt: skip
+        p.add_argument(flag, type=int, default=default, help=text)
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="config override, our rows")
+    p.add_argument("--keep-mace-model", action="store_true", help="copy mace_torch's .model (~4 MB) to checkpoints")
+    p.add_argument("--quick", action="store_true", help="tiny EMT Cu data made here; needs --out")
+    p.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS})")
+    args = p.parse_args(argv)
+    names = {d.lower(): d for d in DATASETS}
+    args.datasets = ["cu_emt"] if args.quick else [names.get(d.strip().lower(), d.strip()) for d in args.datasets.split(",") if d.strip()]
+    if bad := [d for d in args.datasets if d not in (*DATASETS, "cu_emt")]:
+        p.error(f"unknown dataset(s) {bad}; choose from {DATASETS}")
+    args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    if bad := [r for r in args.rows if r not in ROWS]:
+        p.error(f"unknown row(s) {bad}; choose from {ROWS}")
+    if args.quick and args.out is None:
+        p.error("--quick writes to the folder given by --out")
+    args.out = args.out or RESULTS
+    args.budget_minutes = args.budget_minutes or (10.0 / 60.0 if args.quick else 10.0)
+    args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
+    return args
+
+
+def dataset_spec(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """``{set, train, tests {label: path} (first = the dataset's own), energy_key, forces_key,
+    stress_key, overrides}``: files and label keys of one dataset (3BPA and cu_emt files are
+    written to ``work`` by :func:`force_uncertainty.dataset_split`)."""
+    s = args.data_root / "structures"
+    spec: dict[str, Any] = {"set": name.lower(), "energy_key": "energy", "forces_key": "forces", "stress_key": None,
+                            "overrides": []}  # fmt: skip
+    if name in ("cu_emt", "3BPA"):
+        split = fu.dataset_split(name.lower(), argparse.Namespace(data_root=args.data_root, seed=args.split_seed), work)
+        tests = {"test": split["test"]} if name == "cu_emt" else {"test_300K": split["test"], "mixedT": split["ood"]}
+        spec.update(train=split["train"], tests=tests, stress_key="stress" if name == "cu_emt" else None)
+    elif name == "ethanol":
+        spec.update(train=s / "ethanol" / "train.xyz", tests={"test_MD": s / "ethanol" / "test_MD.xyz"})
+    elif name == "solvent_xtb":
+        root = s / "solvent_xtb"
+        spec.update(train=root / "solvent_xtb_train_200.xyz", tests={"test": root / "solvent_xtb_test.xyz"},
+                    energy_key="energy_xtb", forces_key="forces_xtb")  # fmt: skip
+    else:  # mlearn: the JSON files themselves (stress converted by mlip_unc.data.json_reader)
+        root = s / "mlearn" / name
+        spec.update(set="mlearn", train=root / "training.json", tests={"test": root / "test.json"}, stress_key="stress")
+    keys = {"energy_key": spec["energy_key"], "forces_key": spec["forces_key"], "stress_key": spec["stress_key"]}
+    spec["overrides"] = [f"data.train={spec['train']}", "data.test=null", *(f"data.{k}={v}" for k, v in keys.items()
+                         if v is not None)]  # fmt: skip
+    return spec
+
+
+def row_config(spec: dict[str, Any], row: str, args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The raw config of ``row`` on this dataset and a note of where it came from."""
+    if args.quick:
+        raw = yaml.safe_load((CONFIGS / "tiny_emt.yaml").read_text())
+        if row in QUICK_MODELS:
+            raw["model"] = copy.deepcopy(QUICK_MODELS[row])
+        return raw, f"configs/tiny_emt.yaml{' + quick model of ' + row if row in QUICK_MODELS else ''}"
+    suffix = {"native": "equivariant", "gin": "gin", "mace_backbone": "mace", "mace_torch": "equivariant"}[row]
+    own = CONFIGS / f"{spec['set']}_{suffix}.yaml"
+    if own.is_file():
+        return yaml.safe_load(own.read_text()), str(own.relative_to(REPO))
+    native = CONFIGS / f"{spec['set']}_equivariant.yaml"
+    raw = yaml.safe_load(native.read_text())
+    raw["model"] = yaml.safe_load((CONFIGS / f"ethanol_{suffix}.yaml").read_text())["model"]
+    return raw, f"{native.relative_to(REPO)} + model section of configs/ethanol_{suffix}.yaml"
+
+
+def read_frames(path: Path, spec: dict[str, Any]) -> list:
+    """Structures of ``path`` without the one-atom (reference) frames, labels under ``spec``'s keys."""
+    frames = read_structures(path, energy_key=spec["energy_key"], forces_key=spec["forces_key"],
+                             stress_key=spec["stress_key"], require_forces=False)  # fmt: skip
+    return [a for a in frames if len(a) > 1]
+
+
+def isolated_energies(paths: list[Path | str], spec: dict[str, Any]) -> dict[int, float]:
+    """E0(Z) of the one-atom frames in ``paths`` (the same frames our trainer uses)."""
+    out: dict[int, float] = {}
+    for path in paths:
+        for atoms in read_structures(path, energy_key=spec["energy_key"], require_forces=False):
+            if len(atoms) == 1 and (e := frame_energy(atoms, spec["energy_key"])) is not None:
+                out[int(atoms.numbers[0])] = float(e)
+    return out
+
+
+def truth(frames: list, spec: dict[str, Any]) -> dict[str, np.ndarray]:
+    """float64 labels of ``frames``: energy (n,), forces (n_atoms, 3), stress (n, 3, 3), masks."""
+    e = [frame_energy(a, spec["energy_key"]) for a in frames]
+    f = [frame_forces(a, spec["forces_key"]) for a in frames]
+    s = [frame_stress(a, spec["stress_key"]) if spec["stress_key"] else None for a in frames]
+    return {
+        "energy": np.array([np.nan if v is None else v for v in e]), "has_energy": np.array([v is not None for v in e]),
+        "forces": np.concatenate([np.zeros((len(a), 3)) if v is None else v for a, v in zip(frames, f)]),
+        "has_forces": np.array([v is not None for v in f]),
+        "stress": np.stack([np.zeros((3, 3)) if v is None else v for v in s]), "has_stress": np.array([v is not None for v in s]),
+        "periodic": np.array([bool(a.pbc.any()) and a.cell.volume > 0 for a in frames]),
+    }  # fmt: skip
+
+
+def metrics(pred: Predictions) -> dict[str, Any]:
+    full = potential_metrics(pred)
+    return fu._clean({new: full.get(old) for old, new in KEEP.items()})
+
+
+# ================================================================ our rows
+def run_ours(name: str, row: str, seed: int, spec: dict[str, Any], args: argparse.Namespace, work: Path) -> dict:
+    """Train one of our rows for the budget, evaluate it on every test file of ``spec``."""
+    raw, source = row_config(spec, row, args)
+    out = args.out / "checkpoints" / "accuracy" / f"{name}_{row}_seed{seed}"
+    path = work / f"{name}_{row}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    overrides = [f"data_root={args.data_root}", f"out={out}", f"seed={seed}", f"train.max_minutes={args.budget_minutes}",
+                 "train.progress=false", "train.resume=false", "train.overwrite=true", *spec["overrides"],
+                 *args.overrides]  # fmt: skip
+    config = load_potential_config(path, overrides)
+    load = os.getloadavg()[0]
+    result = run_training(config)[0]
+    for last in out.rglob("last.pt"):
+        last.unlink()
+    model = load_potential(out / "model.pt")
+    tests = {}
+    for label, test in spec["tests"].items():
+        frames = read_frames(Path(test), spec)
+        data = StructureDataset.from_atoms(frames, model.r_max, TypeMap.from_list(model.type_map),
+                                           energy_key=spec["energy_key"], forces_key=spec["forces_key"],
+                                           stress_key=spec["stress_key"], dtype=model.dtype)  # fmt: skip
+        pred = evaluate_potential(model, data, uncertainty="none", batch_size=16).predictions
+        t = truth(frames, spec)  # float64 labels (the graphs hold them in the model's dtype)
+        pred.energy_true, pred.forces_true, pred.stress_true = t["energy"], t["forces"], t["stress"]
+        tests[label] = metrics(pred)
+    return {"train_minutes": result.train_minutes, "parameters": sum(p.numel() for p in model.parameters()),
+            "epochs": len(result.history), "best_epoch": result.best_epoch, "stop_reason": result.stop_reason,
+            "config": source, "checkpoint": str(out.relative_to(args.out)), "load_avg": [load, os.getloadavg()[0]],
+            "tests": tests}  # fmt: skip
+
+
+# ================================================================ mace-torch's own MACE
+def _write_mace_xyz(frames: list, spec: dict[str, Any], path: Path) -> Path:
+    """extxyz with REF_energy / REF_forces / REF_stress (ASE Voigt, eV/A^3) from our reader."""
+    t = truth(frames, spec)
+    out, start = [], 0
+    for k, atoms in enumerate(frames):
+        a = atoms.copy()
+        a.calc, n = None, len(atoms)
+        a.info = {"REF_energy": float(t["energy"][k])} if t["has_energy"][k] else {}
+        if t["has_forces"][k]:
+            a.arrays["REF_forces"] = t["forces"][start : start + n]
+        if t["has_stress"][k]:
+            s = t["stress"][k]
+            a.info["REF_stress"] = np.array([s[0, 0], s[1, 1], s[2, 2], s[1, 2], s[0, 2], s[0, 1]])
+        start += n
+        out.append(a)
+    ase.io.write(path, out, format="extxyz")
+    return path
+
+
+def _mace_command(spec: dict[str, Any], cfg: Any, seed: int, work: Path, args: argparse.Namespace) -> list[str]:
+    frames = read_frames(Path(spec["train"]), spec)
+    e0 = isolated_energies([spec["train"], *([cfg.data.isolated_atoms] if cfg.data.isolated_atoms else [])], spec)
+    elements = sorted({int(z) for a in frames for z in a.numbers})
+    e0s = "{" + ", ".join(f"{z}: {e0[z]!r}" for z in elements) + "}" if all(z in e0 for z in elements) else "average"
+    model = QUICK_MACE if args.quick else MACE_MODEL
+    cmd = [str(Path(sys.executable).parent / "mace_run_train"), "--name", "mace", "--seed", str(seed),
+           "--work_dir", str(work), "--train_file", str(_write_mace_xyz(frames, spec, work / "train.xyz")),
+           "--valid_fraction", str(cfg.data.valid_fraction or 0.05), "--E0s", e0s, "--model", "MACE",
+           *(x for k, v in model.items() for x in (f"--{k}", str(v))), "--r_max", str(cfg.data.r_max),
+           "--batch_size", str(cfg.train.batch_size), "--valid_batch_size", "16", "--lr", "0.01", "--ema",
+           "--ema_decay", "0.99", "--max_num_epochs", "1000000", "--eval_interval", "1", "--device", "cpu",
+           "--default_dtype", cfg.dtype.value, "--energy_key", "REF_energy", "--forces_key", "REF_forces",
+           "--save_cpu", "--num_workers", "0"]  # fmt: skip
+    if spec["stress_key"]:
+        cmd += ["--stress_key", "REF_stress", "--loss", "stress", "--compute_stress", "True"]
+    cmd += ["--error_table", "PerAtomMAEstressvirials" if spec["stress_key"] else "PerAtomMAE"]
+    return cmd
+
+
+def _epochs_logged(log_path: Path) -> list[int]:
+    """Epoch numbers of mace's validation lines ("Epoch N: head: ...") so far."""
+    return [int(n) for n in re.findall(r"Epoch (\d+): head", log_path.read_text(errors="replace"))]
+
+
+def _stop_after_epoch(proc: subprocess.Popen, log_path: Path, work: Path) -> None:
+    """Once an epoch's validation line is logged, give mace up to 30 s to write that epoch's
+    checkpoint (it saves after the line, when the loss improved), then SIGTERM it."""
+    epoch = _epochs_logged(log_path)[-1]
+    for _ in range(60):
+        files = list(work.rglob(f"*_epoch-{epoch}.pt"))
+        size = files[0].stat().st_size if files else None
+        time.sleep(0.5)
+        if files and files[0].is_file() and files[0].stat().st_size == size or proc.poll() is not None:
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=60)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def _run_mace(cmd: list[str], log_path: Path, budget_s: float | None, env: dict[str, str]) -> float:
+    """Run ``cmd``. With ``budget_s``: once ``budget_s`` has passed since mace logged "Started
+    training", let it finish the epoch in progress (its validation line), then stop it (the
+    peer gets its partial epoch, up to one epoch more than the budget). Returns the seconds
+    from "Started training" to that last validation line (0 when never reached)."""
+    with log_path.open("a") as handle:
+        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent)
+        started, seen = None, 0
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if started is None and "Started training" in log_path.read_text(errors="replace"):
+                started = time.monotonic()
+            if budget_s is None or started is None:
+                continue
+            if time.monotonic() - started < budget_s:
+                seen = len(_epochs_logged(log_path))
+            elif len(_epochs_logged(log_path)) > seen:  # the epoch running at the deadline is done
+                seconds = time.monotonic() - started
+                _stop_after_epoch(proc, log_path, log_path.parent)
+                return seconds
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}; see {log_path}: "
+                               f"{log_path.read_text(errors='replace')[-1500:]}")  # fmt: skip
+    return 0.0 if started is None else time.monotonic() - started
+
+
+def run_mace_torch(name: str, seed: int, spec: dict[str, Any], args: argparse.Namespace, work: Path) -> dict:
+    from mace.calculators import MACECalculator
+
+    raw, source = row_config(spec, "mace_torch", args)
+    (work / "cfg.yaml").write_text(yaml.safe_dump(raw))
+    cfg = load_potential_config(work / "cfg.yaml", [f"data_root={args.data_root}", *spec["overrides"]])
+    mace_work = work / f"mace_{name}_{seed}"
+    shutil.rmtree(mace_work, ignore_errors=True)
+    mace_work.mkdir(parents=True)
+    cmd = _mace_command(spec, cfg, seed, mace_work, args)
+    threads = str(args.threads)
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
+    log_path = mace_work / "mace_run_train.log"
+    load = os.getloadavg()[0]
+    out = args.out / "checkpoints" / "accuracy" / f"{name}_mace_torch_seed{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "command.txt").write_text(shlex.join(cmd) + "\n")
+    try:
+        seconds = _run_mace(cmd, log_path, 60.0 * args.budget_minutes, env)
+    finally:
+        shutil.copy2(log_path, out / "mace_run_train.log")
+    checkpoints = sorted(mace_work.rglob("*_epoch-*.pt"), key=lambda p: int(re.findall(r"epoch-(\d+)", p.name)[-1]))
+    if not checkpoints:
+        raise RuntimeError(f"mace_run_train saved no checkpoint in {args.budget_minutes} min; see {out}")
+    epoch = int(re.findall(r"epoch-(\d+)", checkpoints[-1].name)[-1])
+    _run_mace([*cmd, "--restart_latest", "--max_num_epochs", str(epoch)], log_path, None, env)  # load, save .model
+    model_file = next(p for p in (mace_work / "mace.model", *mace_work.rglob("mace.model")) if p.is_file())
+    calc = MACECalculator(model_paths=str(model_file), device="cpu", default_dtype=cfg.dtype.value)
+    tests = {label: metrics(mace_predictions(calc, read_frames(Path(test), spec), spec)) for label, test in spec["tests"].items()}
+    if args.keep_mace_model:
+        shutil.copy2(model_file, out / "mace.model")
+    shutil.copy2(log_path, out / "mace_run_train.log")
+    n_epochs = len(set(_epochs_logged(log_path)))
+    return {"train_minutes": seconds / 60.0, "parameters": sum(p.numel() for p in calc.models[0].parameters()),
+            "epochs": n_epochs, "best_epoch": epoch, "stop_reason": "time" if seconds else "finished",
+            "config": f"mace_run_train (r_max, batch size, valid fraction, dtype of {source})",
+            "checkpoint": str(out.relative_to(args.out)), "load_avg": [load, os.getloadavg()[0]], "tests": tests}  # fmt: skip
+
+
+def mace_predictions(calc: Any, frames: list, spec: dict[str, Any]) -> Predictions:
+    """Predictions of mace's calculator on ``frames`` (stress for periodic ones), our labels."""
+    t = truth(frames, spec)
+    energy, forces, stress = [], [], []
+    for atoms, periodic in zip(frames, t["periodic"]):
+        a = atoms.copy()
+        a.calc = calc
+        energy.append(a.get_potential_energy())
+        forces.append(a.get_forces())
+        voigt = a.get_stress() if periodic else np.zeros(6)  # ASE Voigt xx yy zz yz xz xy
+        stress.append(np.array([[voigt[0], voigt[5], voigt[4]], [voigt[5], voigt[1], voigt[3]],
+                                [voigt[4], voigt[3], voigt[2]]]))  # fmt: skip
+    n = np.array([len(a) for a in frames])
+    forces_pred = np.concatenate(forces)
+    return Predictions(
+        frame_index=np.arange(len(frames)), num_atoms=n, has_energy=t["has_energy"], has_forces=t["has_forces"],
+        energy_true=t["energy"], energy_pred=np.array(energy), energy_noise_var=np.zeros(len(frames)),
+        atom_frame=np.repeat(np.arange(len(frames)), n), forces_true=t["forces"], forces_pred=forces_pred,
+        forces_noise_var=np.zeros_like(forces_pred), periodic=t["periodic"], has_stress=t["has_stress"],
+        stress_true=t["stress"], stress_pred=np.stack(stress),
+    )  # fmt: skip
+
+
+# ================================================================ bookkeeping
+class Runs:
+    """Finished runs and invocations, one JSON object per line of ``path``."""
+
+    def __init__(self, path: Path, settings: dict[str, Any]) -> None:
+        self.path = path
+        lines = path.read_text().splitlines() if path.is_file() else []
+        self.records = [json.loads(line) for line in lines if line.strip()]
+        old = next((r for r in self.records if r["kind"] == "settings"), None)
+        if old is not None and {k: old[k] for k in SETTINGS} != {k: settings[k] for k in SETTINGS}:
+            raise SystemExit(f"{path} was made with {old}; use another --out or delete it to start over")
+        if old is None:
+            self.add({"kind": "settings", **{k: settings[k] for k in SETTINGS}})
+
+    def add(self, record: dict[str, Any]) -> None:
+        record = fu._clean({**record, "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+        self.records.append(record)
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def runs(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["kind"] == "run"]
+
+    def done(self, dataset: str, row: str, seed: int) -> bool:
+        return any(r["dataset"] == dataset and r["row"] == row and r["seed"] == seed for r in self.runs())
+
+
+def mace_missing() -> str | None:
+    """Why the mace rows cannot run in this interpreter (None: they can)."""
+    try:
+        importlib.import_module("mace.calculators")
+    except Exception as err:  # noqa: BLE001  ImportError, or e3nn failing at import
+        return f"mace-torch not importable in {sys.executable}: {type(err).__name__}: {err}"
+    if not (Path(sys.executable).parent / "mace_run_train").is_file():
+        return f"no mace_run_train beside {sys.executable}"
+    return None
+
+
+def summary(values: list[float | None]) -> tuple[float | None, float | None]:
+    """(mean, sample std; None for n = 1) of the non-null values."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return None, None
+    return float(np.mean(v)), (float(np.std(v, ddof=1)) if len(v) > 1 else None)
+
+
+def assemble(runs: Runs, meta: dict[str, Any]) -> dict[str, Any]:
+    """``{"meta": ..., dataset: {row: {COLUMNS (means), n, spread (std), runs}}}``; a run's
+    further test sets (3BPA's mixedT) become the dataset ``<dataset>_<label>``."""
+    results: dict[str, Any] = {"meta": meta}
+    for rec in runs.runs():
+        labels = list(rec["tests"])
+        for k, label in enumerate(labels):
+            name = rec["dataset"] if k == 0 else f"{rec['dataset']}_{label}"
+            one = {"seed": rec["seed"], **{c: rec["tests"][label].get(c) for c in COLUMNS[:3]},
+                   **{c: rec[c] for c in COLUMNS[3:]}, "test": label, "n_frames": rec["tests"][label].get("n_frames"),
+                   "epochs": rec.get("epochs"), "stop_reason": rec.get("stop_reason"), "load_avg": rec.get("load_avg"),
+                   "checkpoint": rec.get("checkpoint"), "config": rec.get("config")}  # fmt: skip
+            results.setdefault(name, {}).setdefault(rec["row"], {"runs": []})["runs"].append(one)
+    for name, rows in results.items():
+        if name == "meta":
+            continue
+        for row, entry in rows.items():
+            stats = {c: summary([r[c] for r in entry["runs"]]) for c in COLUMNS}
+            rows[row] = {**{c: m for c, (m, _) in stats.items()}, "n": len(entry["runs"]),
+                         "spread": {c: s for c, (_, s) in stats.items()}, "runs": entry["runs"]}  # fmt: skip
+        results[name] = {r: rows[r] for r in (*ROWS, *sorted(set(rows) - set(ROWS))) if r in rows}
+    return results
+
+
+def acceptance(results: dict[str, Any]) -> list[str]:
+    """Issue 12's acceptance lines, computed from ``results`` (means over runs)."""
+    lines = []
+    for name in ("ethanol", "3BPA"):
+        rows = results.get(name, {})
+        ours = {r: v["force_mae_meV_A"] for r, v in rows.items() if r != "mace_torch" and v["force_mae_meV_A"] is not None}
+        ref = (rows.get("mace_torch") or {}).get("force_mae_meV_A")
+        if not ours or ref is None:
+            lines.append(f"- {name}: best of our rows F-MAE <= mace_torch: n/a (runs missing)")
+            continue
+        best = min(ours, key=ours.get)
+        verdict = "met" if ours[best] <= ref else f"missed by {ours[best] - ref:.1f} meV/A ({ours[best] / ref:.2f}x)"
+        lines.append(f"- {name}: best of our rows F-MAE ({best}) {ours[best]:.1f} vs mace_torch {ref:.1f} meV/A: {verdict}")
+    for name in MLEARN:
+        for row, v in results.get(name, {}).items():
+            e = v["energy_mae_meV_atom"]
+            verdict = "n/a" if e is None else "met" if e <= 10.0 else f"missed ({e:.1f} > 10)"
+            lines.append(f"- {name} {row}: E MAE {_f(e)} meV/atom <= 10: {verdict}")
+    if not any(n in results for n in MLEARN):
+        lines.append("- mlearn Si, Ge, Li: E MAE <= 10 meV/atom per row: n/a (not run yet)")
+    return lines
+
+
+# Zuo et al., J. Phys. Chem. A 2020, 124, 731: test-set MAE, energy (meV/atom) and force (eV/A).
+PUBLISHED: dict[str, dict[str, tuple[float, float]]] = {}
+PUBLISHED_SOURCE = None
+PUBLISHED_NOT_FOUND = (
+    "not found: the stored copies of the paper (arXiv:1906.08888 on ar5iv; the J. Phys. Chem. A PDF) could only be "
+    "read up to the abstract; materialsvirtuallab/mlearn at 10c427a (README.md, mvl_models/README.md, the notebooks) "
+    "has no table of test errors; the code and docs searched gave no copy of the table; no number is shown rather "
+    "than one from memory")
+
+
+def _f(value: Any, spread: Any = None) -> str:
+    if value is None:
+        return "n/a"
+    text = f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return text if spread is None else f"{text} ± {spread:.2g}"
+
+
+def write_markdown(results: dict[str, Any], path: Path) -> None:
+    meta = results["meta"]
+    lines = ["# Accuracy: this project's potentials vs mace-torch's MACE at equal wall time", "",
+             "Commands (each run once; a repeated command only resumes):",
+             *("- `{}` {}".format(*c.split("  ", 1)) for c in meta["commands"]), "",
+             (f"Budget {meta['budget_minutes']:g} min of training wall time per row and run (shared 2-core CPU, "
+             f"{meta['threads']} thread(s) each; the 1-min load average at the start and end of each run is in the "
+             f"JSON); seeds {meta['seeds']}; status: {meta['status']}; updated {meta['updated']}."), "",
+             ("Columns: energy MAE per atom (meV/atom), force MAE per component (meV/Å), stress MAE over the 6 Voigt "
+             "components of periodic frames (GPa), training minutes, trainable parameters; mean ± std over runs when "
+             "n > 1 (every run is listed in accuracy.json). Test sets: ethanol test_MD (1000), 3BPA the 100 "
+             "train_300K frames not trained on, 3BPA_mixedT train_mixedT less its frames also in train_300K (same "
+             "models), solvent_xtb test, mlearn test.json."), "",
+             "mace_torch: " + meta["mace_torch_method"], ""]  # fmt: skip
+    if meta["overrides"]:
+        lines += [f"Overrides of our rows: {meta['overrides']}."
+                  + (" model.posterior=diagonal skips the fit of the full last-layer posterior after training, which "
+                     "leaves the mean predictions unchanged (mlip_unc/train/posterior.py) and took tens of minutes per "
+                     "MACE-backbone run on this machine." if "model.posterior=diagonal" in meta["overrides"] else ""), ""]
+    for name, rows in ((n, r) for n, r in results.items() if n != "meta"):
+        lines += [f"## {name}", "", "| row | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) | train min | parameters | n |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for row, v in rows.items():
+            cells = [_f(v[c], v["spread"][c]) for c in COLUMNS[:4]] + [f"{v['parameters']:.0f}" if v["parameters"] else "n/a"]
+            lines.append(f"| {row} | " + " | ".join(cells) + f" | {v['n']} |")
+        if name in MLEARN:
+            if PUBLISHED.get(name):
+                lines += ["", f"Published ({PUBLISHED_SOURCE}): energy MAE (meV/atom), force MAE (eV/Å):", "",
+                          "| model | E MAE (meV/atom) | F MAE (eV/Å) |", "|---|---|---|",
+                          *(f"| {m} | {e:g} | {f:g} |" for m, (e, f) in PUBLISHED[name].items())]  # fmt: skip
+            else:
+                lines += ["", ("Published table of Zuo et al., J. Phys. Chem. A 2020, 124, 731 (GAP, MTP, NNP, SNAP, "
+                          f"qSNAP): {PUBLISHED_NOT_FOUND}.")]  # fmt: skip
+        lines.append("")
+    lines += ["## Acceptance (issue 12), computed from accuracy.json", "", *acceptance(results), ""]
+    if meta["skipped"]:
+        lines += ["Skipped rows:", *(f"- {k}: {v}" for k, v in meta["skipped"].items()), ""]
+    if meta["failed"]:
+        lines += ["Failed runs (retried on the next call):", *(f"- {k}: {v}" for k, v in meta["failed"].items()), ""]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Force MAE per dataset (groups) and row (bars), log scale, with each run's value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in results if n != "meta"]
+    if not names:
+        return
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.2))
+    width = 0.8 / len(ROWS)
+    for j, row in enumerate(ROWS):
+        have = [(i, n) for i, n in enumerate(names) if (results[n].get(row) or {}).get("force_mae_meV_A")]
+        xs = [i + (j - (len(ROWS) - 1) / 2) * width for i, _ in have]
+        ax.bar(xs, [results[n][row]["force_mae_meV_A"] for _, n in have], width, label=row)
+        for x, (_, n) in zip(xs, have):
+            values = [r["force_mae_meV_A"] for r in results[n][row]["runs"] if r["force_mae_meV_A"] is not None]
+            ax.plot([x] * len(values), values, "k.", ms=3)
+    ax.set(xticks=range(len(names)), xticklabels=names, yscale="log", ylabel="force MAE (meV/Å)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save(runs: Runs, meta: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    results = assemble(runs, meta)
+    meta.update(updated=time.strftime("%Y-%m-%d %H:%M"), seeds=sorted({r["seed"] for r in runs.runs()}),
+                commands=list(dict.fromkeys(f"{r['command']}  (python: {r['python']})" for r in runs.records
+                                            if r["kind"] == "invocation")))  # fmt: skip
+    tmp = args.out / ".accuracy.json.tmp"
+    tmp.write_text(json.dumps(fu._clean(results), indent=1))
+    os.replace(tmp, args.out / "accuracy.json")
+    write_markdown(results, args.out / "accuracy.md")
+    plot(results, args.out / "accuracy.png")
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = shlex.join(["python", "benchmarks/accuracy.py", *(sys.argv[1:] if argv is None else argv)])
+    runs = Runs(args.out / "accuracy.jsonl", {"quick": args.quick, "budget_minutes": args.budget_minutes,
+                                                "split_seed": args.split_seed, "overrides": args.overrides})  # fmt: skip
+    missing = mace_missing() if any(r in MACE_ROWS for r in args.rows) else None
+    runs.add({"kind": "invocation", "command": command, "python": sys.executable, "mace_missing": missing,
+              "datasets": args.datasets, "rows": args.rows})  # fmt: skip
+    meta: dict[str, Any] = {
+        "budget_minutes": args.budget_minutes, "threads": args.threads, "split_seed": args.split_seed,
+        "quick": args.quick, "overrides": args.overrides, "started": time.strftime("%Y-%m-%d %H:%M"),
+        "status": "partial", "skipped": {}, "failed": {}, "data_root": None if args.quick else str(args.data_root),
+        "mace_torch_method": __doc__.split("- ``mace_torch``: ")[1].split("\n\n")[0].replace("\n  ", " ").strip(),
+        "published_note": PUBLISHED_SOURCE or PUBLISHED_NOT_FOUND,
+    }  # fmt: skip
+    seeds = [args.seed + k for k in range(args.repeat)]
+    with tempfile.TemporaryDirectory(prefix="mlip_unc_acc_") as tmp:
+        work = Path(tmp)
+        for name in args.datasets:
+            spec = dataset_spec(name, args, work)
+            for row in args.rows:
+                if row in MACE_ROWS and missing:
+                    if not any(r["dataset"] == name and r["row"] == row for r in runs.runs()):
+                        meta["skipped"][f"{name}/{row}"] = missing
+                    continue
+                for seed in seeds:
+                    if runs.done(name, row, seed):
+                        continue
+                    log.info("[%s] %s seed %d: %.3g min", name, row, seed, args.budget_minutes)
+                    try:
+                        rec = (run_mace_torch(name, seed, spec, args, work) if row == "mace_torch"
+                               else run_ours(name, row, seed, spec, args, work))  # fmt: skip
+                    except Exception as err:  # noqa: BLE001  one failed row must not end a long run
+                        log.error("[%s] %s seed %d failed:\n%s", name, row, seed, traceback.format_exc())
+                        meta["failed"][f"{name}/{row}/seed{seed}"] = f"{type(err).__name__}: {str(err)[:300]}"
+                        continue
+                    runs.add({"kind": "run", "dataset": name, "row": row, "seed": seed, **rec})
+                    save(runs, meta, args)
+        meta["status"] = "complete" if not meta["skipped"] and not meta["failed"] else "partial"
+        results = save(runs, meta, args)
+    log.info("results: %s", args.out / "accuracy.md")
+    return results
+
+
+if __name__ == "__main__":
+    main()

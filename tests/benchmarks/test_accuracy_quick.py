@@ -1,0 +1,148 @@
+"""benchmarks/accuracy.py: run bookkeeping, acceptance lines, the mace-side metrics (with EMT
+standing in for a MACE calculator) and, in the slow tier, the --quick run with its resume."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import ase.io
+import numpy as np
+import pytest
+from ase.build import bulk
+from ase.calculators.emt import EMT
+from ase.units import GPa
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy.py"
+SETTINGS = {"quick": True, "budget_minutes": 1.0, "split_seed": 0, "overrides": []}
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("accuracy_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(dataset, row, seed, force, energy=1.0, tests=("test",), stress=None):
+    metrics = {"energy_mae_meV_atom": energy, "force_mae_meV_A": force, "stress_mae_GPa": stress, "n_frames": 3}
+    return {"kind": "run", "dataset": dataset, "row": row, "seed": seed, "train_minutes": 10.0, "parameters": 100,
+            "tests": {label: {**metrics, "force_mae_meV_A": force + k} for k, label in enumerate(tests)}}  # fmt: skip
+
+
+def _cells(n=4):
+    frames = []
+    for k in range(n):
+        atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 1, 1))
+        atoms.rattle(0.1, seed=k)
+        atoms.set_cell(atoms.cell * (1.0 + 0.01 * k), scale_atoms=True)
+        atoms.calc = EMT()
+        atoms.get_stress()
+        frames.append(atoms)
+    return frames
+
+
+class ShiftedEMT(EMT):
+    """EMT plus 10 meV per atom and 2 meV/A on every force component."""
+
+    def calculate(self, *args, **kwargs):
+        super().calculate(*args, **kwargs)
+        self.results["energy"] = self.results["energy"] + 0.010 * len(self.atoms)
+        self.results["forces"] = self.results["forces"] + 0.002
+
+
+def test_runs_are_all_kept_mean_std_n(bench, tmp_path):
+    runs = bench.Runs(tmp_path / "accuracy.jsonl", SETTINGS)
+    for rec in (_run("ethanol", "native", 0, 10.0), _run("ethanol", "native", 1, 14.0),
+                _run("ethanol", "mace_torch", 0, 11.0), _run("3BPA", "gin", 0, 50.0, tests=("test_300K", "mixedT"))):  # fmt: skip
+        runs.add(rec)
+    results = bench.assemble(runs, {"x": 1})
+    native = results["ethanol"]["native"]
+    assert native["n"] == 2 and [r["force_mae_meV_A"] for r in native["runs"]] == [10.0, 14.0]
+    assert native["force_mae_meV_A"] == pytest.approx(12.0)
+    assert native["spread"]["force_mae_meV_A"] == pytest.approx(np.std([10.0, 14.0], ddof=1))
+    assert results["ethanol"]["mace_torch"]["spread"]["force_mae_meV_A"] is None  # n = 1
+    assert results["ethanol"]["native"]["stress_mae_GPa"] is None
+    assert list(results["ethanol"]) == ["native", "mace_torch"]  # row order of ROWS
+    assert results["3BPA"]["gin"]["force_mae_meV_A"] == 50.0 and results["3BPA_mixedT"]["gin"]["force_mae_meV_A"] == 51.0
+    assert runs.done("ethanol", "native", 1) and not runs.done("ethanol", "native", 2)
+    meta = {"commands": ["python benchmarks/accuracy.py  (python: x)"], "budget_minutes": 10.0, "threads": 1,
+            "seeds": [0, 1], "status": "partial", "updated": "now", "mace_torch_method": "m", "overrides": [],
+            "skipped": {}, "failed": {}}  # fmt: skip
+    bench.write_markdown({**results, "meta": meta}, tmp_path / "accuracy.md")
+    md = (tmp_path / "accuracy.md").read_text()
+    assert "| native | 1 ± 0 | 12 ± 2.8 | n/a | 10 ± 0 | 100 | 2 |" in md  # mean ± std, n
+    assert "| mace_torch | 1 | 11 | n/a | 10 | 100 | 1 |" in md
+    assert "- ethanol: best of our rows F-MAE (native) 12.0 vs mace_torch 11.0 meV/A: missed by 1.0" in md
+    # the file is the record: a new Runs reads the same runs; other settings are refused
+    assert len(bench.Runs(tmp_path / "accuracy.jsonl", SETTINGS).runs()) == 4
+    with pytest.raises(SystemExit, match="was made with"):
+        bench.Runs(tmp_path / "accuracy.jsonl", {**SETTINGS, "budget_minutes": 2.0})
+
+
+def test_acceptance_lines_from_results(bench):
+    row = lambda f, e=1.0: {"force_mae_meV_A": f, "energy_mae_meV_atom": e}
+    results = {"ethanol": {"native": row(20.0), "gin": row(30.0), "mace_torch": row(22.0)},
+               "3BPA": {"native": row(40.0), "mace_torch": row(30.0)},
+               "Si": {"native": row(50.0, 4.0), "mace_torch": row(40.0, 12.5)}}  # fmt: skip
+    lines = bench.acceptance(results)
+    assert lines[0] == "- ethanol: best of our rows F-MAE (native) 20.0 vs mace_torch 22.0 meV/A: met"
+    assert lines[1].startswith("- 3BPA: best of our rows F-MAE (native) 40.0 vs mace_torch 30.0 meV/A: missed by 10.0")
+    assert "- Si native: E MAE 4 meV/atom <= 10: met" in lines
+    assert "- Si mace_torch: E MAE 12.5 meV/atom <= 10: missed (12.5 > 10)" in lines
+    assert bench.acceptance({})[0].endswith("n/a (runs missing)")
+
+
+def test_mace_side_metrics_and_labels(bench, tmp_path):
+    """The mace row's metrics: a calculator's predictions against our reader's float64 labels,
+    stress compared as full tensors (a Voigt permutation would show)."""
+    frames = _cells()
+    path = tmp_path / "cells.xyz"
+    ase.io.write(path, frames)
+    spec = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress"}
+    read = bench.read_frames(path, spec)
+    exact = bench.metrics(bench.mace_predictions(EMT(), read, spec))
+    # (the file rounds positions: EMT on the read positions differs from the labels by ~1e-6)
+    assert exact["energy_mae_meV_atom"] == pytest.approx(0.0, abs=1e-3)
+    assert exact["force_mae_meV_A"] == pytest.approx(0.0, abs=1e-2)
+    assert exact["stress_mae_GPa"] == pytest.approx(0.0, abs=1e-4)
+    shifted = bench.metrics(bench.mace_predictions(ShiftedEMT(), read, spec))
+    assert shifted["energy_mae_meV_atom"] == pytest.approx(10.0, abs=1e-3)
+    assert shifted["force_mae_meV_A"] == pytest.approx(2.0, abs=1e-2)
+    assert shifted["n_frames"] == 4
+    # what mace_run_train reads: REF_* keys, stress in ASE's Voigt order and sign
+    back = ase.io.read(bench._write_mace_xyz(read, spec, tmp_path / "mace.xyz"), ":")
+    for atoms, ref in zip(back, frames):
+        assert atoms.info["REF_energy"] == pytest.approx(ref.get_potential_energy(), abs=1e-9)
+        np.testing.assert_allclose(atoms.arrays["REF_forces"], ref.get_forces(), atol=1e-9)
+        np.testing.assert_allclose(atoms.info["REF_stress"], ref.get_stress(), atol=1e-12)
+    assert np.abs(frames[0].get_stress()).max() / GPa > 0.1  # the check is not vacuous
+
+
+@pytest.mark.slow
+def test_quick_run_layout_and_resume(bench, tmp_path):
+    argv = ["--quick", "--out", str(tmp_path), "--rows", "native,gin,mace_torch"]
+    results = bench.main(argv)
+    on_disk = json.loads((tmp_path / "accuracy.json").read_text())
+    assert on_disk == json.loads(json.dumps(results))
+    meta = on_disk["meta"]
+    assert meta["commands"][0].startswith("python benchmarks/accuracy.py " + " ".join(argv) + "  (python: ")
+    assert meta["budget_minutes"] == pytest.approx(1 / 6) and meta["seeds"] == [0]
+    rows = on_disk["cu_emt"]
+    assert {"native", "gin"} <= set(rows)
+    for name, row in rows.items():
+        assert set(bench.COLUMNS) <= set(row) and row["n"] == 1, name
+        assert 0 < row["force_mae_meV_A"] < 2000 and row["stress_mae_GPa"] is not None  # periodic: stress
+        assert row["parameters"] > 0 and 0 < row["train_minutes"] < 1.0
+    if bench.mace_missing():
+        assert "cu_emt/mace_torch" in meta["skipped"] and meta["status"] == "partial"
+    else:
+        assert "mace_torch" in rows
+    md = (tmp_path / "accuracy.md").read_text()
+    assert meta["commands"][0].split("  ")[0] in md and "## Acceptance (issue 12)" in md
+    assert not list((tmp_path / "checkpoints").rglob("last.pt"))
+    # resumable: a second call finds every run done, adds only its invocation line
+    before = [r for r in map(json.loads, (tmp_path / "accuracy.jsonl").read_text().splitlines()) if r["kind"] == "run"]
+    again = bench.main(argv)
+    after = [r for r in map(json.loads, (tmp_path / "accuracy.jsonl").read_text().splitlines()) if r["kind"] == "run"]
+    assert after == before and again["cu_emt"] == results["cu_emt"]
