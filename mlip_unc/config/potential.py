@@ -94,6 +94,9 @@ class PotentialModelConfig(Section):
             last-layer prediction-rigidity covariance, fitted and calibrated at the end of
             training; ``diagonal``: the variational one).
         posterior_rank: directions of the ``lowrank`` uncertainty mode.
+        posterior_max_frames: fit the full posterior on at most this many training structures
+            (a random subset, config seed; null = all). Its cost is ``latent_dim + 1`` backward
+            passes per structure, which for a MACE backbone takes tens of minutes on CPU.
     """
 
     backbone: Backbone = Backbone.GIN
@@ -106,6 +109,7 @@ class PotentialModelConfig(Section):
     standardise: bool = True
     posterior: PosteriorKind = PosteriorKind.FULL
     posterior_rank: int = Field(4, gt=0)
+    posterior_max_frames: int | None = Field(None, gt=0)
 
 
 class LossConfig(Section):

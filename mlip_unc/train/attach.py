@@ -58,7 +58,7 @@ from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.nn.mace_backbone import import_mace
 from mlip_unc.nn.mace_config import plain_mace_config
 from mlip_unc.train.evaluate import uncertainty_levels
-from mlip_unc.train.posterior import fit_full_posterior
+from mlip_unc.train.posterior import fit_full_posterior, random_subset
 from mlip_unc.train.predictions import predict
 
 __all__ = ["AGREEMENT_TOL", "AttachResult", "attach_uncertainty", "load_mace_model", "potential_from_mace"]
@@ -180,10 +180,7 @@ def check_agreement(
 
 def _subset(idx: list[int], limit: int | None, seed: int) -> list[int]:
     """At most ``limit`` entries of ``idx`` (random, in order); all of them for ``limit`` None or 0."""
-    if not limit or len(idx) <= limit:
-        return list(idx)
-    keep = np.random.default_rng(seed).permutation(len(idx))[:limit]
-    return [idx[k] for k in sorted(keep)]
+    return random_subset(idx, limit, seed)
 
 
 def attach_uncertainty(

@@ -26,6 +26,7 @@ import logging
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.loader import DataLoader
@@ -33,10 +34,18 @@ from torch_geometric.loader import DataLoader
 from mlip_unc import keys
 from mlip_unc.models.full_posterior import latent_jacobian
 
-__all__ = ["fit_full_posterior", "gaussian_scale_fit"]
+__all__ = ["fit_full_posterior", "gaussian_scale_fit", "random_subset"]
 
 log = logging.getLogger(__name__)
 _GRID = tuple(10.0**k for k in range(-14, 5))
+
+
+def random_subset(items: list, limit: int | None, seed: int) -> list:
+    """At most ``limit`` of ``items`` (a random subset, in their order); all for ``limit`` None or 0."""
+    if not limit or len(items) <= limit:
+        return list(items)
+    keep = np.random.default_rng(seed).permutation(len(items))[:limit]
+    return [items[k] for k in sorted(keep)]
 
 
 def _batches(dataset: Any, batch_size: int):

@@ -52,7 +52,7 @@ from mlip_unc.train.losses import (
     likelihood_terms,
     potential_loss,
 )
-from mlip_unc.train.posterior import fit_full_posterior
+from mlip_unc.train.posterior import fit_full_posterior, random_subset
 from mlip_unc.train.potential_data import PreparedData, data_fingerprint, prepare_data
 from mlip_unc.train.regularizers import LambdaSchedule, regularizer_term
 
@@ -273,7 +273,8 @@ def finalize_checkpoint(model_path: Path, config: PotentialConfig, data: Prepare
     metadata = dict(payload.get("metadata") or {})
     if bayesian and config.model.posterior is PosteriorKind.FULL:
         best.posterior_rank = config.model.posterior_rank
-        metadata["posterior"] = fit_full_posterior(best, data.train, data.valid, batch_size=batch_size)
+        fit_on = random_subset(data.train.graphs, config.model.posterior_max_frames, config.seed)
+        metadata["posterior"] = fit_full_posterior(best, fit_on, data.valid, batch_size=batch_size)
     metadata["domain"] = DomainGuard.fit(data.train).to_dict()
     levels_data = data.valid if data.valid is not None and len(data.valid) else data.train
     if bayesian:

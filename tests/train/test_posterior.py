@@ -98,3 +98,21 @@ def test_covariance_is_the_inverse_regularised_precision(trained):
     # rows are sorted by decreasing posterior variance
     norms = model.posterior_factor.square().sum(1)
     assert (norms[:-1] >= norms[1:] - 1e-12).all()
+
+
+def test_random_subset_caps_in_order_and_is_seeded():
+    from mlip_unc.train.posterior import random_subset
+
+    items = list(range(50))
+    a, b = random_subset(items, 10, seed=3), random_subset(items, 10, seed=3)
+    assert a == b and len(a) == 10 and a == sorted(a) and set(a) <= set(items)
+    assert random_subset(items, None, 0) == items and random_subset(items, 100, 0) == items
+
+
+def test_posterior_max_frames_is_validated():
+    import pytest
+
+    from mlip_unc.config import ConfigError, potential_config_from_dict
+
+    with pytest.raises(ConfigError, match="model.posterior_max_frames"):
+        potential_config_from_dict({"data": {"train": "x.xyz"}, "model": {"posterior_max_frames": 0}})
