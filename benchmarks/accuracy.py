@@ -66,6 +66,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import force_uncertainty as fu
 
+from mlip_unc.atomic import atomic_write_text
 from mlip_unc.config import load_potential_config
 from mlip_unc.data import (
     StructureDataset,
@@ -582,9 +583,7 @@ def save(runs: Runs, meta: dict[str, Any], args: argparse.Namespace) -> dict[str
     meta.update(updated=time.strftime("%Y-%m-%d %H:%M"), seeds=sorted({r["seed"] for r in runs.runs()}),
                 commands=list(dict.fromkeys(f"{r['command']}  (python: {r['python']})" for r in runs.records
                                             if r["kind"] == "invocation")))  # fmt: skip
-    tmp = args.out / ".accuracy.json.tmp"
-    tmp.write_text(json.dumps(fu._clean(results), indent=1))
-    os.replace(tmp, args.out / "accuracy.json")
+    atomic_write_text(args.out / "accuracy.json", json.dumps(fu._clean(results), indent=1))
     write_markdown(results, args.out / "accuracy.md")
     plot(results, args.out / "accuracy.png")
     return results

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import force_uncertainty as fu
 
 from mlip_unc import keys
+from mlip_unc.atomic import atomic_write_text
 from mlip_unc.config import load_potential_config
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.train.posterior import gaussian_scale_fit
@@ -273,9 +274,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             run_dataset(name, args, steps, Path(work))
             write_markdown(steps, args, args.out / "posterior_variants.md", "partial")
     results = write_markdown(steps, args, args.out / "posterior_variants.md", "complete")
-    tmp = args.out / ".posterior_variants.json.tmp"
-    tmp.write_text(json.dumps(fu._clean(results), indent=1))
-    os.replace(tmp, args.out / "posterior_variants.json")
+    atomic_write_text(args.out / "posterior_variants.json", json.dumps(fu._clean(results), indent=1))
     log.info("results: %s", args.out / "posterior_variants.md")
     return results
 

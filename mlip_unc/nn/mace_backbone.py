@@ -180,8 +180,8 @@ class MACEBackbone(PerAtomBackbone):
             avg_num_neighbors=float(avg_num_neighbors), atomic_numbers=list(range(1, int(num_types) + 1)),
             correlation=int(correlation), gate=torch.nn.functional.silu, radial_MLP=[int(w) for w in radial_mlp],
         )  # fmt: skip
-        # atomic_numbers are placeholders: only MACE's ZBL repulsion and distance transforms read
-        # them, and neither is used here. The readouts are this project's: MACE's are dropped.
+        # atomic_numbers 1..num_types stand for the type indices: only MACE's ZBL repulsion and
+        # distance transforms read them, and neither is used here. The readouts are this project's: MACE's are dropped.
         self.mace.readouts = nn.ModuleList()
         self._scalar_slices = [scalar_slices(product.linear.irreps_out)[0] for product in self.mace.products]
         in_width = sum(stop - start for start, stop in self._scalar_slices)
