@@ -18,6 +18,12 @@ rate, no early stopping).
 Tiny end-to-end check::
 
     python benchmarks/paper_study.py --dataset esol --fractions 50 100 --seeds 0 --epochs 3 --out /tmp/ps
+
+``--quick`` (CI smoke run, seconds): 40 generated SMILES with a synthetic size-based target and a
+fixed random 24/8/8 split instead of a dataset (no data root needed); defaults fractions 50 100,
+seed 0, 2 epochs, GIN width 16, 2 layers, d = 8 (each can still be given); needs ``--out``::
+
+    python benchmarks/paper_study.py --quick --out /tmp/ps_quick
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from mlip_unc.config import PropertyConfig
 from mlip_unc.config import PropertyModelConfig as ModelConfig
 from mlip_unc.config import PropertyTrainConfig as TrainConfig
 from mlip_unc.data import load_dataset, load_split, training_subset
+from mlip_unc.data.molecules import smiles_to_graph
+from mlip_unc.data.splits import Split, random_split
 from mlip_unc.models.checkpoint import save_checkpoint
 from mlip_unc.study import (
     INTERVENTIONS,
@@ -59,9 +67,36 @@ from mlip_unc.uncertainty import plots
 REPO = Path(__file__).resolve().parents[1]
 STEM = "paper_study"
 VAL_EVAL_EVERY = 5
-CPU_S_PER_EPOCH = {"esol": 0.30, "lipo": 1.7, "freesolv": 0.15}
+CPU_S_PER_EPOCH = {"esol": 0.30, "lipo": 1.7, "freesolv": 0.15, "synthetic": 0.01}
 """CPU seconds per epoch on the full training set, measured here (one thread, width 64, 3 layers)."""
 Task = dict[str, Any]
+QUICK_DATASET = "synthetic"
+QUICK_SMILES = [
+    "C", "CC", "CCC", "CCCC", "CCCCC", "CCCCCC", "CO", "CCO", "CCCO", "CCCCO",
+    "CC(C)O", "CC(=O)O", "CC(=O)C", "CCOC", "c1ccccc1", "Cc1ccccc1", "CCc1ccccc1", "Oc1ccccc1",
+    "c1ccncc1", "C1CCCCC1", "C1CCCC1", "CN", "CCN", "CCCN", "CC#N", "C=C", "C=CC", "CC=CC",
+    "ClC", "CCCl", "FC(F)F", "CS", "CCS", "O=C=O", "CC(C)C", "CC(C)(C)C", "OCCO", "NCCN",
+    "c1ccoc1", "c1ccsc1",
+]  # fmt: skip
+QUICK_DEFAULTS = {"fractions": [50.0, 100.0], "seeds": [0], "epochs": 2, "hidden": 16, "layers": 2, "latent_dim": 8,
+                  "batch_size": 8}  # fmt: skip
+
+
+def quick_data() -> tuple[dict[int, Any], Split]:
+    """--quick: 40 generated molecules, target 0.3 x (SMILES length) + noise, random 24/8/8 split."""
+    noise = torch.randn(len(QUICK_SMILES), generator=torch.Generator().manual_seed(0))
+    by_row = {}
+    for k, smi in enumerate(QUICK_SMILES):
+        graph = smiles_to_graph(smi, y=0.3 * len(smi) + 0.1 * float(noise[k]))
+        graph.row_id = torch.tensor([k])
+        by_row[k] = graph
+    return by_row, random_split(len(QUICK_SMILES), (0.6, 0.2, 0.2), seed=0)
+
+
+def reference_split(dataset: str, data_root: str | Path) -> Split:
+    if dataset == QUICK_DATASET:
+        return quick_data()[1]
+    return load_split(Path(data_root) / "splits" / f"{dataset}.json")
 
 
 # ============================================================================ settings
@@ -90,7 +125,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=1, help="Parallel runs (processes, one torch thread each).")
     p.add_argument("--resume", action="store_true", help="Skip runs already in OUT/paper_study.jsonl.")
     p.add_argument("--report-only", action="store_true", help="Only rewrite the report from OUT/paper_study.jsonl.")
+    p.add_argument("--quick", action="store_true", help="40 generated molecules, tiny settings, seconds; needs --out.")
+    given = list(sys.argv[1:] if argv is None else argv)
+    if "--quick" in given:
+        p.set_defaults(**QUICK_DEFAULTS)
     args = p.parse_args(argv)
+    if args.quick:
+        if not any(a == "--out" or a.startswith("--out=") for a in given):
+            p.error("--quick writes to the folder given by --out")
+        args.dataset = QUICK_DATASET
+        args.work_dir = args.work_dir or args.out / "work"
     if args.data_root is None:
         env = os.environ.get("MLIP_UNC_DATA")
         args.data_root = Path(env) if env else REPO.parent / "shared" / "data"
@@ -157,8 +201,11 @@ _STATE: dict[str, Any] = {}
 def init_worker(dataset: str, data_root: str, threads: int) -> None:
     """Per process: one torch thread, the dataset and the split loaded once."""
     torch.set_num_threads(threads)
-    by_row = {int(g.row_id): g for g in load_dataset(dataset, data_root)}
-    split = load_split(Path(data_root) / "splits" / f"{dataset}.json")
+    if dataset == QUICK_DATASET:
+        by_row, split = quick_data()
+    else:
+        by_row = {int(g.row_id): g for g in load_dataset(dataset, data_root)}
+        split = load_split(Path(data_root) / "splits" / f"{dataset}.json")
     missing = [r for part in (split.train, split.val, split.test) for r in part if r not in by_row]
     if missing:
         raise ValueError(f"split rows {missing[:5]} are not in the {dataset} data")
@@ -249,10 +296,14 @@ def _header(s: dict[str, Any], records: list[dict[str, Any]], wall: float | None
     mean_cpu = sum(cpu) / max(len(cpu), 1)
     timing = (f"Runs recorded: {len(records)}; CPU seconds per run (one thread) mean {mean_cpu:.1f}, "
               f"total {sum(cpu) / 60:.1f} CPU-min")
+    data = (f"Dataset: {s['dataset']}, reference split `splits/{s['dataset']}.json` (test set fixed; nested "
+            "training subsets shuffled by the run's seed)")
+    if s["dataset"] == QUICK_DATASET:
+        data = ("QUICK smoke run (not a result): 40 generated SMILES with a synthetic size-based target, fixed random "
+                "24/8/8 split (nested training subsets shuffled by the run's seed)")
     return [
         "",
-        f"Dataset: {s['dataset']}, reference split `splits/{s['dataset']}.json` (test set fixed; nested training "
-        f"subsets shuffled by the run's seed). Model: GIN {s['layers']} layers, width {s['hidden']}, latent "
+        f"{data}. Model: GIN {s['layers']} layers, width {s['hidden']}, latent "
         f"d = {s['latent_dim']}, Bayesian last layer (KL / N_train, homoscedastic noise), {s['epochs']} epochs"
         + (f" (more for small fractions: at least {s['min_steps']} optimizer steps)" if s.get("min_steps") else "")
         + ", batch "
@@ -262,17 +313,17 @@ def _header(s: dict[str, Any], records: list[dict[str, Any]], wall: float | None
         "",
         timing + (f"; wall time of the last invocation {wall / 60:.1f} min." if wall else "."),
         "",
-        "Definitions: epistemic std = sqrt(z^T S z + s_b^2), total std adds the learned noise; mean s = mean "
+        ("Definitions: epistemic std = sqrt(z^T S z + s_b^2), total std adds the learned noise; mean s = mean "
         "posterior std of the last-layer weights; kappa, A (median over the test points whose |m| = |mu^T z| exceeds "
         "0.1 times the root mean square of m), rho_LPA and ||z||^2 as in docs/method.md section 4; structural "
         "calibration = Spearman of the epistemic std (the total std ranks the same with homoscedastic noise) with the "
         "latent kNN distance (k = 10, standardised latents) and with 1 - max Morgan-Tanimoto similarity to the "
         "training molecules. 'RMSE within 10 %' (interventions) is |ratio - 1| <= 0.10; 'within 5 %' (AGL) is at most "
-        "5 % worse. Comparisons use the seeds two cells share.",
+        "5 % worse. Comparisons use the seeds two cells share."),
         "",
-        f"Figures: `{STEM}.png` (LPA decomposition vs training fraction), `{STEM}_calibration_{{bgnn,agl}}.png`, "
+        (f"Figures: `{STEM}.png` (LPA decomposition vs training fraction), `{STEM}_calibration_{{bgnn,agl}}.png`, "
         f"`{STEM}_density_knn_{{bgnn,agl}}.png`, `{STEM}_density_tanimoto_{{bgnn,agl}}.png` (largest fraction, "
-        "first seed).",
+        "first seed)."),
     ]
 
 
@@ -366,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def run_study(args: argparse.Namespace, s: dict[str, Any], records: list[dict], jsonl: Path, command: str) -> None:
     done = {run_key(r) for r in records}
     todo = [t for t in tasks(args) if run_key(t) not in done]
-    n_full = len(load_split(args.data_root / "splits" / f"{args.dataset}.json").train)
+    n_full = len(reference_split(args.dataset, args.data_root).train)
     cost = {  # relative cost of a run: epochs x (fraction + validation overhead), in full-data epochs
         f: run_epochs(s, round(f / 100 * n_full)) / args.epochs * (f / 100.0 + 0.02) for f in args.fractions
     }

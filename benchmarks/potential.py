@@ -17,7 +17,13 @@ Results: ``benchmarks/results/potential.{json,md,png}``, rewritten after every s
 partial run leaves partial results. Checkpoints: ``benchmarks/results/checkpoints/`` (model.pt
 and history.json only; ``--skip-train`` reuses them).
 
+``--quick`` (CI smoke run, < 1 min): EMT-labelled fcc Cu cells made on the spot (4 atoms; 24
+training, 8 test, 8 hotter and strained out-of-distribution frames) stand in for both datasets,
+``configs/tiny_emt.yaml`` (the equivariant row with a tiny model section), 4 s of training per
+model and a fifth of that per committee member; the cost study runs on those frames. Needs ``--out``.
+
     python benchmarks/potential.py --budget-minutes 30 --threads 1
+    python benchmarks/potential.py --quick --out /tmp/potential_quick
 """
 
 from __future__ import annotations
@@ -53,6 +59,11 @@ RESULTS = REPO / "benchmarks" / "results"
 MODES = ("energy", "local", "sampled_k4", "exact", "ensemble5")
 DATASETS = ("ethanol", "3bpa")
 BACKBONES = ("gin", "equivariant")
+QUICK_DATASET = "cu_emt"
+QUICK_EQUIVARIANT = [  # --quick: the equivariant row's model section (tiny_emt.yaml has a GIN)
+    "model.backbone=equivariant", "model.latent_dim=8",
+    "model.backbone_kwargs={channels: 8, l_max: 1, num_layers: 1, num_basis: 4, radial_hidden: 8, readout_hidden: [8]}",
+]  # fmt: skip
 
 
 # ================================================================ arguments and data
@@ -60,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-root", type=Path, default=None,
                         help="data root (default: $MLIP_UNC_DATA or ../shared/data next to the repo)")
-    parser.add_argument("--budget-minutes", type=float, default=30.0, help="training wall time per model")
+    parser.add_argument("--budget-minutes", type=float, default=None,
+                        help="training wall time per model (30; quick: 4 s)")
     parser.add_argument("--ensemble-budget-minutes", type=float, default=None,
                         help="per committee member (default: budget / 5, the same total as one model)")
     parser.add_argument("--budget-for", action="append", default=[], metavar="TAG=MINUTES",
@@ -73,11 +85,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timing-frames", type=int, default=40, help="3BPA frames timed per mode")
     parser.add_argument("--max-eval-frames", type=int, default=None, help="cap test sets (quick checks)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS}; needed with --quick)")
+    parser.add_argument("--quick", action="store_true", help="tiny EMT Cu data made here, < 1 min; needs --out")
     args = parser.parse_args(argv)
+    if args.quick and args.out is None:
+        parser.error("--quick writes to the folder given by --out")
+    args.out = args.out or RESULTS
+    if args.budget_minutes is None:
+        args.budget_minutes = 4.0 / 60.0 if args.quick else 30.0
     args.datasets = [d.strip().lower() for d in args.datasets.split(",") if d.strip()]
     args.backbones = [b.strip().lower() for b in args.backbones.split(",") if b.strip()]
-    for name in args.datasets:
+    if args.quick:
+        args.datasets = [QUICK_DATASET]
+    for name in args.datasets if not args.quick else ():
         if name not in DATASETS:
             parser.error(f"unknown dataset {name!r}; choose from {DATASETS}")
     for name in args.backbones:
@@ -121,7 +141,35 @@ def split_3bpa(args: argparse.Namespace, work: Path) -> dict[str, Path]:
     return paths
 
 
+def quick_files(work: Path) -> dict[str, Path]:
+    """--quick: rattled 4-atom fcc Cu cells with EMT energies, forces and stress; the OOD set is
+    hotter (rattle 0.25 A) and strained by 4 %."""
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+
+    def cells(n: int, seed: int, rattle: float, strain: float) -> list:
+        rng = np.random.default_rng(seed)
+        frames = []
+        for k in range(n):
+            atoms = bulk("Cu", "fcc", a=3.6 * (1.0 + strain) + 0.03 * rng.standard_normal(), cubic=True)
+            atoms.rattle(rattle, seed=seed * 1000 + k)
+            atoms.calc = EMT()
+            atoms.get_stress()
+            frames.append(atoms)
+        return frames
+
+    work.mkdir(parents=True, exist_ok=True)
+    paths = {"train": work / "cu_train.xyz", "test": work / "cu_test.xyz", "ood": work / "cu_ood.xyz"}
+    for (split, path), frames in zip(paths.items(), (cells(24, 0, 0.1, 0.0), cells(8, 1, 0.1, 0.0),
+                                                     cells(8, 2, 0.25, 0.04))):  # fmt: skip
+        ase.io.write(path, frames)
+    print("[data] quick: 24 train / 8 test / 8 OOD EMT Cu cells (4 atoms)", flush=True)
+    return paths
+
+
 def dataset_files(name: str, args: argparse.Namespace, work: Path) -> dict[str, Path]:
+    if name == QUICK_DATASET:
+        return quick_files(work)
     if name == "ethanol":
         root = args.data_root / "structures" / "ethanol"
         return {"train": root / "train.xyz", "test": root / "test_MD.xyz"}
@@ -148,7 +196,11 @@ def train_model(dataset: str, backbone: str, files: dict[str, Path], args: argpa
     ]  # fmt: skip
     if ensemble > 1:
         overrides += [f"train.ensemble={ensemble}", "model.head=map"]
-    config = load_config(REPO / "configs" / f"{dataset}_{backbone}.yaml", overrides)
+    config_file = REPO / "configs" / f"{dataset}_{backbone}.yaml"
+    if dataset == QUICK_DATASET:
+        config_file = REPO / "configs" / "tiny_emt.yaml"
+        overrides = (QUICK_EQUIVARIANT if backbone == "equivariant" else []) + overrides
+    config = load_config(config_file, overrides)
     print(f"[train] {tag}: {minutes:g} min per model", flush=True)
     run_training(config)
     for last in out.rglob("last.pt"):  # keep the committed checkpoints small
@@ -262,8 +314,9 @@ def quality(model: BayesianPotential, committee: Committee, files: dict[str, Pat
 
 
 def cost_and_quality(backbone: str, files: dict[str, Path], args: argparse.Namespace) -> dict[str, Any]:
-    single = args.out / "checkpoints" / f"3bpa_{backbone}"
-    ens_dir = train_model("3bpa", backbone, files, args, ensemble=5)
+    dataset = QUICK_DATASET if args.quick else "3bpa"
+    single = args.out / "checkpoints" / f"{dataset}_{backbone}"
+    ens_dir = train_model(dataset, backbone, files, args, ensemble=5)
     model = load_potential(single / "model.pt")
     committee = load_potential(ens_dir)
     graphs = load_dataset(files["test"], model, None).graphs
@@ -315,10 +368,12 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         f"{results['ensemble_budget_minutes']:g} min per committee member"
         + "".join(f"; {tag}: {m:g} min" for tag, m in results.get("budget_for", {}).items())
         + "; "
-        f"started {results['started']}; status: {results['status']}.", "",
+        f"started {results['started']}; status: {results['status']}."
+        + (" QUICK run: EMT Cu cells made on the spot, tiny models; a smoke test, not a result." if results.get("quick")
+           else ""), "",
         "## Accuracy and force-uncertainty quality (exact mode)", "",
-        "| dataset | backbone | train min | E MAE (meV/atom) | F MAE (meV/A) | F Spearman frame | "
-        "F Spearman comp. | F miscal. area | F cov. 95 | E Spearman |",
+        ("| dataset | backbone | train min | E MAE (meV/atom) | F MAE (meV/A) | F Spearman frame | "
+        "F Spearman comp. | F miscal. area | F cov. 95 | E Spearman |"),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for dataset, per_backbone in results["datasets"].items():
@@ -334,10 +389,12 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                 )  # fmt: skip
     if results.get("cost_ratio"):
         lines += [
-            "", "", "## Cost and flagging quality on 27-atom 3BPA frames", "",
+            "", "", f"## Cost and flagging quality on {results.get('cost_frames', '27-atom 3BPA frames')}", "",
             "Time per single-frame call as a ratio to plain energy+forces (best of 3 calls per frame, "
-            "median over frames, modes interleaved). Spearman: frame score vs frame mean |force error| on held-out 300 K + "
-            "mixedT frames (in-domain only in brackets). AUROC: held-out 300 K (0) vs mixedT (1).", "",
+            "median over frames, modes interleaved). Spearman: frame score vs frame mean |force error| on "
+            + ("test + OOD frames (in-domain only in brackets). AUROC: test (0) vs OOD (1)." if results.get("quick") else
+               "held-out 300 K + mixedT frames (in-domain only in brackets). AUROC: held-out 300 K (0) vs mixedT (1)."),
+            "",
             "| backbone | mode | cost ratio | ms | Spearman (in-domain) | AUROC |", "|---|---|---|---|---|---|",
         ]  # fmt: skip
         for backbone, ratios in results["cost_ratio"].items():
@@ -351,10 +408,10 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             f"{b} {results['cost_ms'][b]['plain']:.1f} ms" for b in results["cost_ms"]) + ".", ""]
         lines += ["**Answer.** " + results["answer"], ""]
     lines += [
-        "Definitions: energy = closed-form epistemic energy std; local = max per-atom std "
+        ("Definitions: energy = closed-form epistemic energy std; local = max per-atom std "
         "sqrt(z_a^T S z_a) (same forward pass as energy); sampled_k4 = mean force std from 4 "
         "posterior draws sharing one forward pass; exact = mean exact force std (d backward "
-        "passes); ensemble5 = mean force std across 5 MAP models of the same backbone.", "",
+        "passes); ensemble5 = mean force std across 5 MAP models of the same backbone."), "",
     ]
     path.write_text("\n".join(lines))
 
@@ -407,7 +464,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": shlex.join(["python", "benchmarks/potential.py", *(sys.argv[1:] if argv is None else argv)]),
         "seed": args.seed, "threads": args.threads, "budget_minutes": args.budget_minutes,
         "ensemble_budget_minutes": args.ensemble_budget_minutes, "budget_for": args.budget_for,
-        "data_root": str(args.data_root),
+        "data_root": None if args.quick else str(args.data_root), "quick": args.quick,
         "started": time.strftime("%Y-%m-%d %H:%M"), "status": "running", "datasets": {},
     }  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="mlip_unc_potential_bench_"))  # derived data files
@@ -428,10 +485,12 @@ def run_all(args: argparse.Namespace, files: dict[str, dict[str, Path]], results
             results["datasets"].setdefault(dataset, {})[backbone] = accuracy(model_dir, files[dataset], args)
             print(f"[accuracy] {dataset} {backbone}: {results['datasets'][dataset][backbone]}", flush=True)
             save(results, args.out)
-    if "3bpa" in args.datasets and not args.no_cost:
+    cost_set = QUICK_DATASET if args.quick else "3bpa"
+    if cost_set in args.datasets and not args.no_cost:
         cost = {}
+        results["cost_frames"] = "4-atom EMT Cu cells (quick)" if args.quick else "27-atom 3BPA frames"
         for backbone in args.backbones:
-            cost[backbone] = cost_and_quality(backbone, files["3bpa"], args)
+            cost[backbone] = cost_and_quality(backbone, files[cost_set], args)
             results["cost_ratio"] = {b: c["ratio"] for b, c in cost.items()}
             results["cost_ms"] = {b: c["ms"] for b, c in cost.items()}
             results["quality"] = {b: c["quality"] for b, c in cost.items()}

@@ -26,6 +26,7 @@ import numpy as np
 from ase import Atoms
 from tqdm.auto import tqdm
 
+from mlip_unc.active.biased_md import biased_calculator
 from mlip_unc.active.data import build_structure, initial_data, split_labelled, write_frames
 from mlip_unc.active.evaluation import evaluate_structures
 from mlip_unc.active.monitor import run_md
@@ -84,12 +85,14 @@ def _model_row(calc: Any, r: int, model: Path, train: list, valid: list, test: l
 
 def _explore(config: ActiveLearningConfig, calc: Any, starts: list[Atoms], rdir: Path, r: int,
              level: float | None, progress: bool = False) -> tuple[list[Atoms], int]:  # fmt: skip
-    """MD from every starting structure; returns (flagged frames, number of logged frames)."""
+    """MD from every starting structure; returns (flagged frames, number of logged frames).
+    With ``config.md.bias`` the MD runs on the biased energy (:mod:`mlip_unc.active.biased_md`)."""
     flagged: list[Atoms] = []
     n_frames = 0
+    md_calc = biased_calculator(calc, config.md)
     for k, start in enumerate(starts):
         settings = config.md.updated(seed=config.md.seed + 1000 * r + k)
-        md = run_md(start, calc, settings, rdir / f"md_{k}", reference_level=level, title=f"round {r}, structure {k}",
+        md = run_md(start, md_calc, settings, rdir / f"md_{k}", reference_level=level, title=f"round {r}, structure {k}",
                     progress=progress)  # fmt: skip
         flagged.extend(md.flagged)
         n_frames += len(md.log["step"])

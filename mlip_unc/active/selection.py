@@ -120,22 +120,48 @@ def score_structures(calc: Any, structures: Sequence[Atoms], *, forces: bool = T
     ``flag`` (bool). With ``forces`` the calculator's force uncertainty is computed (its mode's
     cost). A progress bar shows on a terminal when the log level is INFO or lower.
     """
+    props = score_properties(calc, forces=forces)
+    rows: dict[str, list] = {k: [] for k in SCORE_KEYS}
+    show = sys.stderr.isatty() and logging.getLogger("mlip_unc").getEffectiveLevel() <= logging.INFO
+    for atoms in tqdm(structures, desc="scoring", unit="structure", disable=not show, leave=False):
+        for key, value in score_one(calc, atoms, props).items():
+            rows[key].append(value)
+    out = {k: np.asarray(v, dtype=bool if k == "flag" else np.float64) for k, v in rows.items()}
+    return out
+
+
+SCORE_KEYS = (*SCORE_METRICS, "energy_std", "alignment", "flag")
+
+
+def score_properties(calc: Any, *, forces: bool = True) -> list[str]:
+    """The calculator properties :func:`score_one` asks for."""
     props = ["energy_std"] + (["max_force_std"] if forces and "max_force_std" in calc.implemented_properties else [])
     if "flag" in calc.implemented_properties:
         props.append("flag")
-    rows: dict[str, list] = {k: [] for k in (*SCORE_METRICS, "energy_std", "alignment", "flag")}
-    show = sys.stderr.isatty() and logging.getLogger("mlip_unc").getEffectiveLevel() <= logging.INFO
-    for atoms in tqdm(structures, desc="scoring", unit="structure", disable=not show, leave=False):
-        atoms = atoms.copy()
-        calc.calculate(atoms, props)
-        res = calc.results
-        rows["max_force_std"].append(res.get("max_force_std", np.nan))
-        rows["energy_std_per_atom"].append(calc.energy_std_per_atom(res))
-        rows["energy_std"].append(res["energy_std"])
-        rows["alignment"].append(res["alignment"])
-        rows["flag"].append(bool(res.get("flag", False)))
-    out = {k: np.asarray(v, dtype=bool if k == "flag" else np.float64) for k, v in rows.items()}
-    return out
+    return props
+
+
+def score_one(calc: Any, atoms: Atoms, props: Sequence[str]) -> dict[str, float | bool]:
+    """The scores of :func:`score_structures` for one structure (computed on a copy)."""
+    atoms = atoms.copy()
+    calc.calculate(atoms, list(props))
+    res = calc.results
+    return {
+        "max_force_std": float(res.get("max_force_std", np.nan)),
+        "energy_std_per_atom": float(calc.energy_std_per_atom(res)),
+        "energy_std": float(res["energy_std"]),
+        "alignment": float(res["alignment"]),
+        "flag": bool(res.get("flag", False)),
+    }
+
+
+def absolute_threshold(calc: Any, metric: str, threshold: float | None, relative: bool) -> float | None:
+    """``threshold`` in the metric's units (a multiple of the checkpoint's level when ``relative``)."""
+    if threshold is None or not relative:
+        return threshold
+    from mlip_unc.calculator import Thresholds
+
+    return getattr(Thresholds(**{metric: threshold}, relative=True).absolute(calc.uncertainty_levels), metric)
 
 
 def flag_structures(
@@ -167,10 +193,7 @@ def flag_structures(
         raise ValueError("give top_k, threshold or both")
     if diverse != "none" and top_k is None:
         raise ValueError("a diverse selection picks top_k structures; give top_k")
-    if threshold is not None and relative:
-        from mlip_unc.calculator import Thresholds
-
-        threshold = getattr(Thresholds(**{metric: threshold}, relative=True).absolute(calc.uncertainty_levels), metric)
+    threshold = absolute_threshold(calc, metric, threshold, relative)
     scores = score_structures(calc, structures, forces=metric == "max_force_std")
     features = None
     if diverse == "descriptor":
@@ -178,11 +201,20 @@ def flag_structures(
     elif diverse == "latent":
         features = np.stack([calc.latent(a) for a in structures])
     chosen = select(scores[metric], top_k=top_k, threshold=threshold, features=features)
-    selected = []
-    for rank, k in enumerate(chosen):
-        atoms = structures[int(k)].copy()
-        atoms.calc = structures[int(k)].calc
-        atoms.info.update({"source_index": int(k), "rank": rank, **{
-            key: float(scores[key][k]) for key in ("max_force_std", "energy_std_per_atom", "alignment")}})  # fmt: skip
-        selected.append(atoms)
+    selected = [
+        flagged_copy(structures[int(k)], int(k), rank, {key: scores[key][k] for key in INFO_SCORES})
+        for rank, k in enumerate(chosen)
+    ]
     return selected, scores
+
+
+INFO_SCORES = ("max_force_std", "energy_std_per_atom", "alignment")
+
+
+def flagged_copy(atoms: Atoms, source_index: int, rank: int, scores: dict[str, Any]) -> Atoms:
+    """A copy of a selected structure (labels kept) with ``source_index``, ``rank`` and the
+    :data:`INFO_SCORES` in ``info``."""
+    out = atoms.copy()
+    out.calc = atoms.calc
+    out.info.update({"source_index": source_index, "rank": rank, **{k: float(scores[k]) for k in INFO_SCORES}})
+    return out

@@ -4,6 +4,7 @@
     mlip-unc md --model model.pt --structure start.xyz --ensemble langevin --temperature 800 \\
         --steps 2000 --timestep 1 --out md_run --max-force-std 2 --relative
     mlip-unc flag --model model.pt --data candidates.xyz --top-k 20 --diverse descriptor --out flagged.xyz
+    mlip-unc flag --model model.pt --data long_md.xyz --threshold 3 --relative --workers 4 --scores scores.csv
     mlip-unc active-learn --config configs/al_emt.yaml
 
 Nothing heavy at module level (no torch, data layer or calculator): the library and its
@@ -29,6 +30,14 @@ class Ensemble(str, Enum):
 
     NVE = "nve"
     LANGEVIN = "langevin"
+
+
+class Bias(str, Enum):
+    """Uncertainty-driven exploration (mlip_unc/active/biased_md.py)."""
+
+    NONE = "none"
+    VARIANCE = "variance"
+    UDD = "udd"
 
 
 class Mode(str, Enum):
@@ -96,11 +105,15 @@ def md(
     ),
     relative: bool = typer.Option(False, "--relative", metavar="", help="Thresholds are multiples of the validation level."),
     max_flags: Optional[int] = typer.Option(None, "--max-flags", help="Stop after this many flagged frames."),
+    bias: Bias = typer.Option(Bias.NONE, "--bias", help="Bias MD towards high epistemic energy variance."),
+    bias_strength: Optional[float] = typer.Option(None, "--bias-strength", help="k (1/eV, variance) or A (eV, udd)."),
+    bias_width: Optional[float] = typer.Option(None, "--bias-width", help="B (eV/atom^1/2), udd only."),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
     threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
     """Run MD; writes OUT/md.traj, md.csv (energies, temperature, uncertainties), flagged.xyz, md.png."""
+    from mlip_unc.active.biased_md import biased_calculator
     from mlip_unc.active.monitor import run_md
     from mlip_unc.calculator import UncertaintyCalculator
     from mlip_unc.config import MDSettings, validate
@@ -115,10 +128,12 @@ def md(
         )  # fmt: skip
         settings = validate(MDSettings, dict(
             ensemble=ensemble.value, temperature=temperature, steps=steps, timestep=timestep, interval=interval,
-            friction=friction, max_flags=max_flags, seed=seed,
+            friction=friction, max_flags=max_flags, seed=seed, bias=bias.value, bias_strength=bias_strength,
+            bias_width=bias_width,
         ), resolve=False)  # fmt: skip
         levels = calc.uncertainty_levels or {}
-        result = run_md(start, calc, settings, out, reference_level=levels.get("max_force_std"), progress=_progress())
+        result = run_md(start, biased_calculator(calc, settings), settings, out,
+                        reference_level=levels.get("max_force_std"), progress=_progress())  # fmt: skip
     except user_errors() as err:
         fail(err)
     log = result.log
@@ -140,34 +155,40 @@ def flag(
     diverse: Diverse = typer.Option(Diverse.NONE, "--diverse", help="Farthest-point selection (needs --top-k)."),
     uncertainty: Optional[Mode] = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
     out: Path = typer.Option(Path("flagged.xyz"), "--out", "-o", help="Selected structures (extxyz)."),
+    workers: int = typer.Option(1, "--workers", help="Processes scoring chunks of DATA in parallel (same result)."),
+    chunk_size: int = typer.Option(256, "--chunk-size", help="Frames per chunk (DATA is streamed; memory stays flat)."),
+    scores: Optional[Path] = typer.Option(None, "--scores", help="Write every frame's scores (CSV, file order)."),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
-    threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
+    threads: int = typer.Option(0, "--threads", help=THREADS_HELP + " Per worker with --workers > 1 (0: 1)."),
 ) -> None:
     """Rank DATA by uncertainty, write the selected structures (with their scores in info) to OUT."""
-    import ase.io
-    import numpy as np
+    import functools
 
-    from mlip_unc.active.selection import flag_structures
+    import ase.io
+
+    from mlip_unc.active.screening import screen_file
     from mlip_unc.calculator import UncertaintyCalculator
-    from mlip_unc.data.readers import read_structures
 
     if top_k is None and threshold is None:
         fail(ValueError("give --top-k, --threshold or both"))
     if diverse is not Diverse.NONE and top_k is None:
         fail(ValueError("--diverse picks --top-k structures; give --top-k"))
-    set_threads(threads)
+    if workers == 1:
+        set_threads(threads)
     try:
-        frames = read_structures(data, require_energy=False, require_forces=False)
-        calc = UncertaintyCalculator(model, device=device, uncertainty=uncertainty.value if uncertainty else None, seed=seed)
-        selected, scores = flag_structures(calc, frames, metric=metric.value, top_k=top_k, threshold=threshold,
-                                           relative=relative, diverse=diverse.value)  # fmt: skip
+        make_calc = functools.partial(UncertaintyCalculator, model, device=device, seed=seed,
+                                      uncertainty=uncertainty.value if uncertainty else None)  # fmt: skip
+        result = screen_file(data, make_calc, metric=metric.value, top_k=top_k, threshold=threshold, relative=relative,
+                             diverse=diverse.value, workers=workers, chunk_size=chunk_size,
+                             threads_per_worker=threads or 1, scores_csv=scores, progress=_progress())  # fmt: skip
     except user_errors() as err:
         fail(err)
+    selected = result.selected
     out.parent.mkdir(parents=True, exist_ok=True)
     ase.io.write(out, selected, format="extxyz")
-    values = scores[metric.value]
-    typer.echo(f"{len(frames)} structures; {metric.value}: median {np.median(values):.4g}, max {values.max():.4g}")
+    values = result.stats[metric.value]
+    typer.echo(f"{result.n_frames} structures; {metric.value}: mean {values['mean']:.4g}, max {values['max']:.4g}")
     for atoms in selected[:10]:
         typer.echo(f"  #{atoms.info['source_index']:<6} {metric.value} = {atoms.info[metric.value]:.4g}")
     if len(selected) > 10:

@@ -5,7 +5,11 @@
         --per-frame frames.csv --predictions predictions.xyz --out metrics.json
 
 ``--data`` reads extxyz, CIF, POSCAR and JSON lists in mlearn's layout (``.json``, whose
-``virial_stress`` becomes the ``stress`` label in ASE's convention).
+``virial_stress`` becomes the ``stress`` label in ASE's convention), or an on-disk set written by
+
+    mlip-unc convert --data train.extxyz --out train.mlipdb --r-max 5.0
+
+(graphs built once and read lazily; accepted by ``train`` as ``data.train`` / ``valid`` / ``test``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class EvalUncertainty(str, Enum):
 def register(app: typer.Typer) -> None:
     app.command("train", help="Train a Bayesian interatomic potential from a YAML config.")(train)
     app.command("eval", help="Evaluate a trained potential on a structure file.")(evaluate)
+    app.command("convert", help="Convert structure files into an on-disk set (graphs built once).")(convert)
 
 
 def train(
@@ -48,6 +53,7 @@ def train(
 ) -> None:
     """Train; writes OUT/model.pt (best on validation), OUT/last.pt and OUT/history.json."""
     from mlip_unc.config import load_potential_config
+    from mlip_unc.train import distributed
     from mlip_unc.train.potential import run_training
 
     items = list(overrides or [])
@@ -62,9 +68,12 @@ def train(
     set_threads(threads)
     try:
         cfg = load_potential_config(config, items)
-        results = run_training(cfg)
+        with distributed.session():  # under torchrun: data-parallel over its processes; else a no-op
+            results, main = run_training(cfg), distributed.is_main()
     except (*user_errors(), FileExistsError) as err:
         fail(err)
+    if not main:  # rank 0 reports
+        return
     for result in results:
         typer.echo(f"model: {result.model_path} (epoch {result.best_epoch}, {result.stop_reason}, "
                    f"{result.train_minutes:.2f} min)")  # fmt: skip
@@ -107,7 +116,9 @@ def evaluate(
     model: list[Path] = typer.Option(
         ..., "--model", "-m", help="Checkpoint (model.pt) or run folder; repeat for a committee."
     ),
-    data: Path = typer.Option(..., "--data", "-d", help="Structure file (extxyz, mlearn JSON, CIF, ...)."),
+    data: Path = typer.Option(
+        ..., "--data", "-d", help="Structure file (extxyz, mlearn JSON, CIF, ...) or on-disk set (mlip-unc convert)."
+    ),
     energy_key: str = typer.Option("energy", "--energy-key"),
     forces_key: str = typer.Option("forces", "--forces-key"),
     stress_key: str = typer.Option(
@@ -130,7 +141,8 @@ def evaluate(
     import torch
 
     from mlip_unc.data import StructureDataset, TypeMap
-    from mlip_unc.data.readers import read_validated_frames
+    from mlip_unc.data.ondisk import OnDiskDataset, is_store
+    from mlip_unc.data.readers import _select, read_validated_frames
     from mlip_unc.models.committee import load_potential
     from mlip_unc.train.evaluate import (
         evaluate_potential,
@@ -138,21 +150,28 @@ def evaluate(
         write_predictions_xyz,
     )
     from mlip_unc.train.io import write_json
+    from mlip_unc.train.ondisk_data import open_store_for
 
     set_threads(threads)
     try:
         potential = load_potential(model)
         first = potential.members[0] if hasattr(potential, "members") else potential
         label_keys = {"energy": energy_key, "forces": forces_key, "stress": stress_key}
-        frames = read_validated_frames(
-            data, index, label_keys=label_keys, stress_convention=None,
-            required={"energy": False, "forces": False, "stress": False},
-        )  # fmt: skip
-        dataset = StructureDataset.from_atoms(
-            [atoms for _, atoms in frames], first.r_max, TypeMap.from_list(first.type_map),
-            energy_key=energy_key, forces_key=forces_key, stress_key=stress_key,
-            frame_indices=[k for k, _ in frames], source=data, dtype=first.dtype,
-        )  # fmt: skip
+        if is_store(data):  # an on-disk set: graphs read lazily (mlip-unc convert)
+            store = open_store_for(data, first.r_max, label_keys)
+            dataset = OnDiskDataset(store, _select(len(store), index), TypeMap.from_list(first.type_map),
+                                    dtype=first.dtype)  # fmt: skip
+            frames = None
+        else:
+            frames = read_validated_frames(
+                data, index, label_keys=label_keys, stress_convention=None,
+                required={"energy": False, "forces": False, "stress": False},
+            )  # fmt: skip
+            dataset = StructureDataset.from_atoms(
+                [atoms for _, atoms in frames], first.r_max, TypeMap.from_list(first.type_map),
+                energy_key=energy_key, forces_key=forces_key, stress_key=stress_key,
+                frame_indices=[k for k, _ in frames], source=data, dtype=first.dtype,
+            )  # fmt: skip
         report = evaluate_potential(
             potential, dataset, uncertainty=uncertainty.value, n_samples=n_samples,
             batch_size=batch_size, seed=seed, progress=not quiet() and sys.stderr.isatty(),
@@ -178,5 +197,35 @@ def evaluate(
         write_frame_csv(report.frames, per_frame)
         typer.echo(f"per-frame table: {per_frame}")
     if predictions is not None:
-        write_predictions_xyz([atoms for _, atoms in frames], pred, predictions)
+        structures = [atoms for _, atoms in frames] if frames is not None else [
+            dataset.store.atoms(int(k)) for k in dataset.indices]  # fmt: skip
+        write_predictions_xyz(structures, pred, predictions)
         typer.echo(f"predictions: {predictions}")
+
+
+def convert(
+    data: list[Path] = typer.Option(..., "--data", "-d", help="Structure file(s) (extxyz streamed; repeatable)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The on-disk set to write (a folder, e.g. train.mlipdb)."),
+    r_max: float = typer.Option(..., "--r-max", help="Cutoff of the neighbour lists, Angstrom (the model's r_max)."),
+    energy_key: str = typer.Option("energy", "--energy-key"),
+    forces_key: str = typer.Option("forces", "--forces-key"),
+    stress_key: Optional[str] = typer.Option(
+        None, "--stress-key", help="Stress label (default: 'stress' when present); convention follows the name."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace OUT if it exists."),
+) -> None:
+    """Build the graphs of DATA once and store them in OUT (streamed; written atomically)."""
+    from mlip_unc.data.ondisk_write import convert_files
+
+    if r_max <= 0:
+        fail(ValueError(f"--r-max must be positive, got {r_max}"))
+    try:
+        store = convert_files(data, out, r_max=r_max, energy_key=energy_key, forces_key=forces_key,
+                              stress_key=stress_key, overwrite=overwrite,
+                              progress=not quiet() and sys.stderr.isatty())  # fmt: skip
+    except (*user_errors(), FileExistsError) as err:
+        fail(err)
+    labels = {k: int(store.array(f"has_{k}").sum()) for k in ("energy", "forces", "stress")}
+    typer.echo(f"wrote {out}: {store.n_frames} frames, {store.n_atoms} atoms, {store.n_edges} edges, "
+               f"elements {store.type_map.symbols}, r_max {store.r_max}; labelled frames: "
+               + ", ".join(f"{k} {v}" for k, v in labels.items()))  # fmt: skip

@@ -79,10 +79,19 @@ def _select(graphs: list, rows: tuple[int, ...]) -> list:
 
 
 def _print_table(metrics: dict[str, Any]) -> None:
-    typer.echo(f"{'test metric':<22}{'value':>12}")
+    """Test metrics, raw and recalibrated side by side when a recalibrator was fitted."""
+    raw = metrics.get("uncalibrated")
+    if raw is None:
+        typer.echo(f"{'test metric':<22}{'value':>12}  (not recalibrated)")
+    else:
+        typer.echo(f"{'test metric':<22}{'raw':>12}{'recalibrated':>14}")
     for key in _TABLE_KEYS:
         if key in metrics:
-            typer.echo(f"{key:<22}{metrics[key]:>12.4f}")
+            typer.echo(f"{key:<22}{(raw or metrics)[key]:>12.4f}" + (f"{metrics[key]:>14.4f}" if raw else ""))
+    recal = metrics.get("recalibration") or {}
+    if recal.get("scale"):
+        factors = ", ".join(f"{v:.4g}" for v in recal["scale"])
+        typer.echo(f"recalibration: {recal['kind']}, std factor {factors} (fitted on the validation split)")
     typer.echo(f"{'train_seconds':<22}{metrics['train_seconds']:>12.1f}")
 
 
@@ -116,6 +125,7 @@ def train(
     """Train a property model; write OUT/model.pt and OUT/metrics.json; print test metrics."""
     from mlip_unc.config import PropertyConfig, apply_overrides, load_raw, validate
     from mlip_unc.data.splits import training_subset
+    from mlip_unc.train import distributed
     from mlip_unc.train.io import write_json
     from mlip_unc.train.property import train_property_model
 
@@ -137,12 +147,16 @@ def train(
             "source": str(data) if data is not None else dataset, "train_fraction": train_fraction,
             "split": {"train": list(train_rows), "val": list(rows.val), "test": list(rows.test)},
         }
-        _, metrics = train_property_model(
-            config, *parts, out_dir=out, metadata=metadata, resume=resume, overwrite=overwrite, stop_after=stop_after,
-            freeze_posterior=freeze_posterior_from,
-        )
+        with distributed.session():  # under torchrun: data-parallel over its processes; else a no-op
+            _, metrics = train_property_model(
+                config, *parts, out_dir=out, metadata=metadata, resume=resume, overwrite=overwrite,
+                stop_after=stop_after, freeze_posterior=freeze_posterior_from,
+            )
+            main = distributed.is_main()
     except (*user_errors(), FileExistsError) as err:
         fail(err)
+    if not main:  # rank 0 reports and writes metrics.json
+        return
     if metrics is None:
         typer.echo(f"stopped after {stop_after} epoch(s); continue with --resume")
         return
@@ -174,9 +188,17 @@ def predict(
     out: Path = typer.Option(..., "--out", help="Output CSV."),
     smiles_column: Optional[str] = typer.Option(None, "--smiles-column", help="Default: as in training."),
     batch_size: int = typer.Option(256, "--batch-size"),
+    recalibrate: bool = typer.Option(
+        True, "--recalibrate/--no-recalibrate", metavar="",
+        help="Apply the recalibrator stored at training (default) or report the raw stds.",
+    ),
     threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
 ) -> None:
-    """Predict mean, std, epistemic_std and aleatoric_std for every SMILES of a CSV file."""
+    """Predict mean, std, epistemic_std and aleatoric_std for every SMILES of a CSV file.
+
+    The stds are recalibrated with the factor fitted on the validation split at training
+    (``--no-recalibrate``: the raw model's); models saved without one are reported as such.
+    """
     from mlip_unc.data.errors import DataError
     from mlip_unc.data.molecules import smiles_to_graph
     from mlip_unc.models.factory import PropertyPredictor
@@ -184,6 +206,14 @@ def predict(
     set_threads(threads)
     try:
         predictor = PropertyPredictor.load(model)
+        if not predictor.calibrators:
+            typer.echo("note: this model is not recalibrated (no recalibrator in the checkpoint); raw stds")
+        elif not recalibrate:
+            predictor.calibrators = None
+            typer.echo("raw stds (--no-recalibrate)")
+        else:
+            kinds = sorted({type(c).__name__ for c in predictor.calibrators})
+            typer.echo(f"stds recalibrated ({', '.join(kinds)}, fitted on the validation split at training)")
         column = smiles_column or predictor.metadata.get("smiles_column") or "smiles"
         smiles = _read_smiles(data, column)
         graphs = []

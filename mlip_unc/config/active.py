@@ -9,12 +9,14 @@
     training: {...}                  # a `mlip-unc train` config without data.train/out
     rounds: 2
     md: {ensemble: langevin, temperature: 1200, steps: 400, timestep: 1.0, interval: 10}
+    # md: {..., bias: udd, bias_strength: 0.5, bias_width: 0.01}  # uncertainty-driven exploration
     thresholds: {energy_std_per_atom: 2.0, relative: true}
     selection: {top_k: 10, diverse: true}
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -37,6 +39,11 @@ class MDSettings(Section):
         friction: Langevin friction, 1/fs.
         max_flags: stop after this many flagged frames (``None``: run all steps).
         seed: velocities and Langevin noise.
+        bias: uncertainty-driven exploration (``mlip_unc.active.biased_md``): ``none``,
+            ``variance`` (``E_bias = -k sigma_E^2``) or ``udd`` (``E_bias = A [exp(-sigma_E^2 /
+            (N B^2)) - 1]``, bounded), ``sigma_E^2`` the epistemic energy variance.
+        bias_strength: ``k`` (1/eV) for ``variance``, ``A`` (eV) for ``udd``; > 0 when biased.
+        bias_width: ``B`` (eV/atom^(1/2)), ``udd`` only.
     """
 
     ensemble: Literal["nve", "langevin"] = "langevin"
@@ -47,6 +54,27 @@ class MDSettings(Section):
     friction: float = Field(0.01, gt=0)
     max_flags: int | None = None
     seed: int = 0
+    bias: Literal["none", "variance", "udd"] = "none"
+    bias_strength: float | None = None
+    bias_width: float | None = None
+
+    @model_validator(mode="after")
+    def _check_bias(self) -> MDSettings:
+        if self.bias == "none":
+            for name in ("bias_strength", "bias_width"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"md.{name}: set, but md.bias is none; choose md.bias: variance or udd")
+            return self
+        unit = "1/eV: E_bias = -k sigma_E^2" if self.bias == "variance" else "eV: the depth A of the udd bias"
+        if self.bias_strength is None or not (math.isfinite(self.bias_strength) and self.bias_strength > 0):
+            raise ValueError(f"md.bias_strength: md.bias {self.bias} needs a strength > 0 ({unit}), "
+                             f"got {self.bias_strength!r}")  # fmt: skip
+        if self.bias == "udd":
+            if self.bias_width is None or not (math.isfinite(self.bias_width) and self.bias_width > 0):
+                raise ValueError(f"md.bias_width: md.bias udd needs a width B > 0 (eV/atom^(1/2)), got {self.bias_width!r}")
+        elif self.bias_width is not None:
+            raise ValueError("md.bias_width: only the udd bias has a width; remove it for md.bias variance")
+        return self
 
 
 class SelectionSettings(Section):

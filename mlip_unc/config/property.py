@@ -109,7 +109,9 @@ class PropertyTrainConfig(TrainCoreConfig):
         kl_anneal_epochs: linear ramp of the KL weight from 0 (``mlip_unc.train.losses.kl_weight``).
         stop_metric: validation metric for early stopping, best model and plateau schedule.
         seed: weights, shuffling and posterior draws; dtype: model precision.
-        calibration: post-hoc std recalibration fitted on validation.
+        calibration: post-hoc std recalibration fitted on the validation split and stored in the
+            checkpoint; default ``zscaling`` (one std factor, the validation-NLL minimiser, so the
+            validation NLL never rises and the ranking of the stds is kept).
         regularizer: latent term (:class:`RegularizerKind`); ``agl`` defaults to ``agl_mean``.
         reg_lambda: its lambda_max; reg_warmup / reg_ramp: epochs of lambda = 0 and of the
             linear ramp (default a fifth of ``epochs`` each).
@@ -127,7 +129,7 @@ class PropertyTrainConfig(TrainCoreConfig):
     stop_metric: StopMetric = StopMetric.NLL
     seed: int = 0
     dtype: DType = DType.FLOAT32
-    calibration: Calibration = Calibration.NONE
+    calibration: Calibration = Calibration.ZSCALING
     regularizer: RegularizerKind = RegularizerKind.NONE
     reg_lambda: float = Field(1.0, ge=0)
     reg_warmup: int = Field(0, ge=0)

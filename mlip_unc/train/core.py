@@ -17,7 +17,10 @@ draws. The core:
 * ``out/last.pt`` after every epoch: model, optimiser, scheduler, EMA, generators, torch's
   RNG (dropout), history and stopping state, so ``resume`` continues exactly; it refuses a
   checkpoint written for another architecture or training config;
-* torch's global RNG is forked: a training run leaves the caller's RNG untouched.
+* torch's global RNG is forked: a training run leaves the caller's RNG untouched;
+* under torchrun, :mod:`mlip_unc.train.distributed` (sharding, gradient all-reduce, rank 0
+  validates and writes; ranks > 0 draw from ``worker_seed``): the checkpoint is rank 0's
+  state and does not depend on the number of processes.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from mlip_unc.config.enums import LRSchedule
 from mlip_unc.config.training import TrainCoreConfig
 from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from mlip_unc.nn.bayesian import BayesianLinear, BayesianMLP
+from mlip_unc.train import distributed as dist
 from mlip_unc.train.io import write_json
 from mlip_unc.train.task import FitResult, Step, Task
 
@@ -117,21 +121,26 @@ class Trainer:
         self.initial: dict[str, float] | None = None
         self.best: dict[str, Any] = {"metric": math.inf, "epoch": 0, "bad": 0, "state": None}
         self.elapsed_before, self.start = 0.0, time.monotonic()
+        self.rank, self.world = dist.rank(), dist.world_size()
 
     # -------------------------------------------------------------- time and progress
     def elapsed(self) -> float:
         """Seconds of training, including those before a resume."""
         return self.elapsed_before + time.monotonic() - self.start
 
+    def _clock(self) -> float:
+        """:meth:`elapsed` of rank 0 (every rank must call it at the same point)."""
+        return dist.broadcast_float(self.elapsed()) if self.world > 1 else self.elapsed()
+
     def over_budget(self) -> bool:
         minutes = self.opts.max_minutes
-        return minutes is not None and self.elapsed() >= 60.0 * minutes
+        return minutes is not None and self._clock() >= 60.0 * minutes
 
     def progress(self, epoch: float) -> float:
         """Fraction of training done: the larger of the epoch and the wall-time fractions."""
         done = epoch / self.opts.epochs
         if self.opts.max_minutes is not None:
-            done = max(done, self.elapsed() / (60.0 * self.opts.max_minutes))
+            done = max(done, self._clock() / (60.0 * self.opts.max_minutes))
         return min(done, 1.0)
 
     def _cosine_lr(self, epoch: float) -> None:
@@ -161,12 +170,15 @@ class Trainer:
                 q.copy_(tmp)
 
     def validate(self) -> dict[str, float]:
-        """The task's validation with the averaged weights when EMA is on."""
+        """The task's validation with the averaged weights when EMA is on (rank 0's, broadcast)."""
+        if self.rank != 0:
+            return dist.broadcast_object(None)
         self._swap_ema()
         try:
-            return self.task.validate()
+            metrics = self.task.validate()
         finally:
             self._swap_ema()
+        return dist.broadcast_object(metrics) if self.world > 1 else metrics
 
     def _best_state(self) -> dict[str, Tensor]:
         self._swap_ema()
@@ -176,13 +188,25 @@ class Trainer:
             self._swap_ema()
 
     # -------------------------------------------------------------- one epoch
-    def _loader(self) -> Iterable[Any]:
+    def _loader(self) -> tuple[Iterable[Any], int]:
+        """This rank's batches and the examples of all ranks; the order of ``shuffle=True``."""
         data = list(self.task.train_data())
-        return DataLoader(data, batch_size=self.opts.batch_size, shuffle=True, generator=self.loader_rng)
+        mine = dist.ShardSampler(len(data), self.rank, self.world, self.loader_rng)  # (ceil(n / world),)
+        loader = DataLoader(data, batch_size=self.opts.batch_size, sampler=mine, generator=self.loader_rng)
+        return loader, len(mine) * self.world
+
+    def _generator(self) -> torch.Generator:
+        """Posterior draws: the run's on rank 0; others (and their dropout) from ``worker_seed``."""
+        if self.rank == 0:
+            return self.sample_rng
+        seed = dist.worker_seed(self.seed + 1, self.epoch, self.rank)
+        torch.manual_seed(seed + 1)
+        return torch.Generator().manual_seed(seed)
 
     def train_epoch(self) -> dict[str, Any]:
-        loader = self._loader()
-        n_batches = len(loader)
+        loader, total = self._loader()
+        n_batches = len(loader)  # the same on every rank
+        generator = self._generator()
         self.model.train()
         sums: dict[str, float] = {}
         done = 0
@@ -190,9 +214,10 @@ class Trainer:
             epoch = self.epoch + i / n_batches
             if self.opts.lr_schedule is LRSchedule.COSINE:
                 self._cosine_lr(epoch)
-            loss, terms = self.task.loss(batch, Step(epoch=epoch, generator=self.sample_rng))
+            loss, terms = self.task.loss(batch, Step(epoch=epoch, generator=generator))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            dist.average_gradients(self.model.parameters())  # no-op in one process
             if self.opts.grad_clip is not None:
                 nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.grad_clip)
             self.optimizer.step()
@@ -204,8 +229,12 @@ class Trainer:
             done += n
             if self.over_budget():
                 break
+        if self.world > 1:  # example-weighted means over all ranks
+            names = sorted(sums)
+            *values, done = dist.all_reduce_sum([sums[k] for k in names] + [done])
+            sums = dict(zip(names, values))
         record: dict[str, Any] = {f"train_{k}": v / max(done, 1) for k, v in sums.items()}
-        record["partial"] = done < len(loader.dataset)
+        record["partial"] = done < total
         return record
 
     def _after_validation(self, record: dict[str, Any]) -> None:
@@ -213,7 +242,7 @@ class Trainer:
         if metric < self.best["metric"] or self.best["state"] is None:
             self.best.update(metric=metric, epoch=self.epoch, bad=0, state=self._best_state())
             on_best = getattr(self.task, "on_best", None)
-            if on_best is not None:
+            if on_best is not None and self.rank == 0:
                 on_best(self.best["state"], self.epoch)
         else:
             self.best["bad"] += self.opts.eval_every
@@ -279,7 +308,7 @@ class Trainer:
         log.info("resumed from %s at epoch %d", path, self.epoch)
 
     def _write(self, stop_reason: str | None) -> None:
-        if self.out is None:
+        if self.out is None or self.rank != 0:
             return
         save_checkpoint(self.out / LAST_FILE, self.state_dict(stop_reason))
         write_json(self.out / HISTORY_FILE, {
@@ -303,12 +332,16 @@ class Trainer:
             if last is not None and last.is_file() and not (resume or overwrite):
                 raise FileExistsError(f"{self.out} already holds a training run; continue it with --resume "
                                       "or replace it with --overwrite")  # fmt: skip
-            remove_stale_temps(self.out)  # temporary files of writes killed mid-way (kill -9)
+            if self.rank == 0:
+                remove_stale_temps(self.out)  # temporary files of writes killed mid-way (kill -9)
             if resume and last is not None and last.is_file():
                 self.restore(last)
                 torch.set_rng_state(self.torch_rng)
+            if not dist.all_equal(self.epoch):
+                raise CheckpointError(f"the ranks found different runs in {self.out}: it must be one shared folder")
+            dist.broadcast_module(self.model)  # identical start on every rank (seeded anyway)
             on_start = getattr(self.task, "on_start", None)
-            if on_start is not None:  # after the resume check: e.g. write config.yaml
+            if on_start is not None and self.rank == 0:  # after the resume check: e.g. write config.yaml
                 on_start()
             return self._loop(stop_after, callbacks)
 
@@ -317,7 +350,7 @@ class Trainer:
             self.initial = self.validate()
             log.info("initial: %s", _describe(self.initial))
         first = self.epoch
-        show = self.opts.progress if self.opts.progress is not None else sys.stderr.isatty()
+        show = (self.opts.progress if self.opts.progress is not None else sys.stderr.isatty()) and self.rank == 0
         bar = tqdm(total=self.opts.epochs, initial=self.epoch, disable=not show, desc="train", unit="epoch",
                    leave=False)  # fmt: skip
         try:
@@ -339,7 +372,7 @@ class Trainer:
             if self.best["state"] is not None:
                 self.model.load_state_dict(self.best["state"])
             on_end = getattr(self.task, "on_end", None)
-            if on_end is not None:  # e.g. the last-layer Laplace fit
+            if on_end is not None and self.rank == 0:  # e.g. the last-layer Laplace fit
                 on_end()
         log.info("stopped (%s) after %d epochs, %.2f min; best epoch %d", reason, self.epoch,
                  self.elapsed() / 60, self.best["epoch"])  # fmt: skip

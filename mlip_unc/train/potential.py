@@ -42,6 +42,7 @@ from mlip_unc.data.domain import DomainGuard
 from mlip_unc.models.backbones import build_backbone
 from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
 from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.train import distributed
 from mlip_unc.train.core import Step, Trainer
 from mlip_unc.train.evaluate import evaluate_potential, predict, uncertainty_levels
 from mlip_unc.train.io import write_json, write_yaml
@@ -303,6 +304,10 @@ def train_potential(config: PotentialConfig, *, data: PreparedData | None = None
     trainer = Trainer(task, config.train, seed=config.seed, out=out, history_extra=task.history_extra)
     result = trainer.fit(resume=config.train.resume, overwrite=config.train.overwrite)
     model_path = out / "model.pt"
+    if not distributed.is_main():  # torchrun: rank 0 finalises and writes the model
+        return TrainResult(out=out, model_path=model_path, history=result.history, best_epoch=result.best_epoch,
+                           best_valid_loss=None, stop_reason=result.stop_reason, train_minutes=result.minutes,
+                           n_train=len(data.train))  # fmt: skip
     if not model_path.is_file():  # e.g. resumed after the budget was already spent
         task.on_best(task.model.state_dict(), trainer.epoch)
     test = _test_metrics(finalize_checkpoint(model_path, config, data), config, data)
@@ -331,10 +336,11 @@ def train_ensemble(config: PotentialConfig, *, data: PreparedData | None = None)
         member = config.updated(seed=config.seed + k, out=str(Path(config.out) / f"member_{k}"))
         log.info("ensemble member %d/%d (seed %d)", k + 1, config.train.ensemble, member.seed)
         results.append(train_potential(member, data=data))
-    write_json(Path(config.out) / "ensemble.json", {
-        "members": [str(r.model_path.relative_to(config.out)) for r in results],
-        "train_minutes": sum(r.train_minutes for r in results),
-    })  # fmt: skip
+    if distributed.is_main():
+        write_json(Path(config.out) / "ensemble.json", {
+            "members": [str(r.model_path.relative_to(config.out)) for r in results],
+            "train_minutes": sum(r.train_minutes for r in results),
+        })  # fmt: skip
     return results
 
 

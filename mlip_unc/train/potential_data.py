@@ -118,8 +118,15 @@ def prepare_data(config: PotentialConfig) -> PreparedData:
     """Read, split and convert the data of ``config``; fit reference energies and statistics.
 
     One-atom frames in the training file go to the reference energies, not the training set.
+    ``data.train`` may be an on-disk set (:mod:`mlip_unc.train.ondisk_data`).
     """
+    from mlip_unc.data.ondisk import is_store
+
     data = config.data
+    if is_store(data.train):  # an on-disk set (mlip-unc convert): graphs stay on disk
+        from mlip_unc.train.ondisk_data import prepare_ondisk
+
+        return prepare_ondisk(config)
     frames = _read(data.train, config)
     isolated = [a for a in frames if _is_isolated(a)]
     frames_idx = [k for k, a in enumerate(frames) if not _is_isolated(a)]

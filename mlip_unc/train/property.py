@@ -30,12 +30,13 @@ from mlip_unc.config import PropertyConfig, RegularizerKind, StopMetric
 from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from mlip_unc.models.factory import PropertyPredictor, build_model
 from mlip_unc.models.property import CHECKPOINT_KIND, StandardisedModel, feature_metadata, predict_graphs
+from mlip_unc.train import distributed
 from mlip_unc.train.core import EpochCallback, FitResult, Step, Trainer
 from mlip_unc.train.losses import gaussian_nll, kl_weight, negative_elbo
 from mlip_unc.train.regularizers import LambdaSchedule, regularizer_term
 from mlip_unc.uncertainty.alignment import effective_rank
 from mlip_unc.uncertainty.calibration import regression_metrics
-from mlip_unc.uncertainty.recalibration import make_calibrator
+from mlip_unc.uncertainty.recalibration import calibrator_from_state_dict, make_calibrator
 
 __all__ = [
     "PropertyTask",
@@ -46,6 +47,7 @@ __all__ = [
     "target_statistics",
     "freeze_posterior_from",
     "model_payload",
+    "recalibration_summary",
 ]
 
 log = logging.getLogger(__name__)
@@ -222,6 +224,16 @@ def _fit_calibration(predictor: PropertyPredictor, val: Sequence[Data], kind: st
     return [c.state_dict() for c in calibrators]
 
 
+def recalibration_summary(calibration: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """``{"kind", "scale" (one std factor per target, or None), "fitted_on"}`` of a checkpoint's
+    calibration entry; kind ``none`` when there is none."""
+    if not calibration:
+        return {"kind": "none", "scale": None, "fitted_on": None}
+    kinds = sorted({str(c.get("kind")) for c in calibration})
+    scales = [calibrator_from_state_dict(c).transform([1.0])[0] for c in calibration]
+    return {"kind": "+".join(kinds), "scale": [float(v) for v in scales], "fitted_on": "val"}
+
+
 def train_property_model(
     config: PropertyConfig,
     train: Sequence[Data],
@@ -236,11 +248,15 @@ def train_property_model(
     freeze_posterior: str | os.PathLike | None = None,
     callbacks: Sequence[EpochCallback] = (),
 ) -> tuple[PropertyPredictor | None, dict[str, Any] | None]:
-    """Standardise, build, train, calibrate on validation, evaluate on test, save.
+    """Standardise, build, train, recalibrate on validation, evaluate on test, save.
 
-    Writes ``out_dir/model.pt`` (weights-only: config, feature metadata, normalisation,
-    calibration). Returns ``(predictor, test metrics or None)``; ``(None, None)`` when
-    ``stop_after`` interrupted the run (``resume=True`` continues it).
+    The recalibrator (``config.train.calibration``, default ``zscaling``: one std factor per
+    target, fitted on the validation split) is stored in ``out_dir/model.pt`` (weights-only:
+    config, feature metadata, normalisation, calibration). The test metrics are those of the
+    recalibrated predictor, with the raw model's under ``uncalibrated`` (and ``val`` /
+    ``val_uncalibrated`` for the validation split) and ``recalibration`` = kind and factors.
+    Returns ``(predictor, test metrics or None)``; ``(None, None)`` when ``stop_after``
+    interrupted the run (``resume=True`` continues it), and on ranks other than 0 under torchrun.
     """
     out_dir = Path(out_dir)
     names = list((metadata or {}).get("target_names") or [])
@@ -255,7 +271,7 @@ def train_property_model(
     result: FitResult = property_trainer(model, config, train, val, out_dir=out_dir).fit(
         resume=resume, overwrite=overwrite, stop_after=stop_after, callbacks=callbacks
     )
-    if not result.finished:
+    if not result.finished or not distributed.is_main():  # torchrun: rank 0 calibrates and writes
         return None, None
     predictor = PropertyPredictor(model.eval(), config, meta)
     kind = config.train.calibration.value
@@ -267,9 +283,12 @@ def train_property_model(
         return predictor, None
     y_test, names_ = _targets(test), names
     metrics = prediction_metrics(predictor.predict(test), y_test, names_)
-    if calibration is not None:
-        metrics["uncalibrated"] = prediction_metrics(PropertyPredictor(model, config, meta).predict(test), y_test, names_)
     metrics["val"] = prediction_metrics(predictor.predict(val), _targets(val), names_)
+    metrics["recalibration"] = recalibration_summary(calibration)
+    if calibration is not None:  # top level: recalibrated (what `predict` gives); the raw model beside it
+        raw = PropertyPredictor(model, config, meta)
+        metrics["uncalibrated"] = prediction_metrics(raw.predict(test), y_test, names_)
+        metrics["val_uncalibrated"] = prediction_metrics(raw.predict(val), _targets(val), names_)
     metrics.update(
         method=config.model.method.value, seed=config.train.seed, train_seconds=60.0 * result.minutes,
         epochs_run=result.epochs_run, best_epoch=result.best_epoch, stopped_early=result.stopped_early,

@@ -1,8 +1,10 @@
 """Slow tier: every benchmark script runs end to end from its command line on tiny settings.
 
 force_uncertainty.py and reliability.py have a ``--quick`` mode (tiny EMT data made on the
-spot; reliability's is in test_reliability_quick.py). potential.py and paper_study.py have no
-``--quick``: they run here on tiny budgets of the shared data and are skipped without it."""
+spot; reliability's is in test_reliability_quick.py) that takes minutes, so it stays here.
+potential.py, paper_study.py and speed.py ``--quick`` run in the default suite
+(test_quick_smoke.py); here potential.py and paper_study.py also run on tiny budgets of the
+shared data (skipped without it), the path their ``--quick`` does not take."""
 
 from __future__ import annotations
 
