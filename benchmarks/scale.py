@@ -174,8 +174,14 @@ def run_one(data: Path, model: Path, n_frames: int, workers: int, chunk_size: in
 def _table(rows: list[dict], columns: list[str] | None = None) -> list[str]:
     columns = columns or list(dict.fromkeys(k for r in rows for k in r))
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
     return lines
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def render(result: dict, out: Path) -> str:
@@ -193,12 +199,17 @@ def render(result: dict, out: Path) -> str:
     if train.is_file():
         data = json.loads(train.read_text())
         head = f"Command: `{data.get('command', '?')}` (seed {data.get('seed', '?')})."
-        lines += ["## Training throughput (torchrun processes)", "", head, "",
-                  *_table(data.get("rows", []), ["processes", "structures_per_s", "steps"]), ""]  # fmt: skip
+        notes = [f"{k}: {data[k]}." for k in ("setup", "machine") if data.get(k)]
+        lines += ["## Training throughput (torchrun processes)", "", head, *notes, "",
+                  *_table(data.get("rows", []), ["processes", "mode", "batch_per_process", "structures_per_s",
+                                                 "speedup", "oversubscribed", "steps"]), "",
+                  ("mode allreduce: this project's gradient all-reduce (what `mlip-unc train` uses under torchrun); "
+                   "ddp_wrapper: torch's DistributedDataParallel around the same model, for comparison."), ""]  # fmt: skip
     exploration = out / "exploration.json"
     if exploration.is_file():
         data = json.loads(exploration.read_text())
-        lines += ["## Exploration (uncertainty-biased MD)", "", f"Command: `{data.get('command', '?')}`.", "",
+        lines += ["## Exploration (uncertainty-biased MD)", "", f"Command: `{data.get('command', '?')}`; summary "
+                  "over seeds in [exploration.md](exploration.md). Every row:", "",
                   *_table(data.get("rows", [])), ""]  # fmt: skip
     return "\n".join(lines)
 

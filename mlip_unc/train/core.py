@@ -190,7 +190,9 @@ class Trainer:
     # -------------------------------------------------------------- one epoch
     def _loader(self) -> tuple[Iterable[Any], int]:
         """This rank's batches and the examples of all ranks; the order of ``shuffle=True``."""
-        data = list(self.task.train_data())
+        data = self.task.train_data()  # a sequence is indexed lazily (on-disk sets stay on disk)
+        if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+            data = list(data)
         mine = dist.ShardSampler(len(data), self.rank, self.world, self.loader_rng)  # (ceil(n / world),)
         loader = DataLoader(data, batch_size=self.opts.batch_size, sampler=mine, generator=self.loader_rng)
         return loader, len(mine) * self.world

@@ -229,3 +229,18 @@ def test_config_round_trip_and_validation(tmp_path):
         TrainConfig(calibration="platt")
     with pytest.raises(ValueError, match="Bayesian last layer"):
         PropertyConfig().with_overrides(method="mve", regularizer="agl_mean")
+
+
+class _NoIteration(list):
+    """A sequence that may be indexed but not iterated or copied whole (as an on-disk set)."""
+
+    def __iter__(self):
+        raise AssertionError("the training core iterated the whole training set")
+
+
+def test_the_core_indexes_a_sequence_of_training_data_without_copying_it(graphs):
+    cfg = config(epochs=2)
+    trainer = fresh(cfg, graphs)
+    trainer.task.train_graphs = _NoIteration(graphs[:32])
+    trainer.fit()  # iterating (list(data)) would raise; DataLoader indexes the sequence
+    assert trainer.epoch == 2
