@@ -208,8 +208,8 @@ def render(result: dict, out: Path) -> str:
     exploration = out / "exploration.json"
     if exploration.is_file():
         data = json.loads(exploration.read_text())
-        lines += ["## Exploration (uncertainty-biased MD)", "", f"Command: `{data.get('command', '?')}`; summary "
-                  "over seeds in [exploration.md](exploration.md). Every row:", "",
+        lines += ["## Exploration (uncertainty-biased MD)", "", (f"Command: `{data.get('command', '?')}`; summary "
+                  "over seeds in [exploration.md](exploration.md). Every row:"), "",
                   *_table(data.get("rows", [])), ""]  # fmt: skip
     return "\n".join(lines)
 
