@@ -68,6 +68,9 @@ from mlip_unc.uncertainty.density import (
 )
 from mlip_unc.uncertainty.recalibration import IsotonicRecalibration, ZScaling
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paper_study import take_lock  # one lock helper for the resumable benchmarks
+
 REPO = Path(__file__).resolve().parents[1]
 STEM = "molecular"
 DATASETS = ("esol", "freesolv", "lipo", "bace", "qm7", "cep")
@@ -504,19 +507,6 @@ def check_settings(records: list[dict[str, Any]], wanted: dict[str, Any]) -> Non
                          "use another --out or the recorded settings")  # fmt: skip
 
 
-def take_lock(path: Path) -> None:
-    """One invocation per output folder; a lock left by a dead process is taken over."""
-    try:
-        pid = int(path.read_text().strip())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        path.write_text(str(os.getpid()))
-        return
-    except PermissionError:
-        pass
-    raise SystemExit(f"error: another molecular.py (pid {pid}) writes to {path.parent}; wait for it or stop it")
-
-
 # ============================================================================ report
 def _cell(stat: dict[str, Any], digits: int = 3) -> str:
     if not stat or stat["n"] == 0 or not math.isfinite(stat["mean"]):
@@ -690,7 +680,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         return summary
     check_settings(records, s)
     lock = args.out / f".{STEM}.lock"
-    take_lock(lock)
+    take_lock(lock, owner="molecular.py")
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="molecular_"))  # temporary checkpoints and CSVs, removed at the end
     try:

@@ -258,7 +258,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def take_lock(path: Path) -> None:
+def take_lock(path: Path, owner: str = "paper_study.py") -> None:
     """One invocation per output folder: ``path`` holds the pid; a lock of a dead process is taken over."""
     try:
         pid = int(path.read_text().strip())
@@ -268,7 +268,7 @@ def take_lock(path: Path) -> None:
         return
     except PermissionError:
         pass
-    raise SystemExit(f"error: another paper_study.py (pid {pid}) writes to {path.parent}; wait for it or stop it")
+    raise SystemExit(f"error: another {owner} (pid {pid}) writes to {path.parent}; wait for it or stop it")
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:

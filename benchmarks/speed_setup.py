@@ -23,6 +23,9 @@ from ase import Atoms
 from ase.build import bulk, molecule
 from ase.calculators.calculator import all_changes
 from ase.calculators.emt import EMT
+from paper_study import (
+    QUICK_SMILES as SMILES,  # the same tiny molecule list (benchmarks/ is on sys.path)
+)
 
 from mlip_unc import UncertaintyCalculator
 from mlip_unc.config import PropertyConfig, load_potential_config
@@ -39,13 +42,6 @@ QUICK_MODEL = ["model.backbone_kwargs={hidden: 16, num_layers: 2, num_basis: 4}"
 MACE_SIZES = {"num_channels": 32, "max_L": 1, "max_ell": 3, "correlation": 3, "num_interactions": 2,
               "num_radial_basis": 8}  # fmt: skip  # benchmarks/accuracy.py MACE_MODEL
 THREE_BPA = "Nc1ncccc1OCc1ccccc1"  # 3-(benzyloxy)pyridin-2-amine, C12H12N2O, 27 atoms
-SMILES = [
-    "C", "CC", "CCC", "CCCC", "CCCCC", "CCCCCC", "CO", "CCO", "CCCO", "CCCCO",
-    "CC(C)O", "CC(=O)O", "CC(=O)C", "CCOC", "c1ccccc1", "Cc1ccccc1", "CCc1ccccc1", "Oc1ccccc1",
-    "c1ccncc1", "C1CCCCC1", "C1CCCC1", "CN", "CCN", "CCCN", "CC#N", "C=C", "C=CC", "CC=CC",
-    "ClC", "CCCl", "FC(F)F", "CS", "CCS", "O=C=O", "CC(C)C", "CC(C)(C)C", "OCCO", "NCCN",
-    "c1ccoc1", "c1ccsc1",
-]  # fmt: skip
 UNC_ROWS = {"E+F+energy_var": ("energy", "energy_std"), "E+F+exact": ("exact", "forces_std"),
             "E+F+lowrank": ("lowrank", "forces_std"), "E+F+sampled4": ("sampled", "forces_std")}  # fmt: skip
 
