@@ -62,16 +62,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 ("--max-eval-frames", None, "cap each test set (checks only)")):  # fmt: skip
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override, both models")
-    p.add_argument("--quick", action="store_true", help="tiny EMT Cu data made here; needs --out")
-    p.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS})")
-    args = p.parse_args(argv)
+    args = parse_with_quick(p, argv, "tiny EMT Cu data made here; needs --out")
     args.datasets = ["cu_emt"] if args.quick else [d.strip().lower() for d in args.datasets.split(",") if d]
     if bad := [d for d in args.datasets if d not in (*DATASETS, "cu_emt")]:
         p.error(f"unknown dataset(s) {bad}; choose from {DATASETS}")
+    args.budget_minutes = args.budget_minutes or (10.0 / 60.0 if args.quick else 10.0)
+    return args
+
+
+def parse_with_quick(p: argparse.ArgumentParser, argv: list[str] | None, quick_help: str) -> argparse.Namespace:
+    """Add ``--quick`` and ``--out``, parse, and resolve ``--out`` and ``--data-root`` (which ``p`` has)
+    the same way in this script and in the ones built on it (--quick needs --out)."""
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS})")
+    args = p.parse_args(argv)
     if args.quick and args.out is None:
         p.error("--quick writes to the folder given by --out")
     args.out = args.out or RESULTS
-    args.budget_minutes = args.budget_minutes or (10.0 / 60.0 if args.quick else 10.0)
     args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
     return args
 
@@ -310,24 +317,24 @@ def acceptance(entry: dict[str, Any]) -> list[str]:
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     meta = results["meta"]
     lines = ["# Force uncertainty: modes vs a committee vs |F_pred|", "", f"Command: `{meta['command']}`", "",
-             f"Seed {meta['seed']}; {meta['threads']} torch thread(s); {meta['budget_minutes']:g} min per model and "
+             (f"Seed {meta['seed']}; {meta['threads']} torch thread(s); {meta['budget_minutes']:g} min per model and "
              f"per committee member (wall time, shared CPU); started {meta['started']}, updated {meta['updated']}; "
-             f"status: {meta['status']}.", "",
-             "Frame score = max over atoms of the force std sqrt(sum_c Var F_ac) (energy mode: the epistemic energy "
+             f"status: {meta['status']}."), "",
+             ("Frame score = max over atoms of the force std sqrt(sum_c Var F_ac) (energy mode: the epistemic energy "
              "std; force_magnitude: max over atoms of |F_pred|); frame error = mean over atoms of |F_pred - F_true|. "
              "auroc_ood: in-domain (0) vs OOD (1) frames by the score; auroc_sigma_over_force: the same with score / "
              "max |F_pred|; partial_spearman_given_force: in-domain score vs error with the frame max |F_pred| "
              "partialled out (ranks); std_over_rmse: sqrt(mean epistemic Var F) / RMSE per component, in-domain; "
              "cost_ratio: median over frames of the best of 3 single-frame calls / plain E+F, interleaved "
-             "(committee5 = 5 members); force MAE per component, in-domain.", ""]  # fmt: skip
+             "(committee5 = 5 members); force MAE per component, in-domain."), ""]  # fmt: skip
     for name, entry in ((n, e) for n, e in results.items() if n != "meta"):
         cost = meta["cost_ms"].get(name) or {}
         lines += [f"## {name} (default: {entry['default']})", "",
                   "| row | " + " | ".join(ROW_KEYS) + " |", "|---" * (len(ROW_KEYS) + 1) + "|"]  # fmt: skip
         lines += [f"| {row} | " + " | ".join(_f(r[k]) for k in ROW_KEYS) + " |"
                   for row, r in entry.items() if row != "default"]  # fmt: skip
-        lines += ["", f"Plain E+F: {_f(cost.get('plain'))} ms per frame (this set's in-domain frames); skipped "
-                  f"modes: {meta['skipped'].get(name) or 'none'}; training minutes: {meta['train_minutes'].get(name)}.",
+        lines += ["", (f"Plain E+F: {_f(cost.get('plain'))} ms per frame (this set's in-domain frames); skipped "
+                  f"modes: {meta['skipped'].get(name) or 'none'}; training minutes: {meta['train_minutes'].get(name)}."),
                   "", f"Acceptance of the default row ({entry['default']}; committee5 - slack, issue 11):",
                   *acceptance(entry), ""]  # fmt: skip
     lines += [f"Note: {n}" for n in meta["notes"]]

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shlex
 import sys
 import tempfile
@@ -72,14 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the 3BPA split and the bootstrap")
     p.add_argument("--bootstrap", type=int, default=200)
     p.add_argument("--timing-frames", type=int, default=20)
-    p.add_argument("--quick", action="store_true", help="tiny EMT Cu model trained here (10 s); needs --out")
-    p.add_argument("--out", type=Path, default=None, help=f"results folder (default {fu.RESULTS})")
-    args = p.parse_args(argv)
-    if args.quick and args.out is None:
-        p.error("--quick writes to the folder given by --out")
-    args.out = args.out or fu.RESULTS
+    args = fu.parse_with_quick(p, argv, "tiny EMT Cu model trained here (10 s); needs --out")
     args.datasets = ["cu_emt"] if args.quick else [d.strip().lower() for d in args.datasets.split(",") if d]
-    args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or fu.REPO.parent / "shared" / "data")
     args.checkpoints = args.checkpoints or args.out / "checkpoints" / "force_uncertainty"
     return args
 

@@ -16,7 +16,8 @@ Memory: peak resident set size (``VmHWM`` in ``/proc/PID/status``, the quantity 
 worker). A run past ``--time-limit`` seconds is stopped; its throughput is then the frames
 scored so far (rows of the per-frame scores file) over the time limit.
 
-``scale.md`` also renders ``OUT/scale_train.json`` (training throughput, written by
+``scale.md`` also renders ``OUT/scale_earlier.json`` (earlier results of this script, kept),
+``OUT/scale_train.json`` (training throughput, written by
 ``benchmarks/scale_train.py``) and ``OUT/exploration.json`` (``benchmarks/exploration.py``)
 when present.
 """
@@ -171,6 +172,10 @@ def run_one(data: Path, model: Path, n_frames: int, workers: int, chunk_size: in
     return row
 
 
+FLAG_COLUMNS = ["frames", "workers", "finished", "seconds", "frames_per_s", "peak_rss_MiB", "parent_rss_MiB",
+                "worker_rss_MiB", "frames_done", "time_limit_s"]
+
+
 def _table(rows: list[dict], columns: list[str] | None = None) -> list[str]:
     columns = columns or list(dict.fromkeys(k for r in rows for k in r))
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -189,12 +194,17 @@ def render(result: dict, out: Path) -> str:
         "# Scale: streamed, sharded screening (`mlip-unc flag`)", "",
         f"Command: `{result['command']}` (seed {result['seed']}). {result['setup']}", "",
         f"Memory: {result['memory_measure']}", "",
-        *_table(result["rows"], ["frames", "workers", "finished", "seconds", "frames_per_s", "peak_rss_MiB",
-                                 "parent_rss_MiB", "worker_rss_MiB", "frames_done", "time_limit_s"]),
+        *_table(result["rows"], FLAG_COLUMNS),
         "", ("Rows with `finished` False were stopped after `time_limit_s`; their `frames_per_s` is "
              "`frames_done / time_limit_s` (start-up included), their peaks those reached by then."), "",
         f"Machine: {result['machine']}.", "",
     ]  # fmt: skip
+    earlier = out / "scale_earlier.json"  # a list of earlier results of this script, kept (every run is reported)
+    if earlier.is_file():
+        for old in json.loads(earlier.read_text()):
+            lines += ["## Earlier flag run", "", (f"Command: `{old['command']}` (seed {old['seed']}). "
+                      f"Machine: {old['machine']}."), "",
+                      *_table(old["rows"], FLAG_COLUMNS), ""]  # fmt: skip
     train = out / "scale_train.json"
     if train.is_file():
         data = json.loads(train.read_text())
@@ -224,6 +234,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=600.0, help="Seconds per run before it is stopped.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--report-only", action="store_true", help="Only rewrite scale.md from OUT/*.json.")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
@@ -234,6 +245,11 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT))
     from mlip_unc.atomic import atomic_write_text
+
+    if args.report_only:
+        result = json.loads((args.out / "scale.json").read_text())
+        atomic_write_text(args.out / "scale.md", render(result, args.out) + "\n")
+        return
 
     sizes = args.sizes or ([100, 300] if args.quick else [10_000, 100_000])
     args.chunk_size = args.chunk_size or (32 if args.quick else 256)

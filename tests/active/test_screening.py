@@ -139,3 +139,12 @@ def test_scale_benchmark_quick_runs_under_30_s(tmp_path):
     assert all(r["finished"] and r["frames_per_s"] > 0 and r["peak_rss_MiB"] > 0 for r in data["rows"])
     assert all(r["worker_rss_MiB"] for r in data["rows"] if r["workers"] == 2)  # the pool really ran
     assert "frames_per_s" in (tmp_path / "scale.md").read_text()
+    # an earlier run kept beside it is rendered under its own heading by --report-only
+    earlier = {**data, "command": "python benchmarks/scale.py --time-limit 1", "rows": data["rows"][:1]}
+    (tmp_path / "scale_earlier.json").write_text(json.dumps([earlier]))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--report-only", "--out",
+                           str(tmp_path)], check=False, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = (tmp_path / "scale.md").read_text()
+    assert md.count("## Earlier flag run") == 1 and "`python benchmarks/scale.py --time-limit 1`" in md
+    assert md.index("## Earlier flag run") > md.index(data["command"])

@@ -1,24 +1,16 @@
 """benchmarks/posterior_variants.py: its Jacobians agree with the model's own (fast), and the
 --quick run writes every variant (slow)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "posterior_variants.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("posterior_variants_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("posterior_variants")
 
 
 def test_per_element_jacobians_sum_to_the_models_and_give_its_forces(bench):
@@ -43,7 +35,7 @@ def test_per_element_jacobians_sum_to_the_models_and_give_its_forces(bench):
         graphs.append(graph)
     frames = bench.collect(model, graphs)
     shared = bench.to_shared(frames, len(model.type_map))
-    state, out, jac = latent_jacobian(model, graphs[0])
+    _state, out, jac = latent_jacobian(model, graphs[0])
     assert torch.allclose(shared[0]["jac"], jac.double(), atol=1e-5)
     assert torch.allclose(shared[0]["forces"], out["forces"].double(), atol=1e-5)
     # the exact variance with Sigma = I is the squared norm of the Jacobian per component

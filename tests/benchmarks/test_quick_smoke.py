@@ -145,3 +145,29 @@ def test_the_checks_fail_on_a_broken_layout(outputs, tmp_path, script, file, dro
             md.write_text(md.read_text().replace(section, "## something else"))
         with pytest.raises((AssertionError, KeyError)):
             CHECKS[script](broken)
+
+
+def test_paper_study_summary_marks_the_claims_from_the_records(outputs, tmp_path):
+    """paper_study_summary.py on the quick study: verdicts equal the study's own acceptance block, a
+    check folder identical to the study moves nothing, and the force-LPA section is said to be missing."""
+    study, _ = outputs["paper_study.py"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "benchmarks/paper_study_summary.py", "--studies", str(study), "--check",
+                           str(study), "--expected-seeds", "1", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "paper_study_summary.json").read_text())
+    acc = json.loads((study / "paper_study.json").read_text())["acceptance"]
+    claims = summary["studies"]["synthetic"]["claims"]
+    assert claims["figure1"] == acc["figure1"]["epistemic"]
+    assert claims["interventions"] == all(x["verdict"] for x in acc["interventions"])
+    assert claims["agl"] == acc["agl"]["verdict"]
+    assert summary["studies"]["synthetic"]["convergence"]["n_runs"] == 13
+    rows = summary["checks"][0]["rows"]
+    assert rows and all(row["rmse"][2] == pytest.approx(0.0) for row in rows)
+    assert summary["checks"][0]["converged"] is True  # a check identical to the study moves nothing
+    assert "PARTIAL" not in (tmp_path / "paper_study.md").read_text()
+    md = (tmp_path / "paper_study.md").read_text()
+    for section in ("| synthetic (smoke run) | 1 | 13 |", "## Training length: the rule and its check",
+                    "## Per dataset", "## Force LPA on 3BPA"):  # fmt: skip
+        assert section in md, section
