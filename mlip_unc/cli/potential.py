@@ -22,7 +22,7 @@ from typing import Optional
 
 import typer
 
-from mlip_unc.cli._common import THREADS_HELP, fail, quiet, set_threads, user_errors
+from mlip_unc.cli._common import DEVICE_HELP, THREADS_HELP, fail, quiet, set_threads, user_errors
 
 
 class EvalUncertainty(str, Enum):
@@ -50,6 +50,7 @@ def train(
     resume: bool = typer.Option(False, "--resume", metavar="", help="Continue from OUT/last.pt."),
     overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace a run already in OUT."),
     threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
+    device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
     """Train; writes OUT/model.pt (best on validation), OUT/last.pt and OUT/history.json."""
     from mlip_unc.config import load_potential_config
@@ -63,6 +64,8 @@ def train(
         items.append("train.resume=true")
     if overwrite:
         items.append("train.overwrite=true")
+    if device is not None:
+        items.append(f"train.device={device}")
     if quiet():
         items.append("train.progress=false")
     set_threads(threads)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import typer
 
-from mlip_unc.cli._common import THREADS_HELP, fail, quiet, set_threads, user_errors
+from mlip_unc.cli._common import DEVICE_HELP, THREADS_HELP, fail, quiet, set_threads, user_errors
 from mlip_unc.config.enums import Calibration, Likelihood, Method
 
 property_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Molecular property models.")
@@ -121,6 +121,7 @@ def train(
     stop_after: Optional[int] = typer.Option(None, "--stop-after", hidden=True),
     progress: bool = typer.Option(True, "--progress/--no-progress", metavar="", help="Progress bar on a terminal."),
     threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
+    device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
     """Train a property model; write OUT/model.pt and OUT/metrics.json; print test metrics."""
     from mlip_unc.config import PropertyConfig, apply_overrides, load_raw, validate
@@ -130,7 +131,7 @@ def train(
     from mlip_unc.train.property import train_property_model
 
     shortcuts = {"model.method": method, "model.likelihood": likelihood, "train.seed": seed,
-                 "train.epochs": epochs, "train.calibration": calibration}  # fmt: skip
+                 "train.epochs": epochs, "train.calibration": calibration, "train.device": device}  # fmt: skip
     items = list(overrides or []) + [f"{k}={getattr(v, 'value', v)}" for k, v in shortcuts.items() if v is not None]
     if not progress or quiet():
         items.append("train.progress=false")

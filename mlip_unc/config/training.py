@@ -34,6 +34,10 @@ class TrainCoreConfig(Section):
             (null or 0 = never).
         eval_every: validate every k epochs (and after the last).
         progress: progress bar (null = only when stderr is a terminal).
+        device: ``cpu`` (default), ``cuda``, ``cuda:N`` or ``auto`` (CUDA when available);
+            under torchrun a bare ``cuda`` is ``cuda:LOCAL_RANK`` (see
+            :mod:`mlip_unc.train.device`). Not part of a run's identity: a run may resume on
+            another device.
     """
 
     epochs: int = Field(100, gt=0)
@@ -50,6 +54,7 @@ class TrainCoreConfig(Section):
     patience: int | None = Field(None, ge=0)
     eval_every: int = Field(1, gt=0)
     progress: bool | None = None
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?|auto)$")
 
     @field_validator("patience")
     @classmethod

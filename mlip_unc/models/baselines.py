@@ -132,9 +132,11 @@ class LaplaceHead(DeterministicHead):
 
     @torch.no_grad()
     def fit(self, z: Tensor, noise_var: Tensor) -> None:
-        """Fit lambda and Sigma from training latents ``z (N, d)`` and noise variances ``(N, out)``."""
+        """Fit lambda and Sigma from training latents ``z (N, d)`` and noise variances ``(N, out)``
+        (on the CPU, in float64; the results are copied to the head's device)."""
+        z, noise_var = z.detach().cpu(), noise_var.detach().cpu()
         zt = torch.cat([z, z.new_ones(z.shape[0], 1)], dim=1).double()  # (N, p)
-        theta = torch.cat([self.linear.weight, self.linear.bias[:, None]], dim=1).double()  # (out, p)
+        theta = torch.cat([self.linear.weight, self.linear.bias[:, None]], dim=1).detach().cpu().double()  # (out, p)
         p = zt.shape[1]
         grid = torch.logspace(-6, 6, 241, dtype=torch.float64)
         eye = torch.eye(p, dtype=torch.float64)
@@ -198,7 +200,7 @@ class LaplaceModel(PropertyModel):
         zs, noise = [], []
         graphs = list(graphs)
         for start in range(0, len(graphs), batch_size):
-            z = self.latent(Batch.from_data_list(graphs[start : start + batch_size]))
+            z = self.latent(Batch.from_data_list(graphs[start : start + batch_size]).to(self.y_mean.device))
             zs.append(z)
             noise.append(self.noise(z))
         self.head.fit(torch.cat(zs), torch.cat(noise))

@@ -221,7 +221,8 @@ def predict_graphs(
     """Predictive moments of ``graphs`` in target units, concatenated: ``(n, n_targets)`` each.
 
     The model is put in eval mode (its mode is restored afterwards). With ``latent=True`` the
-    head inputs LATENT ``(n, d)`` are returned too.
+    head inputs LATENT ``(n, d)`` are returned too. Batches go to the model's device; the
+    results come back on the CPU.
     """
     was_training = model.training
     model.eval()
@@ -229,10 +230,11 @@ def predict_graphs(
     try:
         graphs = list(graphs)
         for start in range(0, len(graphs), batch_size):
-            out = model.predict(Batch.from_data_list(graphs[start : start + batch_size]))
+            batch = Batch.from_data_list(graphs[start : start + batch_size]).to(model.y_mean.device)
+            out = model.predict(batch)
             for key, value in out.items():
                 if key != keys.LATENT or latent:
-                    parts.setdefault(key, []).append(value)
+                    parts.setdefault(key, []).append(value.cpu())
     finally:
         model.train(was_training)
     return {key: torch.cat(values) for key, values in parts.items()}

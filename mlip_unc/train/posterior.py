@@ -33,6 +33,7 @@ from torch_geometric.loader import DataLoader
 
 from mlip_unc import keys
 from mlip_unc.models.full_posterior import latent_jacobian
+from mlip_unc.train.device import module_device, to_device
 
 __all__ = ["fit_full_posterior", "gaussian_scale_fit", "random_subset"]
 
@@ -58,10 +59,12 @@ def _pass(model, dataset: Any, batch_size: int, *, keep: bool) -> dict[str, Any]
     d = model.latent_dim
     sig_e2 = float(model.energy_noise.detach()) ** 2
     sig_f2 = float(model.force_noise.detach()) ** 2
-    a_energy = torch.zeros(d, d, dtype=torch.float64)
-    a_forces = torch.zeros(d, d, dtype=torch.float64)
+    device = module_device(model)
+    a_energy = torch.zeros(d, d, dtype=torch.float64, device=device)
+    a_forces = torch.zeros(d, d, dtype=torch.float64, device=device)
     rows: dict[str, list[Tensor]] = {"phi": [], "e_err": [], "n_atoms": [], "jac": [], "f_err": []}
     for batch in _batches(dataset, batch_size):
+        batch = to_device(batch, device)
         state, out, jac = latent_jacobian(model, batch)
         jac = jac.double()  # (d, n_atoms, 3)
         phi = state.phi.detach().double()  # (n_graphs, d)
@@ -77,9 +80,9 @@ def _pass(model, dataset: Any, batch_size: int, *, keep: bool) -> dict[str, Any]
             rows["e_err"].append((out[keys.ENERGY].double() - batch[keys.ENERGY].double())[has_e])
             rows["jac"].append(jf)
             rows["f_err"].append((out[keys.FORCES].double() - batch[keys.FORCES].double())[has_f].reshape(-1))
-    result: dict[str, Any] = {"a_energy": a_energy, "a_forces": a_forces}
-    if keep:
-        result.update({k: torch.cat(v, dim=-1 if k == "jac" else 0) for k, v in rows.items() if v})
+    result: dict[str, Any] = {"a_energy": a_energy.cpu(), "a_forces": a_forces.cpu()}
+    if keep:  # the Jacobians are taken on the model's device; the small solves below run on the CPU
+        result.update({k: torch.cat(v, dim=-1 if k == "jac" else 0).cpu() for k, v in rows.items() if v})
     return result
 
 

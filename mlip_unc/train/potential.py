@@ -44,6 +44,7 @@ from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.train import distributed
 from mlip_unc.train.core import Step, Trainer
+from mlip_unc.train.device import resolve_device
 from mlip_unc.train.evaluate import evaluate_potential, predict, uncertainty_levels
 from mlip_unc.train.io import write_json, write_yaml
 from mlip_unc.train.losses import (
@@ -266,9 +267,10 @@ def finalize_checkpoint(model_path: Path, config: PotentialConfig, data: Prepare
     """Post-training steps on the model in ``model_path``, written back into it: the full
     posterior (``model.posterior: full``, Bayesian heads), the domain guard, the uncertainty
     levels for relative flagging thresholds (validation set, else training set). Run again
-    after anything that changes the model's predictions (e.g. refitted energy offsets)."""
+    after anything that changes the model's predictions (e.g. refitted energy offsets).
+    The passes over the data run on ``train.device``; the model returned is there too."""
     payload = load_checkpoint(model_path, kind="potential")
-    best = BayesianPotential.from_checkpoint(payload)
+    best = BayesianPotential.from_checkpoint(payload).to(resolve_device(config.train.device))
     batch_size = config.train.valid_batch_size
     bayesian = config.model.head is HeadKind.BAYESIAN
     metadata = dict(payload.get("metadata") or {})

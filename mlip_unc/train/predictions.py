@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from mlip_unc import keys
 from mlip_unc.models.potential import UncertaintyMode
+from mlip_unc.train.device import module_device, to_device
 
 __all__ = ["VOIGT", "Predictions", "predict", "to_voigt"]
 
@@ -160,7 +161,8 @@ def predict(
             turns it on). Without it, periodic frames have a NaN stress prediction.
     """
     mode = UncertaintyMode(uncertainty)
-    generator = torch.Generator().manual_seed(seed)
+    device = module_device(model)  # batches follow the model (a GPU-trained one is validated there)
+    generator = torch.Generator(device).manual_seed(seed)
     was_training = model.training
     model.eval()
     parts: dict[str, list[np.ndarray]] = {}
@@ -168,6 +170,7 @@ def predict(
     try:
         graphs, loader = _graphs_and_loader(data, batch_size)
         for batch in tqdm(loader, disable=not progress, leave=False, desc="predict"):
+            batch = to_device(batch, device)
             n_graphs = int(batch[keys.NUM_ATOMS].reshape(-1).shape[0])
             with_stress = stress and bool(_periodic(batch, n_graphs).any())
             any_stress |= with_stress

@@ -172,9 +172,10 @@ class PropertyTask:
         self.model.post_fit(self.train_graphs)
 
     def signature(self) -> dict[str, Any]:
-        """The config without the progress flag: a resumed run must use the same."""
+        """The config without the progress flag and the device: a resumed run must use the same."""
         cfg = self.config.to_dict()
         cfg["train"].pop("progress", None)
+        cfg["train"].pop("device", None)
         return {"kind": CHECKPOINT_KIND, "config": cfg, "n_train": len(self.train_graphs)}
 
 

@@ -166,3 +166,19 @@ def test_a_run_folder_is_never_overwritten_silently(data_dir, tmp_path):
         train_potential(_config(data_dir, tmp_path / "run", epochs=1))
     assert (tmp_path / "run" / "model.pt").read_bytes() == before
     assert train_potential(_config(data_dir, tmp_path / "run", epochs=1, overwrite=True)).stop_reason == "epochs"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_training_writes_a_model_that_predicts_on_the_cpu(data_dir, tmp_path):
+    """train.device=cuda: the steps, validation, full-posterior fit and uncertainty levels run on
+    the GPU; the untrained model validates as on the CPU; the checkpoint loads on the CPU."""
+    cpu = train_potential(_config(data_dir, tmp_path / "cpu", epochs=2))
+    gpu = train_potential(_config(data_dir, tmp_path / "gpu", epochs=2, device="cuda"))
+    first = json.loads((tmp_path / "gpu" / "history.json").read_text())["initial"]["valid_loss"]
+    assert first == pytest.approx(json.loads((tmp_path / "cpu" / "history.json").read_text())["initial"]["valid_loss"],
+                                  rel=1e-4)  # fmt: skip
+    assert gpu.history[-1]["valid_loss"] == pytest.approx(cpu.history[-1]["valid_loss"], rel=0.5)
+    model = BayesianPotential.from_checkpoint(gpu.model_path)
+    out = model(prepare_data(_config(data_dir, tmp_path)).valid.graphs[0], uncertainty="exact")
+    assert torch.isfinite(out[keys.FORCES_VAR]).all()
+    assert "posterior" in load_checkpoint(gpu.model_path)["metadata"]
