@@ -44,11 +44,13 @@ from mlip_unc import keys
 from mlip_unc.atomic import atomic_write, atomic_write_text
 from mlip_unc.config import load_potential_config
 from mlip_unc.models.checkpoint import load_checkpoint
+from mlip_unc.models.committee import load_potential
 from mlip_unc.models.full_posterior import latent_jacobian
 from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.train.evaluate import frame_table, predict
 from mlip_unc.train.posterior import gaussian_scale_fit
 from mlip_unc.train.potential_data import prepare_data
-from mlip_unc.uncertainty import alignment, moments
+from mlip_unc.uncertainty import alignment, density, moments
 from mlip_unc.uncertainty import diagnostics as diag
 
 log = logging.getLogger("force_lpa")
@@ -56,7 +58,11 @@ SETS = ("train", "test", "ood")
 NAMES = {"train": "train", "test": "in-domain test", "ood": "OOD"}
 FRACTIONS = (0.10, 0.25, 0.50, 0.75, 1.00)
 SCORES = {"max_atom_std": "max atom force std", "mean_log_kappa": "frame mean log kappa",
-          "mean_log_norm2": "frame mean log norm2"}  # norm2 = ||g||^2 (no pipes: markdown tables)
+          "mean_log_norm2": "frame mean log norm2",  # norm2 = ||g||^2 (no pipes: markdown tables)
+          # baselines on the same frames: trivial ones and a committee of the same architecture
+          "force": "baseline: max abs F_pred", "latent_knn": "baseline: latent kNN distance (Phi)",
+          "descriptor_knn": "baseline: descriptor kNN distance", "committee5": "baseline: committee5 max atom force std"}
+KNN_K = 10  # neighbours of the distance baselines
 RANK_KEYS = ("spearman_frame_in_domain", "partial_spearman_given_force", "auroc_ood")
 KAPPA_KEYS = ("mean_log_kappa", "median_log_kappa", "mean_kappa", "frac_kappa_below_1")
 DRAWS = 50_000  # random directions of the reference
@@ -223,8 +229,43 @@ def load_sets(args: argparse.Namespace, work: Path) -> tuple[BayesianPotential, 
         start = time.monotonic()
         sets[part] = jacobians(model, dataset, cfg.train.valid_batch_size)
         log.info("[%s] %d frames: Jacobians in %.0f s", part, len(sets[part]), time.monotonic() - start)
-    meta = {"checkpoint": str(folder / "model.pt"), "split_seed": cfg.seed, "posterior_fit": payload["metadata"]["posterior"]}
+    meta = {"checkpoint": _shown(folder / "model.pt"), "split_seed": cfg.seed,
+            "posterior_fit": payload["metadata"]["posterior"],
+            "baselines": baseline_scores(datasets, args.checkpoints / f"{name}_committee5")}  # fmt: skip
     return model, meta, sets
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (no machine-specific prefix in results)."""
+    try:
+        return str(path.resolve().relative_to(fu.REPO))
+    except ValueError:
+        return str(path)
+
+
+def baseline_scores(datasets: dict[str, Any], committee_dir: Path) -> dict[str, Any]:
+    """Frame scores that need no posterior, on the test and OOD frames: the committee's max atom
+    force std (``committee_dir``, the MAP committee of force_uncertainty.py; absent in --quick)
+    and the mean distance to the ``KNN_K`` nearest training frames in the interatomic-distance
+    descriptor (mlip_unc.uncertainty.density). The latent kNN distance uses Phi (analyse)."""
+    positions = {p: [g[keys.POSITIONS].detach().double().numpy() for g in getattr(d, "graphs", d)]
+                 for p, d in datasets.items()}  # fmt: skip
+    desc = {p: density.structure_descriptor(x) for p, x in positions.items()}
+    k = min(KNN_K, len(desc["train"]))
+    out: dict[str, Any] = {p: {"descriptor_knn": density.descriptor_knn_distance(desc[p], desc["train"], k=k)}
+                           for p in ("test", "ood")}  # fmt: skip
+    out["knn_k"] = k
+    if not (committee_dir / "ensemble.json").is_file():
+        out["committee_note"] = f"no committee at {_shown(committee_dir)}: its row is left out"
+        return out
+    committee = load_potential(committee_dir)
+    for part in ("test", "ood"):
+        start = time.monotonic()
+        pred = predict(committee, datasets[part], uncertainty="exact", batch_size=8)
+        out[part]["committee5"] = frame_table(pred)["forces_max_std"]
+        log.info("[%s] committee of %d: %.0f s", part, len(committee.members), time.monotonic() - start)
+    out["committee"] = _shown(committee_dir)
+    return out
 
 
 def analyse(model: BayesianPotential, meta: dict[str, Any], sets: dict[str, list],
@@ -246,11 +287,16 @@ def analyse(model: BayesianPotential, meta: dict[str, Any], sets: dict[str, list
     out["random_direction"] = {k: v for k, v in ref.items() if k != "kappa"}
     forces, energy, splits, ranking = {}, {}, {"forces": {}, "energy": {}}, {}
     scores, kappas = {}, {"random direction": ref["kappa"]}
+    phi_train = torch.stack([f["phi"] for f in sets["train"]])
     for part in SETS:
         rows, frame_of = force_rows(sets[part])
         stats = row_stats(rows, factor, alpha_f)
         forces[part], splits["forces"][part] = stats["summary"], stats["split"]
         scores[part] = frame_scores(sets[part], stats, frame_of)
+        if part in meta["baselines"]:
+            phi = torch.stack([f["phi"] for f in sets[part]])
+            scores[part].update(meta["baselines"][part],
+                                latent_knn=density.latent_knn_distance(phi, phi_train, k=meta["baselines"]["knn_k"]))
         kappas[NAMES[part]] = stats["kappa"][stats["keep"]]
         e_stats = row_stats(torch.stack([f["phi"] for f in sets[part]]), factor, alpha_e)
         energy[part], splits["energy"][part] = e_stats["summary"], e_stats["split"]
@@ -262,7 +308,7 @@ def analyse(model: BayesianPotential, meta: dict[str, Any], sets: dict[str, list
         for a, b in (("train", "test"), ("test", "ood")):
             dec = alignment.log_variance_decomposition(per[a], per[b])
             decomposition[kind][f"{a}->{b}"] = {**dec.as_dict(), "dominant": dec.dominant}
-    for key in SCORES:
+    for key in (k for k in SCORES if k in scores["test"]):
         row = diag.frame_ranking(*(scores["test"][k] for k in (key, "error", "force")),
                                  *(scores["ood"][k] for k in (key, "error", "force")))  # fmt: skip
         ranking[key] = {k: row[k] for k in RANK_KEYS}
@@ -271,7 +317,8 @@ def analyse(model: BayesianPotential, meta: dict[str, Any], sets: dict[str, list
     check = reproduction(factor, refit, force_rows(sets["test"])[0])
     check["alpha2_forces_refit_over_stored"] = sweep_rows[-1]["alpha2_forces_valid_refit"] / alpha_f
     out.update(frames={p: len(f) for p, f in sets.items()}, forces=forces, energy=energy, decomposition=decomposition,
-               ranking=ranking, sweep=sweep_rows, reproduction=check)  # fmt: skip
+               ranking=ranking, sweep=sweep_rows, reproduction=check,
+               baselines={k: v for k, v in meta["baselines"].items() if k not in SETS})  # fmt: skip
     return out, kappas
 
 
@@ -311,7 +358,7 @@ def reading(r: dict[str, Any]) -> str:
                     f"(log norm2) {_f(d['log_kappa'], '+.2f')} (log kappa), the larger part {PART[d['dominant']]}.")  # fmt: skip
     text.append("Frame scores (in-domain Spearman with the frame force error / partial given max |F_pred| / OOD "
                 "AUROC): " + "; ".join(f"{SCORES[k]} " + " / ".join(_f(rk[k][c], ".2f") for c in RANK_KEYS)
-                                       for k in SCORES) + ".")  # fmt: skip
+                                       for k in rk) + ".")  # fmt: skip
     lo, hi = sw[0], sw[-1]
     ds, dk, dr, dv = (_n(hi[k]) - _n(lo[k]) for k in ("log_mean_s2", "mean_log_kappa", "random_mean_log_kappa", "mean_log_V"))
     text.append(f"Sweep from {lo['fraction']:.0%} to {hi['fraction']:.0%} of the training frames (features fixed): "
@@ -379,8 +426,15 @@ def write_markdown(r: dict[str, Any]) -> str:
                 [[k, s, *(_f(d[c]) for c in ("log_u", "log_norm2", "log_mean_s2", "log_kappa")), PART[d["dominant"]]]
                  for k, steps in r["decomposition"].items() for s, d in steps.items()]), "",
         "## Frame scores (in-domain test vs OOD)", "",
-        ("Frame error: mean over atoms of |F_pred - F_true|; partial Spearman given the frame max |F_pred| "
-         "(mlip_unc.uncertainty.diagnostics.frame_ranking)."), "",
+        ("Frame error: mean over atoms of |F_pred - F_true| of this (single) model, for every score, the committee's "
+         "included; partial Spearman given the frame max |F_pred| "
+         "(mlip_unc.uncertainty.diagnostics.frame_ranking). Baselines on the same frames: the frame max |F_pred| "
+         "(its partial Spearman given itself is undefined: n/a), the mean distance to the "
+         f"{r.get('baselines', {}).get('knn_k', KNN_K)} nearest training "
+         "frames in the model's energy latents Phi and in the interatomic-distance descriptor "
+         "(mlip_unc.uncertainty.density), and the max atom force std of the 5-member MAP committee of "
+         "benchmarks/force_uncertainty.py (" + r.get("baselines", {}).get("committee", "") + ")."
+         + (" " + r["baselines"]["committee_note"] + "." if "committee_note" in r.get("baselines", {}) else "")), "",
         *_table(["score", *RANK_KEYS], [[SCORES[k], *(_f(v[c], ".3f") for c in RANK_KEYS)] for k, v in r["ranking"].items()]),
         "", "## Training-amount sweep (features fixed, in-domain test rows)", "",
         (f"Precision refitted on nested random subsets of the {r['frames']['train']} training frames (seed {r['seed']}) "

@@ -95,7 +95,11 @@ def test_quick_run_output(bench, quick):
     assert all(s["mean_log_norm2"] == pytest.approx(sweep[0]["mean_log_norm2"], abs=1e-9) for s in sweep)  # same features
     assert sweep[-1]["mean_log_kappa"] == pytest.approx(r["forces"]["test"]["mean_log_kappa"], abs=1e-8)
     assert r["reproduction"]["rel_frobenius"] < 1e-6 and r["reproduction"]["alpha2_forces_refit_over_stored"] == pytest.approx(1.0, rel=1e-4)
-    assert set(r["ranking"]) == {"max_atom_std", "mean_log_kappa", "mean_log_norm2"}
+    assert set(r["ranking"]) == {"max_atom_std", "mean_log_kappa", "mean_log_norm2", "force", "latent_knn",
+                                 "descriptor_knn"}  # no committee in --quick: said so, not left blank
+    assert "no committee" in r["baselines"]["committee_note"] and "no committee" in (quick / "force_lpa.md").read_text()
+    assert r["ranking"]["force"]["partial_spearman_given_force"] is None  # |F_pred| given itself: undefined
+    assert not Path(r["checkpoint"]).is_absolute() or not str(r["checkpoint"]).startswith(str(ROOT))
     section = bench.markdown_section(r)
     md = (quick / "force_lpa.md").read_text()
     assert section.startswith("## Force LPA on 3BPA") and "[force_lpa.md](force_lpa.md)" in section
