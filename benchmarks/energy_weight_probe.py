@@ -4,7 +4,8 @@ The hypothesis: with learned noises the NLL weights each structure's energy agai
 components as ``1/sigma_E^2 : 1/sigma_F^2``, thousands of times more energy-heavy than MACE's
 1 : 100 loss, so the forces learn slowly. The probe trains the native equivariant model
 (``configs/ethanol_equivariant.yaml``) for a fixed number of epochs (immune to CPU contention,
-unlike a wall-time budget) with ``loss.energy_weight`` = 1, 0.01 and 3e-4 and the full posterior
+unlike a wall-time budget) with ``loss.energy_weight`` = 1, 0.01 and 3e-4 (``--map-heads``: also
+with a MAP head, no weight sampling during training) and the full posterior
 skipped (``model.posterior=diagonal``: the means do not depend on it), then reads the test
 metrics (ethanol test_MD, 1000 frames) from each run's history.json. Resumable: a weight whose
 run has test metrics is not trained again.
@@ -35,6 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--weights", type=float, nargs="+", default=list(WEIGHTS))
     p.add_argument("--epochs", type=int, default=40)
+    p.add_argument("--map-heads", action="store_true",
+                   help="Also each weight with a MAP (point-estimate) head: does the Bayesian head's weight sampling "
+                        "during training cost force accuracy?")  # fmt: skip
     p.add_argument("--config", type=Path, default=REPO / "configs" / "ethanol_equivariant.yaml")
     p.add_argument("--work-dir", type=Path, default=REPO / "runs" / "probe_ew")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
@@ -67,13 +71,13 @@ train: {{batch_size: 4, lr: 0.01}}
     return cfg
 
 
-def run_one(args: argparse.Namespace, weight: float) -> dict[str, Any]:
-    out = args.work_dir / f"ew_{weight:g}"
+def run_one(args: argparse.Namespace, weight: float, head: str = "bayesian") -> dict[str, Any]:
+    out = args.work_dir / (f"ew_{weight:g}" if head == "bayesian" else f"{head}_ew_{weight:g}")
     history = out / "history.json"
     if not (history.is_file() and "test" in json.loads(history.read_text())):
         cmd = [str(Path(sys.executable).parent / "mlip-unc"), "train", "-c", str(args.config), "--threads", "1", "--out", str(out),
                "--overwrite", "--set", f"train.epochs={args.epochs}", "--set", "train.max_minutes=null",
-               "--set", "model.posterior=diagonal", "--set", f"loss.energy_weight={weight}",
+               "--set", "model.posterior=diagonal", "--set", f"loss.energy_weight={weight}", "--set", f"model.head={head}",
                "--set", "train.progress=false"]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
@@ -81,18 +85,20 @@ def run_one(args: argparse.Namespace, weight: float) -> dict[str, Any]:
             raise SystemExit(f"training with energy_weight={weight} failed:\n{done.stderr[-3000:]}")
     h = json.loads(history.read_text())
     last = h["epochs"][-1]
-    return {"energy_weight": weight, "epochs": len(h["epochs"]), "train_minutes": h["train_minutes"],
+    return {"head": head, "energy_weight": weight, "epochs": len(h["epochs"]), "train_minutes": h["train_minutes"],
             "energy_mae_meV_atom": h["test"]["energy_mae_meV_atom"], "forces_mae_meV_A": h["test"]["forces_mae_meV_A"],
             "sigma_e_meV_atom": last.get("sigma_e_meV_atom"), "sigma_f_meV_A": last.get("sigma_f_meV_A"),
             "n_test_frames": h["test"]["n_frames"]}  # fmt: skip
 
 
 def markdown(r: dict[str, Any]) -> str:
-    cols = ("energy_weight", "epochs", "energy_mae_meV_atom", "forces_mae_meV_A", "sigma_e_meV_atom", "sigma_f_meV_A",
+    cols = ("head", "energy_weight", "epochs", "energy_mae_meV_atom", "forces_mae_meV_A", "sigma_e_meV_atom", "sigma_f_meV_A",
             "train_minutes")  # fmt: skip
-    rows = [f"| {' | '.join(f'{row[c]:.4g}' for c in cols)} |" for row in r["runs"]]
+    rows = [f"| {' | '.join(format(row[c], '' if isinstance(row[c], str) else '.4g') for c in cols)} |"
+            for row in r["runs"]]  # fmt: skip
     first, best = r["runs"][0], min(r["runs"], key=lambda row: row["forces_mae_meV_A"])
-    reading = (f"Lowest test force MAE: energy_weight {best['energy_weight']:g} ({best['forces_mae_meV_A']:.1f} meV/A; "
+    reading = (f"Lowest test force MAE: {best['head']} head, energy_weight {best['energy_weight']:g} "
+               f"({best['forces_mae_meV_A']:.1f} meV/A; "
                f"{first['forces_mae_meV_A']:.1f} at weight {first['energy_weight']:g}). The spread of the force MAE "
                f"over the weights is {max(x['forces_mae_meV_A'] for x in r['runs']) - min(x['forces_mae_meV_A'] for x in r['runs']):.1f} meV/A "
                f"while the energy MAE goes from {min(x['energy_mae_meV_atom'] for x in r['runs']):.2f} to "
@@ -112,7 +118,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ewp_") as tmp:
         if args.quick:
             args.config, args.epochs, args.weights, args.work_dir = quick_config(Path(tmp)), 1, [1.0, 0.01], Path(tmp)
-        runs = [run_one(args, w) for w in args.weights]
+        heads = ["bayesian", "map"] if args.map_heads else ["bayesian"]
+        runs = [run_one(args, w, head) for head in heads for w in args.weights]
     config = str(args.config.relative_to(REPO)) if args.config.is_relative_to(REPO) else args.config.name
     result = {"command": command, "quick": args.quick, "config": config, "epochs": args.epochs, "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)

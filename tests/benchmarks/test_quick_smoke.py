@@ -103,10 +103,10 @@ def check_paper_study(out: Path) -> None:
 def check_energy_weight_probe(out: Path) -> None:
     r = json.loads((out / "energy_weight_probe.json").read_text())
     assert r["quick"] and r["command"].startswith("python benchmarks/energy_weight_probe.py --quick")
-    assert [run["energy_weight"] for run in r["runs"]] == [1.0, 0.01]
+    assert [(run["head"], run["energy_weight"]) for run in r["runs"]] == [("bayesian", 1.0), ("bayesian", 0.01)]
     assert all(run["epochs"] == 1 and run["forces_mae_meV_A"] > 0 and run["n_test_frames"] == 3 for run in r["runs"])
     md = (out / "energy_weight_probe.md").read_text()
-    assert "QUICK smoke run" in md and r["command"] in md and "| 0.01 | 1 |" in md
+    assert "QUICK smoke run" in md and r["command"] in md and "| bayesian | 0.01 | 1 |" in md
 
 
 CHECKS = {"speed.py": check_speed, "potential.py": check_potential, "paper_study.py": check_paper_study,
