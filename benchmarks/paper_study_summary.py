@@ -173,7 +173,7 @@ def claims_table(studies: list[dict[str, Any]]) -> list[str]:
 
 
 def render(studies: list[dict[str, Any]], checks: list[dict[str, Any]], earlier: list[dict[str, Any]],
-           force_section: str | None, command: str) -> str:  # fmt: skip
+           force_section: str | None, command: str, optimum_section: str | None = None) -> str:  # fmt: skip
     out = ["# Latent-posterior alignment study: the paper's three claims", "", "```", command, "```", "",
            ("Each dataset's runs, tables and figures are in its own folder (linked below); the verdicts are computed "
            "from those records by `mlip_unc.study.acceptance` (means over the seeds two cells share; smallest vs "
@@ -214,6 +214,8 @@ def render(studies: list[dict[str, Any]], checks: list[dict[str, Any]], earlier:
                      + (f" Claim 1 within the check's own runs: {verdict(c1['figure1'])} (epistemic std "
                         f"{_fmt(f1['mean_epistemic_std'][0])} -> {_fmt(f1['mean_epistemic_std'][1])}, mean s "
                         f"{_fmt(f1['mean_s'][0])} -> {_fmt(f1['mean_s'][1])})." if f1 else ""))]  # fmt: skip
+    if optimum_section:
+        out += ["", optimum_section.rstrip("\n")]
     out += ["", "## Per dataset", ""]
     for st in studies:
         name = NAMES.get(st["settings"]["dataset"], st["settings"]["dataset"])
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--check", type=Path, nargs="*", default=[], help="the same runs trained longer")
     p.add_argument("--earlier", type=Path, nargs="*", default=[], help="studies under other rules")
     p.add_argument("--force-lpa", type=Path, default=None, help="force_lpa.json (benchmarks/force_lpa.py)")
+    p.add_argument("--optimum", type=Path, default=None,
+                   help="paper_study_optimum.json (benchmarks/paper_study_optimum.py)")
     p.add_argument("--expected-seeds", type=int, default=5, help="seeds a --studies folder should have (else PARTIAL)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -268,7 +272,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         force = json.loads(args.force_lpa.read_text(encoding="utf-8"))
         force_section = force_lpa.markdown_section(force)
-    md = render(studies, checks, earlier, force_section, command)
+    optimum_section = None
+    if args.optimum is not None and args.optimum.is_file():
+        import paper_study_optimum
+
+        link = os.path.relpath(args.optimum.resolve().with_suffix(".md"), args.out.resolve())
+        optimum_section = paper_study_optimum.markdown_section(json.loads(args.optimum.read_text(encoding="utf-8")), link)
+    md = render(studies, checks, earlier, force_section, command, optimum_section)
     atomic_write_text(args.out / f"{STEM}.md", md)
     summary = {
         "command": command,

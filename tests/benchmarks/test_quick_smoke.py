@@ -109,8 +109,22 @@ def check_energy_weight_probe(out: Path) -> None:
     assert "QUICK smoke run" in md and r["command"] in md and "| bayesian | 0.01 | 1 |" in md
 
 
+def check_paper_study_optimum(out: Path) -> None:
+    r = json.loads((out / "paper_study_optimum.json").read_text())
+    assert r["quick"] and r["command"].startswith("python benchmarks/paper_study_optimum.py --quick")
+    (study,) = r["studies"]
+    assert study["n_models"] == 2 and study["max_abs_check_diff"] < 1e-9  # re-evaluation = the study's record
+    assert [row["fraction"] for row in study["table"]] == [50.0, 100.0]
+    for row in study["table"]:  # the widths change, the means do not
+        assert row["optimal_rmse"] == pytest.approx(row["trained_rmse"], rel=1e-9)
+        assert row["optimal_mean_s"] != pytest.approx(row["trained_mean_s"], rel=1e-3)
+    md = (out / "paper_study_optimum.md").read_text()
+    assert "QUICK smoke run" in md and "- At the optimal widths: 1. Figure-1 reproduction" in md
+    assert not (out / "paper_study_optimum.jsonl").exists()  # --quick keeps nothing
+
+
 CHECKS = {"speed.py": check_speed, "potential.py": check_potential, "paper_study.py": check_paper_study,
-          "energy_weight_probe.py": check_energy_weight_probe}  # fmt: skip
+          "energy_weight_probe.py": check_energy_weight_probe, "paper_study_optimum.py": check_paper_study_optimum}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -161,10 +175,11 @@ def test_paper_study_summary_marks_the_claims_from_the_records(outputs, tmp_path
     """paper_study_summary.py on the quick study: verdicts equal the study's own acceptance block, a
     check folder identical to the study moves nothing, and the force-LPA section is said to be missing."""
     study, _ = outputs["paper_study.py"]
+    optimum = outputs["paper_study_optimum.py"][0] / "paper_study_optimum.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "benchmarks/paper_study_summary.py", "--studies", str(study), "--check",
-                           str(study), "--expected-seeds", "1", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, env=env,
-                          timeout=300, check=False)  # fmt: skip
+                           str(study), "--expected-seeds", "1", "--optimum", str(optimum), "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "paper_study_summary.json").read_text())
     acc = json.loads((study / "paper_study.json").read_text())["acceptance"]
@@ -179,5 +194,6 @@ def test_paper_study_summary_marks_the_claims_from_the_records(outputs, tmp_path
     assert "PARTIAL" not in (tmp_path / "paper_study.md").read_text()
     md = (tmp_path / "paper_study.md").read_text()
     for section in ("| synthetic (smoke run) | 1 | 13 |", "## Training length: the rule and its check",
-                    "## Per dataset", "## Force LPA on 3BPA"):  # fmt: skip
+                    "## Per dataset", "## Force LPA on 3BPA",
+                    "### Claim 1 at the ELBO-optimal posterior widths", "- synthetic (quick): epistemic std"):  # fmt: skip
         assert section in md, section
