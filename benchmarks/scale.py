@@ -214,7 +214,10 @@ def render(result: dict, out: Path) -> str:
                   *_table(data.get("rows", []), ["processes", "mode", "batch_per_process", "structures_per_s",
                                                  "speedup", "oversubscribed", "steps"]), "",
                   ("mode allreduce: this project's gradient all-reduce (what `mlip-unc train` uses under torchrun); "
-                   "ddp_wrapper: torch's DistributedDataParallel around the same model, for comparison."), ""]  # fmt: skip
+                   "ddp_wrapper: torch's DistributedDataParallel around the same model, for comparison."), "",
+                  ("GPU: not measured. Every run of this project so far was on a CPU-only machine; `train.device: cuda` "
+                   "(mlip_unc/train/device.py) and its CUDA tests (skipped without a GPU) are in place for a run "
+                   "on one."), ""]  # fmt: skip
     exploration = out / "exploration.json"
     if exploration.is_file():
         data = json.loads(exploration.read_text())
