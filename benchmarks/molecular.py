@@ -121,6 +121,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("--quick", action="store_true", help="Tiny generated SMILES data, small model, 2 epochs, ours only.")
     p.add_argument("--report-only", action="store_true", help="Only rewrite md/json/png from OUT/molecular.jsonl.")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSONL",
+                   help="Append the runs of other molecular.jsonl files (same settings; e.g. a second process run with "
+                        "another --out on other datasets) that OUT's file lacks, then rewrite the report.")  # fmt: skip
     args = p.parse_args(argv)
     if args.data_root is None:
         env = os.environ.get("MLIP_UNC_DATA")
@@ -674,7 +677,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     jsonl, s = args.out / f"{STEM}.jsonl", settings(args)
     records = read_records(jsonl)
     planned = tasks(args)
-    if args.report_only:
+    if args.merge:
+        merge_records(args.merge, jsonl, records, args.out / f".{STEM}.lock")
+    if args.report_only or args.merge:
         summary = write_report(args.out, records, records[0]["settings"] if records else s, planned, pngs=True)
         print(f"wrote {args.out / STEM}.md from {len(records)} record(s)")
         return summary
@@ -688,6 +693,30 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     finally:
         lock.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def merge_records(sources: Sequence[Path], jsonl: Path, records: list[dict[str, Any]], lock: Path) -> int:
+    """Append to ``jsonl`` (and ``records``) every run of ``sources`` it lacks; the settings must
+    match the recorded ones. Returns the number appended."""
+    take_lock(lock, owner="molecular.py --merge")  # not while a run writes to the same file
+    try:
+        done = {run_key(r) for r in records}
+        added = 0
+        for path in sources:
+            incoming = read_records(path)
+            if not incoming:
+                raise SystemExit(f"error: {path} holds no runs")
+            check_settings(incoming, records[0]["settings"] if records else incoming[0]["settings"])
+            for rec in incoming:
+                if run_key(rec) not in done:
+                    append_record(jsonl, rec)
+                    records.append(rec)
+                    done.add(run_key(rec))
+                    added += 1
+        print(f"merged {added} run(s) into {jsonl}", flush=True)
+        return added
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def _cpu() -> float:

@@ -150,3 +150,22 @@ def test_quick_run_layout_and_resume(bench, tmp_path, capsys):
     # other settings cannot be mixed into the same records
     with pytest.raises(SystemExit, match="other settings"):
         bench.main(["--quick", "--methods", "bgnn", "--knn-k", "3", "--out", str(tmp_path)])
+
+
+def test_merge_appends_only_missing_runs_with_the_same_settings(bench, tmp_path):
+    """A second process on other datasets writes its own --out; --merge brings its runs in once."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    bench.main(["--quick", "--methods", "bgnn", "--seeds", "0", "--splits", "random", "--out", str(a)])
+    bench.main(["--quick", "--methods", "bgnn", "mve", "--seeds", "0", "--splits", "random", "--out", str(b)])
+    before = (a / "molecular.jsonl").read_text().splitlines()
+    summary = bench.main(["--quick", "--methods", "bgnn", "mve", "--seeds", "0", "--splits", "random", "--out", str(a),
+                          "--merge", str(b / "molecular.jsonl")])  # fmt: skip
+    after = (a / "molecular.jsonl").read_text().splitlines()
+    assert after[:1] == before and [json.loads(x)["method"] for x in after[1:]] == ["mve"]  # bgnn was already there
+    assert summary["n_runs"] == 2 and not (a / ".molecular.lock").exists()
+    bench.main(["--quick", "--out", str(a), "--merge", str(b / "molecular.jsonl")])  # twice: nothing new
+    assert (a / "molecular.jsonl").read_text().splitlines() == after
+    c = tmp_path / "c"
+    bench.main(["--quick", "--methods", "bgnn", "--seeds", "0", "--splits", "random", "--knn-k", "3", "--out", str(c)])
+    with pytest.raises(SystemExit, match="other settings"):
+        bench.main(["--quick", "--out", str(a), "--merge", str(c / "molecular.jsonl")])
