@@ -1,4 +1,4 @@
-"""mlip-unc: Bayesian output layers with closed-form, density-aware uncertainty for GNNs."""
+"""mlip-unc: Bayesian output layers with closed-form uncertainty for GNN property models and interatomic potentials."""
 
 __version__ = "0.1.0"
 
