@@ -6,8 +6,8 @@ Per optimiser step the task gets the fractional epoch ``epoch + batch / n_batche
 KL ramp ``losses.kl_weight`` and the regulariser schedule) and the generator of posterior
 draws. The core:
 
-* Adam on the trainable parameters; weight decay on deterministic parameters only (the
-  Bayesian layers are regularised by their KL);
+* Adam on the trainable parameters (:mod:`mlip_unc.train.optim`): weight decay on the
+  deterministic parameters only (the Bayesian layers are regularised by their KL);
 * ``lr_schedule``: constant, plateau (after each validation) or cosine (every step, from the
   larger of the epoch and the wall-time fractions, so a budgeted run ends at ``min_lr``);
 * optional EMA of the weights (``torch.optim.swa_utils.AveragedModel``), used for validation
@@ -46,10 +46,10 @@ from mlip_unc.atomic import remove_stale_temps
 from mlip_unc.config.enums import LRSchedule
 from mlip_unc.config.training import TrainCoreConfig
 from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from mlip_unc.nn.bayesian import BayesianLinear, BayesianMLP
 from mlip_unc.train import distributed as dist
 from mlip_unc.train.device import resolve_device, to_device
 from mlip_unc.train.io import write_json
+from mlip_unc.train.optim import make_optimizer
 from mlip_unc.train.task import FitResult, Step, Task
 
 __all__ = ["Task", "Step", "FitResult", "Trainer", "LAST_FILE", "HISTORY_FILE"]
@@ -59,17 +59,6 @@ log = logging.getLogger(__name__)
 LAST_FILE = "last.pt"
 HISTORY_FILE = "history.json"
 EpochCallback = Callable[[int, dict[str, Any]], None]
-
-
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    bayes, det = [], []
-    for module in model.modules():
-        target = bayes if isinstance(module, (BayesianLinear, BayesianMLP)) else det
-        target.extend(p for p in module.parameters(recurse=False) if p.requires_grad)
-    groups = [{"params": det, "weight_decay": weight_decay}]
-    if bayes:
-        groups.append({"params": bayes, "weight_decay": 0.0})
-    return groups
 
 
 def _diff(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
@@ -108,8 +97,7 @@ class Trainer:
         self.model = task.model.to(self.device)  # in place: the task's model is this one
         self.out = None if out is None else Path(out)
         self.history_extra = history_extra or dict
-        # foreach: one fused update over all parameters (the per-tensor loop costs ~1/3 of a small model's step)
-        self.optimizer = torch.optim.Adam(_param_groups(self.model, options.weight_decay), lr=options.lr, foreach=True)
+        self.optimizer = make_optimizer(self.model, lr=options.lr, weight_decay=options.weight_decay)
         self.scheduler = None
         if options.lr_schedule is LRSchedule.PLATEAU:
             self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
