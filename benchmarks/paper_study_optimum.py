@@ -86,14 +86,17 @@ def _shown(path: Path) -> str:
 
 
 # ============================================================================ one model
+_LOADED: dict[str, Any] = {}
+
+
 def evaluate(study: Path, work: Path, record: dict[str, Any], data_root: Path) -> dict[str, Any]:
     """The bgnn model of ``record`` as trained and at its optimal widths: the KEYS of each."""
     fraction, seed = float(record["fraction"]), int(record["seed"])
     dataset = record["settings"]["dataset"]
-    if ps._STATE.get("dataset") != dataset:
+    if _LOADED.get("dataset") != dataset:  # the dataset and its split, loaded once per dataset
         ps.init_worker(dataset, str(data_root), torch.get_num_threads())
-        ps._STATE["dataset"] = dataset
-    by_row, split = ps._STATE["by_row"], ps._STATE["split"]
+        _LOADED.update(dataset=dataset, by_row=ps._STATE["by_row"], split=ps._STATE["split"])
+    by_row, split = _LOADED["by_row"], _LOADED["split"]
     rows = training_subset(split.train, fraction / 100.0, seed) if fraction < 100 else split.train
     train, test = [by_row[r] for r in rows], [by_row[r] for r in split.test]
     predictor = PropertyPredictor.load(ps.bgnn_path(work, fraction, seed))
