@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", type=Path, default=REPO / "configs" / "ethanol_equivariant.yaml")
     p.add_argument("--work-dir", type=Path, default=REPO / "runs" / "probe_ew")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument("--name", default="energy_weight_probe", help="Stem of the .md/.json written under --out.")
     p.add_argument("--quick", action="store_true", help="Tiny EMT Cu data (tests/CI), 1 epoch, 2 weights.")
     return p.parse_args(argv)
 
@@ -123,9 +124,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = str(args.config.relative_to(REPO)) if args.config.is_relative_to(REPO) else args.config.name
     result = {"command": command, "quick": args.quick, "config": config, "epochs": args.epochs, "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "energy_weight_probe.json", json.dumps(result, indent=1))
-    atomic_write_text(args.out / "energy_weight_probe.md", markdown(result))
-    print(f"wrote {args.out / 'energy_weight_probe.md'}")
+    atomic_write_text(args.out / f"{args.name}.json", json.dumps(result, indent=1))
+    atomic_write_text(args.out / f"{args.name}.md", markdown(result))
+    print(f"wrote {args.out / f'{args.name}.md'}")
     return result
 
 

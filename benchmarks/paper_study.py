@@ -175,7 +175,8 @@ def base_config(s: dict[str, Any], epochs: int) -> PropertyConfig:
 
     The AGL and intervention terms start after ``epochs // 5`` and ramp up over ``epochs // 5``.
     """
-    model = ModelConfig(method="bgnn", hidden=s["hidden"], layers=s["layers"], latent_dim=s["latent_dim"])
+    model = ModelConfig(method="bgnn", hidden=s["hidden"], layers=s["layers"], latent_dim=s["latent_dim"],
+                        likelihood="homoscedastic")  # the paper's model (the package default is heteroscedastic)
     train = TrainConfig(
         epochs=epochs, batch_size=s["batch_size"], lr=s["lr"], lr_schedule=s["scheduler"], patience=0,
         reg_lambda=s["reg_lambda"], eval_every=s["eval_every"], progress=False,

@@ -222,7 +222,8 @@ def test_config_round_trip_and_validation(tmp_path):
     (tmp_path / "c.yaml").write_text("model:\n  method: mve\ntrain:\n  epochs: 3\n")
     loaded = load_config(tmp_path / "c.yaml")
     assert loaded.model.likelihood.value == "heteroscedastic" and loaded.train.epochs == 3
-    assert loaded.with_overrides(method="bgnn").model.likelihood.value == "homoscedastic"
+    assert loaded.with_overrides(method="bgnn").model.likelihood.value == "heteroscedastic"
+    assert loaded.with_overrides(method="agl").model.likelihood.value == "homoscedastic"
     with pytest.raises(ValueError, match="unknown"):
         PropertyConfig.from_dict({"train": {"epochz": 3}})
     with pytest.raises(ValueError):
