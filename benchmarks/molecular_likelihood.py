@@ -62,7 +62,7 @@ def render(result: dict[str, Any], default: str) -> list[str]:
                       f"of {wins[m]['of']}" for m, v, b in CRITERIA)  # fmt: skip
     lines = [f"{hetero} (heteroscedastic) vs {homo} (homoscedastic), means over seeds per (dataset, split): {total}.",
              "", f"`mlip-unc property train` (method bgnn) uses the likelihood of the **{default}** row.", "",
-             f"| dataset | split | n | " + " | ".join(f"{m} ({v}) {homo} / {hetero}" for m, v, _ in CRITERIA) + " |",
+             "| dataset | split | n | " + " | ".join(f"{m} ({v}) {homo} / {hetero}" for m, v, _ in CRITERIA) + " |",
              "|---|---|---|" + "---|" * len(CRITERIA)]  # fmt: skip
     for c in result["cells"]:
         parts = []
