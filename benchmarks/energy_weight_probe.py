@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=REPO / "runs" / "probe_ew")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("--name", default="energy_weight_probe", help="Stem of the .md/.json written under --out.")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="Extra config override for every run (repeatable), e.g. loss.energy_count=atom.")
     p.add_argument("--quick", action="store_true", help="Tiny EMT Cu data (tests/CI), 1 epoch, 2 weights.")
     return p.parse_args(argv)
 
@@ -79,7 +81,7 @@ def run_one(args: argparse.Namespace, weight: float, head: str = "bayesian") -> 
         cmd = [str(Path(sys.executable).parent / "mlip-unc"), "train", "-c", str(args.config), "--threads", "1", "--out", str(out),
                "--overwrite", "--set", f"train.epochs={args.epochs}", "--set", "train.max_minutes=null",
                "--set", "model.posterior=diagonal", "--set", f"loss.energy_weight={weight}", "--set", f"model.head={head}",
-               "--set", "train.progress=false"]  # fmt: skip
+               "--set", "train.progress=false", *(x for o in args.overrides for x in ("--set", o))]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -107,7 +109,7 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join([
         "# Energy weight of the learned-noise NLL vs force accuracy (issue 12 probe)", "",
         f"Command: `{r['command']}`", "", *(["QUICK smoke run (EMT Cu, not ethanol).", ""] if r["quick"] else []),
-        (f"Config `{r['config']}`, seed 0, {r['epochs']} epochs per run (the config's learning-rate schedule over those epochs), one torch "
+        (f"Config `{r['config']}`{' with ' + ', '.join(r.get('overrides') or []) if r.get('overrides') else ''}, seed 0, {r['epochs']} epochs per run (the config's learning-rate schedule over those epochs), one torch "
          "thread, full posterior skipped (model.posterior=diagonal). One run per weight. Test metrics on "
          f"{r['runs'][0]['n_test_frames']} frames; sigma_e, sigma_f: the learned noises at the last epoch."), "",
         f"| {' | '.join(cols)} |", "|" + "---|" * len(cols), *rows, "", reading, ""])  # fmt: skip
@@ -122,7 +124,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         heads = ["bayesian", "map"] if args.map_heads else ["bayesian"]
         runs = [run_one(args, w, head) for head in heads for w in args.weights]
     config = str(args.config.relative_to(REPO)) if args.config.is_relative_to(REPO) else args.config.name
-    result = {"command": command, "quick": args.quick, "config": config, "epochs": args.epochs, "runs": runs}
+    result = {"command": command, "quick": args.quick, "config": config, "epochs": args.epochs,
+              "overrides": args.overrides, "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / f"{args.name}.json", json.dumps(result, indent=1))
     atomic_write_text(args.out / f"{args.name}.md", markdown(result))

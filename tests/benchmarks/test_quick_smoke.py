@@ -107,6 +107,7 @@ def check_energy_weight_probe(out: Path) -> None:
     assert all(run["epochs"] == 1 and run["forces_mae_meV_A"] > 0 and run["n_test_frames"] == 3 for run in r["runs"])
     md = (out / "energy_weight_probe.md").read_text()
     assert "QUICK smoke run" in md and r["command"] in md and "| bayesian | 0.01 | 1 |" in md
+    assert r["overrides"] == ["loss.forces_weight=2.0"] and "with loss.forces_weight=2.0" in md  # --set passed on
 
 
 def check_paper_study_optimum(out: Path) -> None:
@@ -125,6 +126,7 @@ def check_paper_study_optimum(out: Path) -> None:
 
 CHECKS = {"speed.py": check_speed, "potential.py": check_potential, "paper_study.py": check_paper_study,
           "energy_weight_probe.py": check_energy_weight_probe, "paper_study_optimum.py": check_paper_study_optimum}  # fmt: skip
+EXTRA = {"energy_weight_probe.py": ("--set", "loss.forces_weight=2.0")}
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +134,7 @@ def outputs(tmp_path_factory) -> dict[str, tuple[Path, tuple[float, float]]]:
     done = {}
     for script in CHECKS:
         out = tmp_path_factory.mktemp(script.split(".")[0])
-        done[script] = (out, _run(script, out))
+        done[script] = (out, _run(script, out, *EXTRA.get(script, ())))
     return done
 
 
