@@ -125,7 +125,8 @@ class LossConfig(Section):
     the structure's size (the size-independent balance of MACE's loss, which averages
     ((E_pred - E) / N)^2 and the force MSE per atom). With ``structure`` it is counted once per
     structure (the plain likelihood of its energy). ``auto`` (the default) takes ``atom`` for
-    periodic training data and ``structure`` for molecules. Measured (tiny GIN, 2-3 min runs,
+    periodic training data and for molecules of widely different sizes (largest more than twice
+    the smallest), else ``structure`` (one molecule's MD, as ethanol or 3BPA). Measured (tiny GIN, 2-3 min runs,
     see the commit of this option): on mlearn Si counting per structure let the learned energy
     noise grow and training abandon the energy (test E MAE 183 meV/atom; per atom 42), while
     on ethanol counting per atom delayed force learning (valid F MAE 234 vs 153 meV/A).

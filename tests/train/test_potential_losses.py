@@ -64,9 +64,16 @@ def test_energy_count_auto_is_per_atom_for_periodic_training_data():
     from mlip_unc.config import EnergyCount
     from mlip_unc.train.potential import energy_per_atom
 
-    molecule, crystal = Data(pbc=torch.zeros(1, 3, dtype=torch.bool)), Data(pbc=torch.ones(1, 3, dtype=torch.bool))
+    def graph(n, periodic=False):
+        return Data(pbc=torch.full((1, 3), periodic), num_nodes=n)
+
+    molecule, crystal = graph(9), graph(8, periodic=True)
     assert energy_per_atom(EnergyCount.AUTO, [molecule, crystal]) is True
     assert energy_per_atom(EnergyCount.AUTO, [molecule]) is False
+    # molecules: per atom when sizes spread more than 2x (one-atom reference frames aside)
+    assert energy_per_atom(EnergyCount.AUTO, [graph(9), graph(6), graph(1)]) is False
+    assert energy_per_atom(EnergyCount.AUTO, [graph(8), graph(17)]) is True
+    assert energy_per_atom(EnergyCount.AUTO, [graph(8), graph(16)]) is False
     assert energy_per_atom(EnergyCount.ATOM, [molecule]) is True
     assert energy_per_atom(EnergyCount.STRUCTURE, [crystal]) is False
 
