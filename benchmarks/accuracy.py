@@ -118,6 +118,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 ("--split-seed", 0, "seed of the 3BPA split (fixed across repeats)")):  # fmt: skip
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override, our rows")
+    p.add_argument("--variant", default="", help="label of our rows' runs whose config differs from earlier runs in "
+                   "the same results (e.g. a changed default in configs/); shown as 'row [label]', its own row")
     p.add_argument("--keep-mace-model", action="store_true", help="copy mace_torch's .model (~4 MB) to checkpoints")
     p.add_argument("--quick", action="store_true", help="tiny EMT Cu data made here; needs --out")
     p.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS})")
@@ -220,7 +222,8 @@ def metrics(pred: Predictions) -> dict[str, Any]:
 def run_ours(name: str, row: str, seed: int, spec: dict[str, Any], args: argparse.Namespace, work: Path) -> dict:
     """Train one of our rows for the budget, evaluate it on every test file of ``spec``."""
     raw, source = row_config(spec, row, args)
-    out = args.out / "checkpoints" / "accuracy" / f"{name}_{row}_seed{seed}"
+    tag = f"_{args.variant}" if args.variant else ""
+    out = args.out / "checkpoints" / "accuracy" / f"{name}_{row}{tag}_seed{seed}"
     path = work / f"{name}_{row}.yaml"
     path.write_text(yaml.safe_dump(raw))
     overrides = [f"data_root={args.data_root}", f"out={out}", f"seed={seed}", f"train.max_minutes={args.budget_minutes}",
@@ -245,7 +248,7 @@ def run_ours(name: str, row: str, seed: int, spec: dict[str, Any], args: argpars
     return {"train_minutes": result.train_minutes, "parameters": sum(p.numel() for p in model.parameters()),
             "epochs": len(result.history), "best_epoch": result.best_epoch, "stop_reason": result.stop_reason,
             "config": source, "checkpoint": str(out.relative_to(args.out)), "load_avg": [load, os.getloadavg()[0]],
-            "tests": tests}  # fmt: skip
+            "loss": config.loss.model_dump(mode="json"), "variant": args.variant, "tests": tests}  # fmt: skip
 
 
 # ================================================================ mace-torch's own MACE
@@ -423,8 +426,9 @@ class Runs:
     def runs(self) -> list[dict[str, Any]]:
         return [r for r in self.records if r["kind"] == "run"]
 
-    def done(self, dataset: str, row: str, seed: int) -> bool:
-        return any(r["dataset"] == dataset and r["row"] == row and r["seed"] == seed for r in self.runs())
+    def done(self, dataset: str, row: str, seed: int, variant: str = "") -> bool:
+        return any(r["dataset"] == dataset and r["row"] == row and r["seed"] == seed and r.get("variant", "") == variant
+                   for r in self.runs())  # fmt: skip
 
 
 def mace_missing() -> str | None:
@@ -457,8 +461,9 @@ def assemble(runs: Runs, meta: dict[str, Any]) -> dict[str, Any]:
             one = {"seed": rec["seed"], **{c: rec["tests"][label].get(c) for c in COLUMNS[:3]},
                    **{c: rec[c] for c in COLUMNS[3:]}, "test": label, "n_frames": rec["tests"][label].get("n_frames"),
                    "epochs": rec.get("epochs"), "stop_reason": rec.get("stop_reason"), "load_avg": rec.get("load_avg"),
-                   "checkpoint": rec.get("checkpoint"), "config": rec.get("config")}  # fmt: skip
-            results.setdefault(name, {}).setdefault(rec["row"], {"runs": []})["runs"].append(one)
+                   "checkpoint": rec.get("checkpoint"), "config": rec.get("config"), "loss": rec.get("loss")}  # fmt: skip
+            row = rec["row"] + (f" [{rec['variant']}]" if rec.get("variant") else "")  # another config: its own row
+            results.setdefault(name, {}).setdefault(row, {"runs": []})["runs"].append(one)
     for name, rows in results.items():
         if name == "meta":
             continue
@@ -548,6 +553,9 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             cells = [_f(v[c], v["spread"][c]) for c in COLUMNS[:4]] + [f"{v['parameters']:.0f}" if v["parameters"] else "n/a"]
             epochs = ", ".join(str(r.get("epochs")) for r in v["runs"])  # one per run: the CPU a run got shows here
             lines.append(f"| {row} | " + " | ".join(cells) + f" | {v['n']} | {epochs} |")
+        variants = [(row, v["runs"][0]) for row, v in rows.items() if "[" in row]
+        if variants:
+            lines += ["", *(f"{row}: `{r['config']}` as changed later, loss section {r['loss']}" for row, r in variants)]
         if RUN_NOTES.get(name):
             lines += ["", RUN_NOTES[name]]
         if name in MLEARN:
@@ -633,7 +641,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         meta["skipped"][f"{name}/{row}"] = missing
                     continue
                 for seed in seeds:
-                    if runs.done(name, row, seed):
+                    variant = "" if row == "mace_torch" else args.variant  # the peer's config never changes here
+                    if runs.done(name, row, seed, variant):
                         continue
                     log.info("[%s] %s seed %d: %.3g min", name, row, seed, args.budget_minutes)
                     try:

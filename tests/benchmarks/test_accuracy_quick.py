@@ -146,3 +146,21 @@ def test_quick_run_layout_and_resume(bench, tmp_path):
     again = bench.main(argv)
     after = [r for r in map(json.loads, (tmp_path / "accuracy.jsonl").read_text().splitlines()) if r["kind"] == "run"]
     assert after == before and again["cu_emt"] == results["cu_emt"]
+
+
+def test_a_variant_of_our_row_is_its_own_row_and_can_win(bench, tmp_path):
+    runs = bench.Runs(tmp_path / "accuracy.jsonl", SETTINGS)
+    variant = {**_run("ethanol", "native", 0, 9.0), "variant": "ew0.01", "config": "c.yaml", "loss": {"energy_weight": 0.01}}
+    for rec in (_run("ethanol", "native", 0, 14.0), variant, _run("ethanol", "mace_torch", 0, 11.0)):
+        runs.add(rec)
+    assert runs.done("ethanol", "native", 0) and runs.done("ethanol", "native", 0, "ew0.01")
+    assert not runs.done("ethanol", "native", 0, "other")
+    results = bench.assemble(runs, {"x": 1})
+    assert results["ethanol"]["native"]["n"] == 1 and results["ethanol"]["native [ew0.01]"]["force_mae_meV_A"] == 9.0
+    lines = bench.acceptance(results)
+    assert lines[0] == "- ethanol: best of our rows F-MAE (native [ew0.01]) 9.0 vs mace_torch 11.0 meV/A: met"
+    meta = {"commands": ["python benchmarks/accuracy.py  (python: x)"], "budget_minutes": 10.0, "threads": 1,
+            "seeds": [0], "status": "partial", "updated": "now", "mace_torch_method": "m", "overrides": [],
+            "skipped": {}, "failed": {}}  # fmt: skip
+    bench.write_markdown({**results, "meta": meta}, tmp_path / "accuracy.md")
+    assert "native [ew0.01]: `c.yaml` as changed later, loss section {'energy_weight': 0.01}" in (tmp_path / "accuracy.md").read_text()
