@@ -517,6 +517,11 @@ def _f(value: Any, spread: Any = None) -> str:
 
 #: What the JSON cannot say about a dataset's runs (written by hand, dated).
 RUN_NOTES = {
+    "ethanol": ("Note (2026-12-04): mace_backbone [ew0.01] (configs/ethanol_mace.yaml after its energy weight went from 1 "
+                "to 0.01, benchmarks/results/energy_weight_probe_mace.md) and the second mace_torch run (seed 1) ran in "
+                "one invocation beside one other job (chemprop); for the first minutes of the mace_backbone run a "
+                "third process (a probe, a unit test) shared the 2 cores (1-min load average 2.5 at its start). It got "
+                "13 epochs in its 10 minutes (the weight-1 run of 2026-12-03: 16), mace_torch 19 (before: 18)."),
     "Si": ("Note (2026-12-03): the Si native and mace_backbone runs shared the 2 cores with about ten other processes "
            "(1-min load average 6-12) at equal scheduling priority and got 10 and 1 epochs in their 10 minutes; from "
            "14:54 every later run of this invocation (Si gin and mace_torch, Ge, Li) ran at a raised priority "
@@ -555,7 +560,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             lines.append(f"| {row} | " + " | ".join(cells) + f" | {v['n']} | {epochs} |")
         variants = [(row, v["runs"][0]) for row, v in rows.items() if "[" in row]
         if variants:
-            lines += ["", *(f"{row}: `{r['config']}` as changed later, loss section {r['loss']}" for row, r in variants)]
+            lines += ["", *(f"{row}: config `{r['config']}`, loss section {r['loss']} (the unmarked row ran an earlier config)" for row, r in variants)]
         if RUN_NOTES.get(name):
             lines += ["", RUN_NOTES[name]]
         if name in MLEARN:

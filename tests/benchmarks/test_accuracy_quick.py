@@ -163,4 +163,4 @@ def test_a_variant_of_our_row_is_its_own_row_and_can_win(bench, tmp_path):
             "seeds": [0], "status": "partial", "updated": "now", "mace_torch_method": "m", "overrides": [],
             "skipped": {}, "failed": {}}  # fmt: skip
     bench.write_markdown({**results, "meta": meta}, tmp_path / "accuracy.md")
-    assert "native [ew0.01]: `c.yaml` as changed later, loss section {'energy_weight': 0.01}" in (tmp_path / "accuracy.md").read_text()
+    assert "native [ew0.01]: config `c.yaml`, loss section {'energy_weight': 0.01}" in (tmp_path / "accuracy.md").read_text()
