@@ -28,6 +28,7 @@ class TrainCoreConfig(Section):
         lr_factor, lr_patience: plateau schedule; min_lr: floor of plateau and cosine
             (null = lr / 100).
         grad_clip: max gradient norm (null = none).
+        amsgrad: Adam's AMSGrad variant (mace-torch's default; off here).
         ema_decay: exponential moving average of the weights (null = off), used for
             validation and the saved model.
         patience: early stopping after this many epochs without a better validation metric
@@ -50,6 +51,7 @@ class TrainCoreConfig(Section):
     lr_patience: int = Field(5, ge=0)
     min_lr: float | None = Field(None, ge=0)
     grad_clip: float | None = Field(10.0, gt=0)
+    amsgrad: bool = False
     ema_decay: float | None = Field(None, gt=0, lt=1)
     patience: int | None = Field(None, ge=0)
     eval_every: int = Field(1, gt=0)

@@ -97,7 +97,8 @@ class Trainer:
         self.model = task.model.to(self.device)  # in place: the task's model is this one
         self.out = None if out is None else Path(out)
         self.history_extra = history_extra or dict
-        self.optimizer = make_optimizer(self.model, lr=options.lr, weight_decay=options.weight_decay)
+        self.optimizer = make_optimizer(self.model, lr=options.lr, weight_decay=options.weight_decay,
+                                        amsgrad=options.amsgrad)  # fmt: skip
         self.scheduler = None
         if options.lr_schedule is LRSchedule.PLATEAU:
             self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(

@@ -29,5 +29,6 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return groups
 
 
-def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Adam:
-    return torch.optim.Adam(param_groups(model, weight_decay), lr=lr, foreach=True)
+def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, amsgrad: bool = False) -> torch.optim.Adam:
+    """Adam over :func:`param_groups` (``amsgrad``: the AMSGrad variant, mace-torch's default)."""
+    return torch.optim.Adam(param_groups(model, weight_decay), lr=lr, foreach=True, amsgrad=amsgrad)
