@@ -461,8 +461,9 @@ def assemble(runs: Runs, meta: dict[str, Any]) -> dict[str, Any]:
             one = {"seed": rec["seed"], **{c: rec["tests"][label].get(c) for c in COLUMNS[:3]},
                    **{c: rec[c] for c in COLUMNS[3:]}, "test": label, "n_frames": rec["tests"][label].get("n_frames"),
                    "epochs": rec.get("epochs"), "stop_reason": rec.get("stop_reason"), "load_avg": rec.get("load_avg"),
-                   "checkpoint": rec.get("checkpoint"), "config": rec.get("config"), "loss": rec.get("loss")}  # fmt: skip
-            row = rec["row"] + (f" [{rec['variant']}]" if rec.get("variant") else "")  # another config: its own row
+                   "checkpoint": rec.get("checkpoint"), "config": rec.get("config"), "loss": rec.get("loss"),
+                   "variant": rec.get("variant", "")}  # fmt: skip
+            row = rec["row"] + (f" [{one['variant']}]" if one["variant"] else "")  # another config: its own row
             results.setdefault(name, {}).setdefault(row, {"runs": []})["runs"].append(one)
     for name, rows in results.items():
         if name == "meta":
@@ -558,9 +559,10 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             cells = [_f(v[c], v["spread"][c]) for c in COLUMNS[:4]] + [f"{v['parameters']:.0f}" if v["parameters"] else "n/a"]
             epochs = ", ".join(str(r.get("epochs")) for r in v["runs"])  # one per run: the CPU a run got shows here
             lines.append(f"| {row} | " + " | ".join(cells) + f" | {v['n']} | {epochs} |")
-        variants = [(row, v["runs"][0]) for row, v in rows.items() if "[" in row]
+        variants = [(row, v["runs"][0]) for row, v in rows.items() if v["runs"][0].get("variant")]
         if variants:
-            lines += ["", *(f"{row}: config `{r['config']}`, loss section {r['loss']} (the unmarked row ran an earlier config)" for row, r in variants)]
+            lines += ["", *(f"{row}: config `{r['config']}`, loss section {r['loss']} (the unmarked row ran an "
+                            "earlier config)" for row, r in variants)]  # fmt: skip
         if RUN_NOTES.get(name):
             lines += ["", RUN_NOTES[name]]
         if name in MLEARN:

@@ -10,8 +10,9 @@ The seed varies the weights and the shuffling.
 
 Methods: ours on one GIN backbone and one training rule (``mlip-unc property train``'s code,
 ``train_property_model``): ``bgnn`` (Bayesian last layer, homoscedastic noise), ``bgnn_hetero``
-(heteroscedastic noise: the package default, chosen from this table, see molecular_likelihood.py), ``agl``, ``mcdropout``, ``ensemble5``, ``mve``,
-``laplace`` (MAP + full-covariance last-layer Laplace posterior); chemprop through its own CLI
+(heteroscedastic noise: the package default, chosen from this table, see
+molecular_likelihood.py), ``agl``, ``mcdropout``, ``ensemble5``, ``mve``, ``laplace`` (MAP +
+full-covariance last-layer Laplace posterior); chemprop through its own CLI
 (``chemprop train`` / ``chemprop predict``): ``chemprop_mve`` and ``chemprop_mve_ensemble5``
 (five MVE models; total variance = mean of the variances + variance of the means).
 

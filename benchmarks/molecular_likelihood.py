@@ -32,13 +32,11 @@ def compare(rows: list[dict[str, Any]], homo: str = HOMO, hetero: str = HETERO) 
         ``{"cells": [{dataset, split, n: [n_homo, n_hetero], metric: {homo, hetero, winner}}],
         "wins": {metric: {homo: k, hetero: k, "of": n_cells}}}``.
     """
-    by = {(r["dataset"], r["split"], r["method"]): r for r in rows}
+    others = {(r["dataset"], r["split"]): r for r in rows if r["method"] == hetero}
     cells, wins = [], {m: {homo: 0, hetero: 0, "of": 0} for m, _, _ in CRITERIA}
-    for (d, sp, m), a in by.items():
-        b = by.get((d, sp, hetero))
-        if m != homo or b is None:
-            continue
-        cell: dict[str, Any] = {"dataset": d, "split": sp, "n": [a["n"], b["n"]]}
+    for a in (r for r in rows if r["method"] == homo and (r["dataset"], r["split"]) in others):
+        b = others[a["dataset"], a["split"]]
+        cell: dict[str, Any] = {"dataset": a["dataset"], "split": a["split"], "n": [a["n"], b["n"]]}
         for metric, variant, better in CRITERIA:
             x, y = a[variant][metric]["mean"], b[variant][metric]["mean"]
             if x is None or y is None:

@@ -143,7 +143,7 @@ def energy_per_atom(count: EnergyCount, graphs: list) -> bool:
     if count is EnergyCount.AUTO:
         if any(bool(torch.as_tensor(g[keys.PBC]).any()) for g in graphs):
             return True
-        sizes = [int(g.num_nodes) for g in graphs if int(g.num_nodes) > 1]
+        sizes = [n for n in (int(g.num_nodes) for g in graphs) if n > 1]
         return bool(sizes) and max(sizes) > SIZE_RATIO_PER_ATOM * min(sizes)
     return count is EnergyCount.ATOM
 
