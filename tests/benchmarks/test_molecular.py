@@ -169,3 +169,15 @@ def test_merge_appends_only_missing_runs_with_the_same_settings(bench, tmp_path)
     bench.main(["--quick", "--methods", "bgnn", "--seeds", "0", "--splits", "random", "--knn-k", "3", "--out", str(c)])
     with pytest.raises(SystemExit, match="other settings"):
         bench.main(["--quick", "--out", str(a), "--merge", str(c / "molecular.jsonl")])
+
+
+def test_repeated_splits_names_datasets_whose_scaffold_test_set_is_the_random_one(bench):
+    """CEP's scaffold split is its random one (every molecule its own scaffold): the report must say so."""
+
+    def rec(d: str, sp: str, seed: int, y: list[float]) -> dict:
+        return {"dataset": d, "split": sp, "method": "bgnn", "seed": seed, "points": {"y": y}}
+
+    records = [rec("cep", "random", 0, [1.0, 2.0]), rec("cep", "scaffold", 0, [1.0, 2.0]),
+               rec("esol", "random", 0, [1.0, 2.0]), rec("esol", "scaffold", 0, [2.0, 1.0]),
+               rec("qm7", "scaffold", 0, [1.0]), {"dataset": "bace", "split": "scaffold", "method": "bgnn", "seed": 0}]
+    assert bench.repeated_splits(records) == ["cep"]
