@@ -34,11 +34,13 @@ import ase.io
 import numpy as np
 import torch
 
-from mlip_unc.config import load_potential_config
+from mlip_unc.config import PotentialConfig, load_potential_config
 from mlip_unc.data import StructureDataset, TypeMap
+from mlip_unc.models.checkpoint import load_checkpoint
 from mlip_unc.models.committee import load_potential
 from mlip_unc.train.evaluate import frame_table, predict
-from mlip_unc.train.potential import run_training
+from mlip_unc.train.potential import finalize_checkpoint, run_training
+from mlip_unc.train.potential_data import prepare_data
 from mlip_unc.uncertainty import diagnostics as diag
 
 log = logging.getLogger("force_uncertainty")
@@ -62,6 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 ("--max-eval-frames", None, "cap each test set (checks only)")):  # fmt: skip
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override, both models")
+    p.add_argument("--refit", action="store_true", help="refit the single model's post-training fits (posterior, "
+                   "domain guard, levels) with this code and evaluate its modes again; training steps are kept")
     args = parse_with_quick(p, argv, "tiny EMT Cu data made here; needs --out")
     args.datasets = ["cu_emt"] if args.quick else [d.strip().lower() for d in args.datasets.split(",") if d]
     if bad := [d for d in args.datasets if d not in (*DATASETS, "cu_emt")]:
@@ -129,7 +133,7 @@ def dataset_split(name: str, args: argparse.Namespace, work: Path) -> dict[str, 
         methanol = [a for a in _molecules(s / "ethanol" / "test_eth_meth.xyz") if a.info.get("config_type") == "methanol"]
         split.update(train=s / "ethanol" / "train.xyz", test=s / "ethanol" / "test_MD.xyz",
                      ood=_write(methanol, work / "methanol.xyz"))  # fmt: skip
-    else:  # solvent_xtb: no config of its own yet -> the 3BPA architecture on its files
+    else:  # solvent_xtb: configs/solvent_xtb_equivariant.yaml; without it, the 3BPA architecture on its files
         root = s / "solvent_xtb"
         if not cfg.is_file():
             cfg = REPO / "configs" / "3bpa_equivariant.yaml"
@@ -144,18 +148,30 @@ class Steps:
 
     def __init__(self, path: Path, settings: dict[str, Any]) -> None:
         self.path, lines = path, (path.read_text().splitlines() if path.is_file() else [])
-        self.records = {r["step"]: r for r in (json.loads(line) for line in lines if line.strip())}
+        parsed = [json.loads(x) for x in lines if x.strip()]
+        self.records = {r["step"]: {**r, "line": k} for k, r in enumerate(parsed)}
+        self.commands = list(dict.fromkeys(r["command"] for r in parsed if r["step"] == "settings"
+                                           or r["step"].startswith("invocation:")))  # every command, in file order
+        self.lines = len(self.records) and 1 + max(r["line"] for r in self.records.values())
         self.get = self.records.get  # step -> its record, or None
         old = self.records.get("settings")
         if old is not None and {k: old[k] for k in SETTINGS} != {k: settings[k] for k in SETTINGS}:
             raise SystemExit(f"{path} was made with {old}; use another --out or delete it to start over")
         if old is None:
             self.add("settings", settings)
+            self.commands.append(settings["command"])
+
+    def note_command(self, command: str) -> None:
+        """Record an invocation whose command line is not yet in the file (a resume, a --refit)."""
+        if command not in self.commands:
+            self.add(f"invocation:{len(self.commands)}", {"command": command})
+            self.commands.append(command)
 
     def add(self, step: str, record: dict[str, Any]) -> None:
         self.records[step] = _clean({"step": step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), **record})
         with self.path.open("a") as handle:
             handle.write(json.dumps(self.records[step]) + "\n")
+        self.records[step]["line"], self.lines = self.lines, self.lines + 1  # order in the file: later = newer
 
 
 def _clean(value: Any) -> Any:
@@ -175,17 +191,35 @@ def train(name: str, split: dict[str, Any], args: argparse.Namespace, steps: Ste
     out = args.out / "checkpoints" / "force_uncertainty" / f"{name}_{tag}"
     if steps.get(f"train:{name}:{tag}"):
         return out
+    log.info("[train] %s %s: %.3g min per model", name, tag, args.budget_minutes)
+    results = run_training(train_config(split, args, out, ensemble))
+    for last in out.rglob("last.pt"):
+        last.unlink()
+    steps.add(f"train:{name}:{tag}", {"train_minutes": [r.train_minutes for r in results]})
+    return out
+
+
+def train_config(split: dict[str, Any], args: argparse.Namespace, out: Path, ensemble: int) -> PotentialConfig:
+    """The config a model of this benchmark is trained with (the committee: ``ensemble`` MAP members)."""
     overrides = [f"data_root={args.data_root}", f"data.train={split['train']}", "data.test=null", f"out={out}",
                  f"seed={args.seed}", f"train.max_minutes={args.budget_minutes}", "train.progress=false",
                  "train.resume=false", *split["overrides"], *args.overrides]  # fmt: skip
     if ensemble > 1:
         overrides += [f"train.ensemble={ensemble}", "model.head=map"]
-    log.info("[train] %s %s: %.3g min per model", name, tag, args.budget_minutes)
-    results = run_training(load_potential_config(split["config"], overrides))
-    for last in out.rglob("last.pt"):
-        last.unlink()
-    steps.add(f"train:{name}:{tag}", {"train_minutes": [r.train_minutes for r in results]})
-    return out
+    return load_potential_config(split["config"], overrides)
+
+
+def refit(name: str, split: dict[str, Any], args: argparse.Namespace, steps: Steps, out: Path) -> None:
+    """``--refit``: the single model's post-training fits made again by this code (the weights are
+    kept; the model section must equal the checkpoint's); its mode rows are then evaluated again."""
+    config = train_config(split, args, out, 1)
+    saved = load_checkpoint(out / "model.pt", kind="potential")["metadata"]["training_config"]["model"]
+    now = {k: v for k, v in config.to_dict()["model"].items() if k in saved or v is not None}  # keys added since: unset
+    if now != saved:
+        raise SystemExit(f"{name}: the model section changed since training ({saved} -> {now}); not refitted")
+    finalize_checkpoint(out / "model.pt", config, prepare_data(config))
+    steps.add(f"refit:{name}", {"model": str(out / "model.pt")})
+    log.info("[refit] %s: posterior, guard and levels fitted again", name)
 
 
 def load_frames(path: Path | None, model: Any, split: dict[str, Any], limit: int | None) -> StructureDataset | None:
@@ -242,15 +276,19 @@ def time_calls(calls: dict[str, Any], graphs: list, repeats: int = 3) -> dict[st
 
 def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -> None:
     split = dataset_split(name, args, work)
-    single = load_potential(train(name, split, args, steps, 1) / "model.pt")
+    single_dir = train(name, split, args, steps, 1)
+    if args.refit:
+        refit(name, split, args, steps, single_dir)
+    single = load_potential(single_dir / "model.pt")
     committee = load_potential(train(name, split, args, steps, 5))
     test = load_frames(split["test"], single, split, args.max_eval_frames)
     ood = load_frames(split["ood"], single, split, args.max_eval_frames)
     modes, skipped = offered_modes(single, test.graphs[0], args)
     if not steps.get(f"modes:{name}"):
         steps.add(f"modes:{name}", {"offered": modes, "skipped": skipped, "n_test": len(test), "n_ood": len(ood or [])})
+    refitted = (steps.get(f"refit:{name}") or {}).get("line", -1)
     for row in [*modes, "committee5", "force_magnitude"]:
-        if steps.get(f"eval:{name}:{row}"):
+        if (done := steps.get(f"eval:{name}:{row}")) and not (row in modes and done["line"] < refitted):
             continue
         model = committee if row == "committee5" else single
         steps.add(f"eval:{name}:{row}", {part: frame_values(model, data, row, args)
@@ -272,7 +310,7 @@ def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, A
     meta = {k: settings.get(k) for k in ("command", "started", *SETTINGS, "threads", "data_root")}
     meta.update(status=status, updated=time.strftime("%Y-%m-%d %H:%M"), default_mode=args.default_mode,
                 committee_budget_minutes_per_member=args.budget_minutes, skipped={}, train_minutes={},
-                cost_ms={}, notes=[])  # fmt: skip
+                cost_ms={}, notes=[], refitted={}, commands=steps.commands)  # fmt: skip
     results: dict[str, Any] = {"meta": meta}
     for name in args.datasets:
         cost = (steps.get(f"cost:{name}") or {}).get("ms") or {}
@@ -288,6 +326,8 @@ def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, A
         meta["skipped"][name] = (steps.get(f"modes:{name}") or {}).get("skipped", {})
         meta["train_minutes"][name] = {t: steps.get(f"train:{name}:{t}")["train_minutes"] for t in ("single", "committee5")}
         meta["cost_ms"][name] = cost or None
+        if refitted := steps.get(f"refit:{name}"):
+            meta["refitted"][name] = refitted["time"]
     return results
 
 
@@ -316,7 +356,12 @@ def acceptance(entry: dict[str, Any]) -> list[str]:
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     meta = results["meta"]
-    lines = ["# Force uncertainty: modes vs a committee vs |F_pred|", "", f"Command: `{meta['command']}`", "",
+    commands = meta.get("commands") or [meta["command"]]
+    lines = ["# Force uncertainty: modes vs a committee vs |F_pred|", "",
+             *([f"Command: `{commands[0]}`", ""] if len(commands) == 1 else [
+               ("Commands, in the order they ran (the step files of separate `--out` folders were appended to this "
+                "one and their checkpoints copied under it before the later commands):"), "", "```bash", *commands,
+               "```", ""]),
              (f"Seed {meta['seed']}; {meta['threads']} torch thread(s); {meta['budget_minutes']:g} min per model and "
              f"per committee member (wall time, shared CPU); started {meta['started']}, updated {meta['updated']}; "
              f"status: {meta['status']}."), "",
@@ -335,6 +380,10 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                   for row, r in entry.items() if row != "default"]  # fmt: skip
         lines += ["", (f"Plain E+F: {_f(cost.get('plain'))} ms per frame (this set's in-domain frames); skipped "
                   f"modes: {meta['skipped'].get(name) or 'none'}; training minutes: {meta['train_minutes'].get(name)}."),
+                  *(["", f"The single model's posterior, domain guard and levels were fitted again (`--refit`) on "
+                     f"{meta['refitted'][name]}, by the code of that day; its mode rows were evaluated after that. "
+                     "Training, committee and cost steps are from the first run."]
+                    if meta.get("refitted", {}).get(name) else []),  # fmt: skip
                   "", f"Acceptance of the default row ({entry['default']}; committee5 - slack, issue 11):",
                   *acceptance(entry), ""]  # fmt: skip
     lines += [f"Note: {n}" for n in meta["notes"]]
@@ -393,6 +442,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "seed": args.seed, "budget_minutes": args.budget_minutes, "overrides": args.overrides,
                 "threads": args.threads, "data_root": None if args.quick else str(args.data_root)}  # fmt: skip
     steps = Steps(args.out / "force_uncertainty.jsonl", settings)
+    steps.note_command(command)
     with tempfile.TemporaryDirectory(prefix="mlip_unc_fu_") as work:
         for name in args.datasets:
             run_dataset(name, args, steps, Path(work))

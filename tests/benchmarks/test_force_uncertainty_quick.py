@@ -92,3 +92,17 @@ def test_quick_run_layout_and_resume(bench, tmp_path):
     again = bench.main(argv)
     assert (tmp_path / "force_uncertainty.jsonl").read_text() == steps
     assert {k: v for k, v in again.items() if k != "meta"} == {k: v for k, v in results.items() if k != "meta"}
+    # --refit: the single model's posterior is fitted again and its mode rows evaluated again; the
+    # committee's row, the training steps and the earlier records stay (the file only grows)
+    refit = bench.main([*argv, "--refit"])
+    records = [json.loads(line) for line in (tmp_path / "force_uncertainty.jsonl").read_text().splitlines()]
+    assert (tmp_path / "force_uncertainty.jsonl").read_text().startswith(steps)
+    new = [r["step"] for r in records[len(steps.splitlines()):]]
+    assert new[:2] == ["invocation:1", "refit:cu_emt"] and "eval:cu_emt:exact" in new  # the new command kept
+    assert not any(step.startswith(("train:", "eval:cu_emt:committee5", "cost:")) for step in new)
+    assert refit["meta"]["refitted"]["cu_emt"] == records[len(steps.splitlines()) + 1]["time"]
+    assert refit["meta"]["commands"] == [meta["command"], meta["command"] + " --refit"]
+    md = (tmp_path / "force_uncertainty.md").read_text()
+    assert "(`--refit`)" in md and "```bash\n" + "\n".join(refit["meta"]["commands"]) + "\n```" in md
+    assert refit["cu_emt"]["committee5"] == results["cu_emt"]["committee5"]
+    assert bench.main(argv)["cu_emt"] == refit["cu_emt"]  # without --refit: nothing evaluated again
