@@ -152,7 +152,7 @@ class Steps:
         self.records = {r["step"]: {**r, "line": k} for k, r in enumerate(parsed)}
         self.commands = list(dict.fromkeys(r["command"] for r in parsed if r["step"] == "settings"
                                            or r["step"].startswith("invocation:")))  # every command, in file order
-        self.lines = len(self.records) and 1 + max(r["line"] for r in self.records.values())
+        self.lines = len(parsed)  # records in the file; the next one gets this "line"
         self.get = self.records.get  # step -> its record, or None
         old = self.records.get("settings")
         if old is not None and {k: old[k] for k in SETTINGS} != {k: settings[k] for k in SETTINGS}:
