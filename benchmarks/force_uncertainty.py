@@ -5,7 +5,8 @@ Per dataset one Bayesian model (configs/<dataset>_equivariant.yaml) and a commit
 models of the same architecture (``model.head=map``, ``train.ensemble=5``), each model and
 member under the wall budget ``--budget-minutes``. Rows: each mode the single model offers
 (energy, exact, lowrank, sampled; one that raises is skipped: ``meta.skipped``), committee5,
-force_magnitude (|F_pred|). Splits: see :func:`dataset_split`; definitions: the results file.
+and the baselines that need no posterior: force_magnitude (|F_pred|), latent_distance and
+descriptor_distance (distance to the training set, :func:`distance_scores`). Splits: see :func:`dataset_split`; definitions: the results file.
 ``--quick``: EMT Cu made here, configs/tiny_emt.yaml, 10 s per model. Results
 ``OUT/force_uncertainty.{json,md,png}`` after every step; finished steps are appended to
 ``OUT/force_uncertainty.jsonl`` and skipped when the command is run again.
@@ -34,6 +35,9 @@ import ase.io
 import numpy as np
 import torch
 
+from torch_geometric.loader import DataLoader
+
+from mlip_unc import keys
 from mlip_unc.config import PotentialConfig, load_potential_config
 from mlip_unc.data import StructureDataset, TypeMap
 from mlip_unc.models.checkpoint import load_checkpoint
@@ -41,6 +45,7 @@ from mlip_unc.models.committee import load_potential
 from mlip_unc.train.evaluate import frame_table, predict
 from mlip_unc.train.potential import finalize_checkpoint, run_training
 from mlip_unc.train.potential_data import prepare_data
+from mlip_unc.uncertainty import density
 from mlip_unc.uncertainty import diagnostics as diag
 
 log = logging.getLogger("force_uncertainty")
@@ -48,6 +53,8 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DATASETS = ("3bpa", "ethanol", "solvent_xtb")
 MODES = ("energy", "exact", "lowrank", "sampled")
+BASELINES = ("force_magnitude", "latent_distance", "descriptor_distance")  # rows with no posterior, not timed but |F|
+KNN_K = 10  # nearest training atoms / frames of the distance baselines
 ROW_KEYS = ("auroc_ood", "spearman_frame_in_domain", "spearman_frame_pooled", "auroc_sigma_over_force",
             "partial_spearman_given_force", "std_over_rmse", "cost_ratio", "force_mae_meV_A")  # fmt: skip
 SETTINGS = ("quick", "seed", "budget_minutes", "overrides")  # a resumed run must match these
@@ -231,16 +238,55 @@ def load_frames(path: Path | None, model: Any, split: dict[str, Any], limit: int
 
 def frame_values(model: Any, data: StructureDataset, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Per-frame score, error and max |F_pred|; std/RMSE (per component) and force MAE."""
-    unc = {"force_magnitude": "none", "committee5": "exact"}.get(mode, mode)
+    unc = "none" if mode in BASELINES else {"committee5": "exact"}.get(mode, mode)
     pred = predict(model, data, uncertainty=unc, n_samples=args.n_samples, batch_size=8, seed=args.seed)
     table = frame_table(pred)
-    score = {"force_magnitude": "forces_pred_max_norm", "energy": "energy_epistemic_std"}.get(mode, "forces_max_std")
+    score = {"energy": "energy_epistemic_std"}.get(mode, "forces_pred_max_norm" if unc == "none" else "forces_max_std")
     err, var = pred.forces_pred - pred.forces_true, pred.forces_epistemic_var  # (n_atoms, 3) each
     return {
         "score": table[score], "error": table["forces_mean_error"], "force": table["forces_pred_max_norm"],
-        "std_over_rmse": None if var is None or mode == "force_magnitude" else diag.std_over_rmse(var, err),
+        "std_over_rmse": None if var is None or unc == "none" else diag.std_over_rmse(var, err),
         "force_mae_meV_A": 1e3 * float(np.mean(np.abs(err))),
     }  # fmt: skip
+
+
+@torch.no_grad()
+def node_latents(model: Any, data: StructureDataset) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """The single model's per-atom latents under its head (n_atoms, d), atom types and frame
+    of each atom (n_atoms,), frames in ``data``'s order."""
+    z, types, frame, seen = [], [], [], 0
+    for batch in DataLoader(data.graphs, batch_size=16, shuffle=False):
+        z.append(model(batch, compute_forces=False)[keys.NODE_LATENT].double())
+        types.append(model.atom_types(batch).numpy())
+        frame.append(batch.batch.numpy() + seen)
+        seen += batch.num_graphs
+    return torch.cat(z), np.concatenate(types), np.concatenate(frame)
+
+
+def descriptors(data: StructureDataset) -> np.ndarray:
+    """Interatomic-distance histogram of each frame (n_frames, bins; periodic images counted)."""
+    return density.structure_descriptor([ase.Atoms(positions=g[keys.POSITIONS].double().numpy(), cell=(
+        g[keys.CELL].reshape(3, 3).double().numpy() if keys.CELL in g else None), pbc=(
+        g[keys.PBC].reshape(3).numpy() if keys.PBC in g else False)) for g in data.graphs])  # fmt: skip
+
+
+def distance_scores(model: Any, train: StructureDataset, sets: dict[str, StructureDataset]) -> dict[str, Any]:
+    """Frame scores from the distance to the training set (every frame of ``data.train``):
+    latent_distance = max over atoms of the mean distance to the KNN_K nearest training atoms of
+    the same element in the single model's per-atom latents (standardised per element);
+    descriptor_distance = mean distance to the KNN_K nearest training frames in the
+    interatomic-distance histogram (both: mlip_unc.uncertainty.density). ``{row: {part: (n,)}}``."""
+    z_train, t_train, _ = node_latents(model, train)
+    d_train = descriptors(train)
+    out: dict[str, Any] = {"latent_distance": {}, "descriptor_distance": {}}
+    for part, data in sets.items():
+        z, types, frame = node_latents(model, data)
+        atom = density.atom_latent_knn_distance(z, types, z_train, t_train, k=KNN_K)  # (n_atoms,)
+        out["latent_distance"][part] = np.full(len(data), -np.inf)
+        np.maximum.at(out["latent_distance"][part], frame, atom)
+        out["descriptor_distance"][part] = density.descriptor_knn_distance(
+            descriptors(data), d_train, k=min(KNN_K, len(d_train)))  # fmt: skip
+    return out
 
 
 def row_metrics(ind: dict[str, Any], ood: dict[str, Any] | None, cost_ratio: float | None) -> dict[str, Any]:
@@ -287,12 +333,17 @@ def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -
     if not steps.get(f"modes:{name}"):
         steps.add(f"modes:{name}", {"offered": modes, "skipped": skipped, "n_test": len(test), "n_ood": len(ood or [])})
     refitted = (steps.get(f"refit:{name}") or {}).get("line", -1)
-    for row in [*modes, "committee5", "force_magnitude"]:
+    sets, distances = {p: d for p, d in (("in", test), ("ood", ood)) if d is not None}, None
+    for row in [*modes, "committee5", *BASELINES]:
         if (done := steps.get(f"eval:{name}:{row}")) and not (row in modes and done["line"] < refitted):
             continue
         model = committee if row == "committee5" else single
-        steps.add(f"eval:{name}:{row}", {part: frame_values(model, data, row, args)
-                                         for part, data in (("in", test), ("ood", ood)) if data is not None})  # fmt: skip
+        record = {part: frame_values(model, data, row, args) for part, data in sets.items()}
+        if row in ("latent_distance", "descriptor_distance"):
+            distances = distances or distance_scores(single, load_frames(split["train"], single, split, None), sets)
+            for part in sets:
+                record[part]["score"] = distances[row][part]
+        steps.add(f"eval:{name}:{row}", record)
         log.info("[eval] %s %s done", name, row)
     if not steps.get(f"cost:{name}"):
         gen = torch.Generator().manual_seed(args.seed)
@@ -366,7 +417,11 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
              f"per committee member (wall time, shared CPU); started {meta['started']}, updated {meta['updated']}; "
              f"status: {meta['status']}."), "",
              ("Frame score = max over atoms of the force std sqrt(sum_c Var F_ac) (energy mode: the epistemic energy "
-             "std; force_magnitude: max over atoms of |F_pred|); frame error = mean over atoms of |F_pred - F_true|. "
+             "std; force_magnitude: max over atoms of |F_pred|; latent_distance: max over atoms of the mean distance "
+             f"to the {KNN_K} nearest training atoms of the same element in the single model's per-atom latents, "
+             f"standardised per element; descriptor_distance: mean distance to the {KNN_K} nearest training frames in "
+             "an interatomic-distance histogram; training = every frame of data.train; the baselines are not timed "
+             "but |F_pred| = plain E+F); frame error = mean over atoms of |F_pred - F_true|. "
              "auroc_ood: in-domain (0) vs OOD (1) frames by the score; auroc_sigma_over_force: the same with score / "
              "max |F_pred|; partial_spearman_given_force: in-domain score vs error with the frame max |F_pred| "
              "partialled out (ranks); std_over_rmse: sqrt(mean epistemic Var F) / RMSE per component, in-domain; "

@@ -36,6 +36,7 @@ from mlip_unc.uncertainty.calibration import (
     spearman_corr,
 )
 from mlip_unc.uncertainty.density import (
+    atom_latent_knn_distance,
     descriptor_knn_distance,
     latent_knn_distance,
     structural_calibration,
@@ -98,6 +99,7 @@ __all__ = [
     "lpa_summary",
     # density
     "latent_knn_distance",
+    "atom_latent_knn_distance",
     "tanimoto_max_similarity",
     "structure_descriptor",
     "descriptor_knn_distance",

@@ -26,6 +26,7 @@ from mlip_unc.uncertainty.calibration import ArrayLike, NanPolicy, spearman_corr
 
 __all__ = [
     "latent_knn_distance",
+    "atom_latent_knn_distance",
     "tanimoto_max_similarity",
     "structure_descriptor",
     "descriptor_knn_distance",
@@ -78,6 +79,34 @@ def latent_knn_distance(
     if not out:
         return np.zeros(0)
     return torch.cat(out).cpu().double().numpy()
+
+
+def atom_latent_knn_distance(
+    z_query: Tensor | np.ndarray,
+    type_query: Tensor | np.ndarray,
+    z_train: Tensor | np.ndarray,
+    type_train: Tensor | np.ndarray,
+    k: int = 10,
+) -> np.ndarray:
+    """Per-atom latent kNN distance among atoms of the same element.
+
+    Each query atom's :func:`latent_knn_distance` (standardised by that element's training
+    atoms) to the training atoms of its own type; ``k`` is capped at that element's count. An
+    element absent from training gives ``inf`` (no support at all).
+
+    Shapes: z_query (n_q, d), type_query (n_q,), z_train (n_t, d), type_train (n_t,) -> (n_q,).
+    """
+    zq, zt = _as_matrix(z_query, "z_query"), _as_matrix(z_train, "z_train")
+    tq, tt = (np.asarray(t.detach().cpu() if isinstance(t, Tensor) else t).reshape(-1) for t in (type_query, type_train))
+    if tq.shape[0] != zq.shape[0] or tt.shape[0] != zt.shape[0]:
+        raise ValueError(f"one type per latent: {tq.shape[0]} types for {zq.shape[0]} query latents, "
+                         f"{tt.shape[0]} for {zt.shape[0]} training latents")  # fmt: skip
+    out = np.full(zq.shape[0], np.inf)
+    for element in np.unique(tq):
+        q, t = np.flatnonzero(tq == element), np.flatnonzero(tt == element)
+        if t.size:
+            out[q] = latent_knn_distance(zq[torch.as_tensor(q)], zt[torch.as_tensor(t)], k=min(k, t.size))
+    return out
 
 
 def tanimoto_max_similarity(

@@ -75,7 +75,7 @@ def test_quick_run_layout_and_resume(bench, tmp_path):
     assert meta["command"].startswith("python benchmarks/force_uncertainty.py --quick")
     entry = on_disk["cu_emt"]
     names = set(entry) - {"default"}
-    assert {"committee5", "force_magnitude", "exact"} <= names
+    assert {"committee5", "force_magnitude", "exact", "latent_distance", "descriptor_distance"} <= names
     assert entry["default"] in names
     for name in names:
         assert set(entry[name]) == ROW_KEYS, name
@@ -84,6 +84,12 @@ def test_quick_run_layout_and_resume(bench, tmp_path):
     assert entry["force_magnitude"]["auroc_sigma_over_force"] == pytest.approx(0.5)
     assert entry["committee5"]["std_over_rmse"] is not None and entry["committee5"]["cost_ratio"] > 1.0
     assert np.isfinite(entry["exact"]["auroc_ood"])
+    for row in ("latent_distance", "descriptor_distance"):  # distance to the training set: no sigma, not timed
+        assert entry[row]["std_over_rmse"] is None and entry[row]["cost_ratio"] is None
+        assert np.isfinite(entry[row]["auroc_ood"]) and entry[row]["force_mae_meV_A"] == entry["force_magnitude"]["force_mae_meV_A"]
+    records = [json.loads(line) for line in (tmp_path / "force_uncertainty.jsonl").read_text().splitlines()]
+    latent = next(r for r in records if r["step"] == "eval:cu_emt:latent_distance")
+    assert np.all(np.asarray(latent["ood"]["score"]) > 0) and len(latent["in"]["score"]) == 6
     md = (tmp_path / "force_uncertainty.md").read_text()
     assert meta["command"] in md and "frame error = mean over atoms" in md
     assert (tmp_path / "force_uncertainty.png").stat().st_size > 0

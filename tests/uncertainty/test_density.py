@@ -35,6 +35,20 @@ def test_latent_knn_chunking_and_standardisation() -> None:
         den.latent_knn_distance(z_query, z_train, k=41)
 
 
+def test_atom_latent_knn_distance_per_element() -> None:
+    rng = np.random.default_rng(2)
+    z_train = np.r_[rng.normal(size=(30, 3)), rng.normal(size=(4, 3)) + 50.0]  # element 0, then element 1
+    t_train = np.r_[np.zeros(30, int), np.ones(4, int)]
+    z_query, t_query = np.r_[z_train[3:4], z_train[31:32], rng.normal(size=(2, 3))], np.array([0, 1, 1, 2])
+    d = den.atom_latent_knn_distance(z_query, t_query, z_train, t_train, k=10)  # k capped at 4 for element 1
+    ref0 = den.latent_knn_distance(z_query[:1], z_train[:30], k=10)
+    ref1 = den.latent_knn_distance(z_query[1:3], z_train[30:], k=4)  # element 1 standardised on its own atoms
+    np.testing.assert_allclose(d[:3], np.r_[ref0, ref1])
+    assert d[3] == math.inf  # element 2 never seen in training
+    with pytest.raises(ValueError, match="one type per latent"):
+        den.atom_latent_knn_distance(z_query, t_query[:3], z_train, t_train)
+
+
 def test_tanimoto_max_similarity() -> None:
     train = ["CCO", "c1ccccc1", "CC(=O)O"]
     sim = den.tanimoto_max_similarity(["OCC", "CCCCCCCCCC", "not a smiles"], train)
