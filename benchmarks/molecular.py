@@ -653,7 +653,9 @@ def _setup_lines(s: dict[str, Any], records: list[dict[str, Any]], wall: float |
         "all Spearman columns unchanged. ρ(σ, 1−Tanimoto) and ρ(σ, latent kNN): structural calibration (docs/method.md "
         "§7): Spearman of the test σ with 1 − max Morgan-Tanimoto similarity to the training set and with the mean "
         f"distance to the k = {s['knn_k']} nearest training latents (ours only); positive = σ grows where data are "
-        "sparse. Cells: mean ± std (ddof 1) over the n recorded runs."
+        "sparse. Cells: mean ± std (ddof 1) over the n recorded runs. A blank cell in a 'recal.' row is the raw row's "
+        "value (the structural-calibration Spearmans and the train seconds do not change with the factor); σ factor is "
+        "blank in raw rows (no factor); ρ(σ, latent kNN) is n/a for chemprop (its latents are not read)."
     )
     full = (
         "Full-covariance last-layer posterior: `laplace` is one (MAP training, then the closed-form full-covariance "
