@@ -6,7 +6,8 @@ models of the same architecture (``model.head=map``, ``train.ensemble=5``), each
 member under the wall budget ``--budget-minutes``. Rows: each mode the single model offers
 (energy, exact, lowrank, sampled; one that raises is skipped: ``meta.skipped``), committee5,
 and the baselines that need no posterior: force_magnitude (|F_pred|), latent_distance and
-descriptor_distance (distance to the training set, :func:`distance_scores`). Splits: see :func:`dataset_split`; definitions: the results file.
+descriptor_distance (distance to the training set, :func:`distance_scores`). Splits: see
+:func:`dataset_split`; definitions: the results file.
 ``--quick``: EMT Cu made here, configs/tiny_emt.yaml, 10 s per model. Results
 ``OUT/force_uncertainty.{json,md,png}`` after every step; finished steps are appended to
 ``OUT/force_uncertainty.jsonl`` and skipped when the command is run again.
@@ -53,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DATASETS = ("3bpa", "ethanol", "solvent_xtb")
 MODES = ("energy", "exact", "lowrank", "sampled")
-BASELINES = ("force_magnitude", "latent_distance", "descriptor_distance")  # rows with no posterior, not timed but |F|
+DISTANCES = ("latent_distance", "descriptor_distance")  # baseline rows: force_magnitude's frames, another score
 KNN_K = 10  # nearest training atoms / frames of the distance baselines
 ROW_KEYS = ("auroc_ood", "spearman_frame_in_domain", "spearman_frame_pooled", "auroc_sigma_over_force",
             "partial_spearman_given_force", "std_over_rmse", "cost_ratio", "force_mae_meV_A")  # fmt: skip
@@ -238,14 +239,14 @@ def load_frames(path: Path | None, model: Any, split: dict[str, Any], limit: int
 
 def frame_values(model: Any, data: StructureDataset, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Per-frame score, error and max |F_pred|; std/RMSE (per component) and force MAE."""
-    unc = "none" if mode in BASELINES else {"committee5": "exact"}.get(mode, mode)
+    unc = {"force_magnitude": "none", "committee5": "exact"}.get(mode, mode)
     pred = predict(model, data, uncertainty=unc, n_samples=args.n_samples, batch_size=8, seed=args.seed)
     table = frame_table(pred)
-    score = {"energy": "energy_epistemic_std"}.get(mode, "forces_pred_max_norm" if unc == "none" else "forces_max_std")
+    score = {"force_magnitude": "forces_pred_max_norm", "energy": "energy_epistemic_std"}.get(mode, "forces_max_std")
     err, var = pred.forces_pred - pred.forces_true, pred.forces_epistemic_var  # (n_atoms, 3) each
     return {
         "score": table[score], "error": table["forces_mean_error"], "force": table["forces_pred_max_norm"],
-        "std_over_rmse": None if var is None or unc == "none" else diag.std_over_rmse(var, err),
+        "std_over_rmse": None if var is None or mode == "force_magnitude" else diag.std_over_rmse(var, err),
         "force_mae_meV_A": 1e3 * float(np.mean(np.abs(err))),
     }  # fmt: skip
 
@@ -278,7 +279,7 @@ def distance_scores(model: Any, train: StructureDataset, sets: dict[str, Structu
     interatomic-distance histogram (both: mlip_unc.uncertainty.density). ``{row: {part: (n,)}}``."""
     z_train, t_train, _ = node_latents(model, train)
     d_train = descriptors(train)
-    out: dict[str, Any] = {"latent_distance": {}, "descriptor_distance": {}}
+    out: dict[str, Any] = {row: {} for row in DISTANCES}
     for part, data in sets.items():
         z, types, frame = node_latents(model, data)
         atom = density.atom_latent_knn_distance(z, types, z_train, t_train, k=KNN_K)  # (n_atoms,)
@@ -334,15 +335,16 @@ def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -
         steps.add(f"modes:{name}", {"offered": modes, "skipped": skipped, "n_test": len(test), "n_ood": len(ood or [])})
     refitted = (steps.get(f"refit:{name}") or {}).get("line", -1)
     sets, distances = {p: d for p, d in (("in", test), ("ood", ood)) if d is not None}, None
-    for row in [*modes, "committee5", *BASELINES]:
+    for row in [*modes, "committee5", "force_magnitude", *DISTANCES]:
         if (done := steps.get(f"eval:{name}:{row}")) and not (row in modes and done["line"] < refitted):
             continue
-        model = committee if row == "committee5" else single
-        record = {part: frame_values(model, data, row, args) for part, data in sets.items()}
-        if row in ("latent_distance", "descriptor_distance"):
+        if row in DISTANCES:  # the single model's errors and |F_pred| (force_magnitude's record), another score
             distances = distances or distance_scores(single, load_frames(split["train"], single, split, None), sets)
-            for part in sets:
-                record[part]["score"] = distances[row][part]
+            plain = steps.get(f"eval:{name}:force_magnitude")
+            record = {part: {**plain[part], "score": distances[row][part]} for part in sets}
+        else:
+            model = committee if row == "committee5" else single
+            record = {part: frame_values(model, data, row, args) for part, data in sets.items()}
         steps.add(f"eval:{name}:{row}", record)
         log.info("[eval] %s %s done", name, row)
     if not steps.get(f"cost:{name}"):
