@@ -45,6 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--name", default="energy_weight_probe", help="Stem of the .md/.json written under --out.")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="Extra config override for every run (repeatable), e.g. loss.energy_count=atom.")
+    p.add_argument("--note", default="", help="A sentence printed under the command (what differs from earlier probes).")
     p.add_argument("--quick", action="store_true", help="Tiny EMT Cu data (tests/CI), 1 epoch, 2 weights.")
     return p.parse_args(argv)
 
@@ -108,7 +109,7 @@ def markdown(r: dict[str, Any]) -> str:
                f"{max(x['energy_mae_meV_atom'] for x in r['runs']):.2f} meV/atom.")  # fmt: skip
     return "\n".join([
         "# Energy weight of the learned-noise NLL vs force accuracy (issue 12 probe)", "",
-        f"Command: `{r['command']}`", "", *(["QUICK smoke run (EMT Cu, not ethanol).", ""] if r["quick"] else []),
+        f"Command: `{r['command']}`", "", *([r["note"], ""] if r.get("note") else []), *(["QUICK smoke run (EMT Cu, not ethanol).", ""] if r["quick"] else []),
         (f"Config `{r['config']}`{' with ' + ', '.join(r.get('overrides') or []) if r.get('overrides') else ''}, seed 0, {r['epochs']} epochs per run (the config's learning-rate schedule over those epochs), one torch "
          "thread, full posterior skipped (model.posterior=diagonal). One run per weight. Test metrics on "
          f"{r['runs'][0]['n_test_frames']} frames; sigma_e, sigma_f: the learned noises at the last epoch."), "",
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runs = [run_one(args, w, head) for head in heads for w in args.weights]
     config = str(args.config.relative_to(REPO)) if args.config.is_relative_to(REPO) else args.config.name
     result = {"command": command, "quick": args.quick, "config": config, "epochs": args.epochs,
-              "overrides": args.overrides, "runs": runs}
+              "overrides": args.overrides, "note": args.note, "runs": runs}
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / f"{args.name}.json", json.dumps(result, indent=1))
     atomic_write_text(args.out / f"{args.name}.md", markdown(result))

@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from ase import Atoms
 
 from mlip_unc.active.data import write_frames
@@ -142,30 +141,21 @@ def refit_energy_offsets(checkpoint: str | Path, structures: Sequence[Atoms]) ->
     every uncertainty are unchanged (the offsets are deterministic constants per element).
     A post-training correction for runs whose energy weight is small; returns the shifts (eV).
     """
-    import torch
-    from torch_geometric.data import Batch
-
-    from mlip_unc import keys
     from mlip_unc.data.graphs import atoms_to_graph
     from mlip_unc.data.typemap import TypeMap
     from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
     from mlip_unc.models.potential import BayesianPotential
+    from mlip_unc.train.offsets import refit_energy_offsets as refit
 
     payload = load_checkpoint(checkpoint, kind="potential")
     model = BayesianPotential.from_checkpoint(payload).eval()
     type_map = TypeMap.from_list(model.type_map)
-    graphs = [atoms_to_graph(a, model.r_max, type_map, dtype=model.dtype) for a in structures]
-    with torch.no_grad():
-        pred = np.concatenate([
-            model(Batch.from_data_list(graphs[k : k + 32]), compute_forces=False)[keys.ENERGY].double().numpy()
-            for k in range(0, len(graphs), 32)
-        ])  # fmt: skip  # (n,)
-    residual = np.asarray([a.get_potential_energy() for a in structures]) - pred  # (n,)
-    counts = np.stack([np.bincount([model.type_map.index(int(z)) for z in a.numbers],
-                                   minlength=len(model.type_map)) for a in structures]).astype(float)  # fmt: skip
-    delta = np.linalg.lstsq(counts, residual, rcond=None)[0]  # (n_types,)
+    graphs = [atoms_to_graph(a, model.r_max, type_map, energy_key="energy", dtype=model.dtype) for a in structures]
+    delta = refit(model, graphs, batch_size=32)
+    if delta is None:
+        raise ValueError("refit_energy_offsets: none of the structures has an energy")
     state = payload["model_state"]
-    state["atomic_energies"] = state["atomic_energies"] + torch.as_tensor(delta, dtype=state["atomic_energies"].dtype)
+    state["atomic_energies"] = model.atomic_energies.detach().cpu().to(state["atomic_energies"].dtype)
     payload["config"]["atomic_energies"] = state["atomic_energies"].tolist()
     shifts = {int(z): float(d) for z, d in zip(model.type_map, delta)}
     refit = {str(z): d for z, d in shifts.items()}

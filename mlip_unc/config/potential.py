@@ -88,6 +88,9 @@ class PotentialModelConfig(Section):
         prior_std: sigma_p of the Gaussian weight prior; init_std: initial posterior std.
         head: ``bayesian`` or ``map``.
         reference_energies: source of the per-element offsets.
+        refit_offsets: after training, shift the offsets by the least-squares fit of the
+            training energy residuals on element counts (forces unchanged; the direction the
+            force loss leaves free, :mod:`mlip_unc.train.offsets`).
         standardise: shift/scale the head by the mean/std of the per-atom energy residuals
             (E - sum E0) / n of the training set.
         posterior: the head's posterior used for uncertainties after training (``full``: the
@@ -106,6 +109,7 @@ class PotentialModelConfig(Section):
     init_std: float = Field(0.1, gt=0)
     head: HeadKind = HeadKind.BAYESIAN
     reference_energies: ReferenceEnergies = ReferenceEnergies.AUTO
+    refit_offsets: bool = True
     standardise: bool = True
     posterior: PosteriorKind = PosteriorKind.FULL
     posterior_rank: int = Field(4, gt=0)

@@ -30,7 +30,8 @@ class TrainCoreConfig(Section):
         grad_clip: max gradient norm (null = none).
         amsgrad: Adam's AMSGrad variant (mace-torch's default; off here).
         ema_decay: exponential moving average of the weights (null = off), used for
-            validation and the saved model.
+            validation and the saved model; ema_warmup: its decay starts low and rises to
+            ``ema_decay`` as mace-torch's does (``mlip_unc.train.optim.ema_decay_at``).
         patience: early stopping after this many epochs without a better validation metric
             (null or 0 = never).
         eval_every: validate every k epochs (and after the last).
@@ -53,6 +54,7 @@ class TrainCoreConfig(Section):
     grad_clip: float | None = Field(10.0, gt=0)
     amsgrad: bool = False
     ema_decay: float | None = Field(None, gt=0, lt=1)
+    ema_warmup: bool = True
     patience: int | None = Field(None, ge=0)
     eval_every: int = Field(1, gt=0)
     progress: bool | None = None

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel
 from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
@@ -49,7 +49,7 @@ from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_ch
 from mlip_unc.train import distributed as dist
 from mlip_unc.train.device import resolve_device, to_device
 from mlip_unc.train.io import write_json
-from mlip_unc.train.optim import make_optimizer
+from mlip_unc.train.optim import make_ema_avg_fn, make_optimizer
 from mlip_unc.train.task import FitResult, Step, Task
 
 __all__ = ["Task", "Step", "FitResult", "Trainer", "LAST_FILE", "HISTORY_FILE"]
@@ -107,7 +107,7 @@ class Trainer:
         self.ema = None
         if options.ema_decay:
             self.ema = AveragedModel(self.model, device=self.device,
-                                     multi_avg_fn=get_ema_multi_avg_fn(options.ema_decay))  # fmt: skip
+                                     multi_avg_fn=make_ema_avg_fn(options.ema_decay, warmup=options.ema_warmup))  # fmt: skip
         self.loader_rng = torch.Generator().manual_seed(seed)  # on the CPU, where the sampler draws
         self.sample_rng = torch.Generator(self.device).manual_seed(seed + 1)
         self.torch_rng: Tensor | None = None

@@ -54,6 +54,7 @@ from mlip_unc.train.losses import (
     likelihood_terms,
     potential_loss,
 )
+from mlip_unc.train.offsets import refit_energy_offsets
 from mlip_unc.train.posterior import fit_full_posterior, random_subset
 from mlip_unc.train.potential_data import PreparedData, data_fingerprint, prepare_data
 from mlip_unc.train.regularizers import LambdaSchedule, regularizer_term
@@ -274,7 +275,8 @@ class TrainResult:
 
 
 def finalize_checkpoint(model_path: Path, config: PotentialConfig, data: PreparedData) -> BayesianPotential:
-    """Post-training steps on the model in ``model_path``, written back into it: the full
+    """Post-training steps on the model in ``model_path``, written back into it: the energy
+    offsets refitted (``model.refit_offsets``, :mod:`mlip_unc.train.offsets`), the full
     posterior (``model.posterior: full``, Bayesian heads), the domain guard, the uncertainty
     levels for relative flagging thresholds (validation set, else training set). Run again
     after anything that changes the model's predictions (e.g. refitted energy offsets).
@@ -284,6 +286,11 @@ def finalize_checkpoint(model_path: Path, config: PotentialConfig, data: Prepare
     batch_size = config.train.valid_batch_size
     bayesian = config.model.head is HeadKind.BAYESIAN
     metadata = dict(payload.get("metadata") or {})
+    if config.model.refit_offsets:  # before the posterior: its energy calibration reads the energy errors
+        delta = refit_energy_offsets(best, data.train.graphs, batch_size=batch_size)
+        if delta is not None:
+            metadata["energy_offset_refit"] = {str(z): float(d) for z, d in zip(best.type_map, delta)}
+            log.info("energy offsets refit (eV): %s", {z: round(float(d), 6) for z, d in zip(best.type_map, delta)})
     if bayesian and config.model.posterior is PosteriorKind.FULL:
         best.posterior_rank = config.model.posterior_rank
         fit_on = random_subset(data.train.graphs, config.model.posterior_max_frames, config.seed)

@@ -91,6 +91,13 @@ def test_acceptance_lines_from_results(bench):
     assert "- Si native: E MAE 4 meV/atom <= 10: met" in lines
     assert "- Si mace_torch: E MAE 12.5 meV/atom <= 10: missed (12.5 > 10)" in lines
     assert bench.acceptance({})[0].endswith("n/a (runs missing)")
+    # Each of our runs beside the mace_torch run of its seed (the same invocation).
+    runs = lambda *fs: [{"seed": k, "force_mae_meV_A": f} for k, f in enumerate(fs)]
+    results["3BPA"]["native"]["runs"] = runs(45.0, 35.0)
+    results["3BPA"]["mace_torch"]["runs"] = runs(30.0, 36.0)
+    lines = bench.acceptance(results)
+    assert "  - same run (seed 0): native 45.0 vs mace_torch 30.0 meV/A (1.50x): missed" in lines
+    assert "  - same run (seed 1): native 35.0 vs mace_torch 36.0 meV/A (0.97x): met" in lines
 
 
 def test_mace_side_metrics_and_labels(bench, tmp_path):

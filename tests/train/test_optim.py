@@ -26,3 +26,28 @@ def test_weight_decay_skips_bayesian_layers_and_amsgrad_is_passed():
 def test_amsgrad_config_field_defaults_off():
     assert PropertyConfig().train.amsgrad is False
     assert PropertyConfig.from_dict({"train": {"amsgrad": True}}).train.amsgrad is True
+
+
+def test_ema_warmup_follows_mace_schedule_and_matches_manual_average():
+    from torch.optim.swa_utils import AveragedModel
+
+    from mlip_unc.train.optim import ema_decay_at, make_ema_avg_fn
+
+    assert ema_decay_at(0.99, 1) == 2 / 11 and ema_decay_at(0.99, 10_000) == 0.99
+    assert ema_decay_at(0.99, 1, warmup=False) == 0.99
+    torch.manual_seed(0)
+    for warmup in (True, False):
+        model = nn.Linear(3, 2)
+        ema = AveragedModel(model, multi_avg_fn=make_ema_avg_fn(0.99, warmup=warmup))
+        expected = [p.detach().clone() for p in model.parameters()]
+        ema.update_parameters(model)  # the first call copies the weights
+        for n in range(1, 6):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p))
+            ema.update_parameters(model)
+            d = (1 + n) / (10 + n) if warmup else 0.99
+            expected = [d * e + (1 - d) * p.detach() for e, p in zip(expected, model.parameters())]
+        for e, q in zip(expected, ema.module.parameters()):
+            torch.testing.assert_close(q, e)
+    assert PropertyConfig().train.ema_warmup is True
