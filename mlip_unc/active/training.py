@@ -72,7 +72,9 @@ def train_model(
     checkpoint has uncertainty levels afterwards (:func:`ensure_uncertainty_levels`), so
     relative thresholds work with it.
 
-    ``refit_offsets``: afterwards, :func:`refit_energy_offsets` on the training structures.
+    ``refit_offsets``: the trainer refits the per-element energy offsets on the training
+    structures (``model.refit_offsets``, the default of a potential config) whatever
+    ``training`` says.
 
     ``resume``: continue an interrupted training in ``out_dir`` (its ``last.pt``).
 
@@ -89,24 +91,14 @@ def train_model(
                               seed=seed)  # fmt: skip
     # the run's own state guards the folder: a round's training resumes, or starts over
     config = config.updated(train=config.train.updated(resume=resume, overwrite=not resume))
+    if refit_offsets:  # done by the trainer's finalisation, before the posterior fit that reads the energy errors
+        config = config.updated(model=config.model.updated(refit_offsets=True))
     log.info("training on %d + %d validation structures%s -> %s", len(train), len(valid),
              f" (fine-tuning {init_from})" if init_from is not None else "", out_dir)  # fmt: skip
     result = train_potential(config)
-    if refit_offsets:
-        refit_energy_offsets(result.model_path, train)
-        refit_posterior(result.model_path, config)
     ensure_uncertainty_levels(result.model_path, list(valid) or list(train),
                               batch_size=config.train.valid_batch_size)  # fmt: skip
     return result.model_path
-
-
-def refit_posterior(checkpoint: str | Path, config: Any) -> None:
-    """Refit the full posterior, domain guard and uncertainty levels of ``checkpoint`` after its
-    energy offsets changed (the energy calibration depends on the energy errors)."""
-    from mlip_unc.train.potential import finalize_checkpoint
-    from mlip_unc.train.potential_data import prepare_data
-
-    finalize_checkpoint(Path(checkpoint), config, prepare_data(config))
 
 
 def ensure_uncertainty_levels(checkpoint: str | Path, structures: Sequence[Atoms], *,

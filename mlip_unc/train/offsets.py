@@ -20,9 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from torch_geometric.data import Batch
+
+from mlip_unc import keys
 from mlip_unc.models.derivatives import atom_types
 from mlip_unc.models.potential import BayesianPotential
-from mlip_unc.train.predictions import predict
+from mlip_unc.train.device import to_device
 
 __all__ = ["element_counts", "refit_energy_offsets"]
 
@@ -42,12 +45,20 @@ def refit_energy_offsets(model: BayesianPotential, graphs: Sequence[Any], *, bat
 
     Returns the shifts ``(n_types,)`` in eV, or None when no graph has an energy.
     """
-    pred = predict(model, list(graphs), batch_size=batch_size)  # posterior-mean energies
-    mask = pred.has_energy.astype(bool)
+    device = model.atomic_energies.device
+    pred, true, has = [], [], []
+    with torch.no_grad():  # energies only: no force pass
+        for k in range(0, len(graphs), batch_size):
+            chunk = [graphs[i] for i in range(k, min(k + batch_size, len(graphs)))]  # lists and on-disk sets alike
+            batch = to_device(Batch.from_data_list(chunk), device)
+            pred.append(model(batch, compute_forces=False)[keys.ENERGY].double().cpu())  # posterior mean
+            true.append(batch[keys.ENERGY].double().cpu())
+            has.append(batch[keys.HAS_ENERGY].reshape(-1).bool().cpu())
+    mask = torch.cat(has).numpy()
     if not mask.any():
         return None
     counts = element_counts(model, graphs)[mask]  # (n, n_types)
-    residual = (pred.energy_true - pred.energy_pred)[mask]  # (n,) eV
+    residual = (torch.cat(true) - torch.cat(pred)).numpy()[mask]  # (n,) eV
     delta = np.linalg.lstsq(counts, residual, rcond=None)[0]  # (n_types,)
     with torch.no_grad():
         model.atomic_energies += torch.as_tensor(delta, dtype=model.atomic_energies.dtype,
