@@ -93,6 +93,9 @@ class PotentialModelConfig(Section):
             force loss leaves free, :mod:`mlip_unc.train.offsets`).
         standardise: shift/scale the head by the mean/std of the per-atom energy residuals
             (E - sum E0) / n of the training set.
+        learn_noise: train the energy and force noise stds with the NLL (default); false keeps
+            them at their initial values (the per-atom energy residual std and the force RMS with
+            ``standardise``), so the loss is a fixed-weight squared error, as mace-torch's.
         posterior: the head's posterior used for uncertainties after training (``full``: the
             last-layer prediction-rigidity covariance, fitted and calibrated at the end of
             training; ``diagonal``: the variational one).
@@ -111,6 +114,7 @@ class PotentialModelConfig(Section):
     reference_energies: ReferenceEnergies = ReferenceEnergies.AUTO
     refit_offsets: bool = True
     standardise: bool = True
+    learn_noise: bool = True
     posterior: PosteriorKind = PosteriorKind.FULL
     posterior_rank: int = Field(4, gt=0)
     posterior_max_frames: int | None = Field(None, gt=0)

@@ -6,7 +6,8 @@ features, interaction and product blocks; Batatia et al. 2022) on this project's
 - :class:`MACEBackbone` (``backbone: mace``): a new MACE, trained by this project's trainer and
   losses. Its readouts are dropped; the ``0e`` scalars of every layer's node features,
   concatenated (``channels * num_layers`` wide), go through this project's readout
-  (:meth:`PerAtomBackbone._build_readout`) to the ``latent_dim`` latents of the Bayesian head.
+  (:meth:`PerAtomBackbone._build_readout`) to the ``latent_dim`` latents of the Bayesian head,
+  or (``readout="mace"``) through mace-torch's readout structure up to its final linear maps.
 - :class:`MACEModelFeatures` (``backbone: mace_model``): a MACE model trained with mace-torch,
   frozen (``mlip-unc attach``). Its latents are the model's last-layer features, the inputs of
   the final linear map of each readout: the ``0e`` scalars of a layer with a linear readout and
@@ -118,7 +119,18 @@ class MACEBackbone(PerAtomBackbone):
         avg_num_neighbors: message normalisation (the training set's mean degree).
         interaction, interaction_first: keys of ``mace.modules.interaction_classes``, the
             blocks of the later layers and of the first (``mace_run_train``'s MACE defaults).
-        readout_hidden: widths of a per-atom SiLU MLP before the linear map to ``latent_dim``.
+        readout_hidden: ``readout="mlp"``: widths of a per-atom SiLU MLP before the linear map
+            to ``latent_dim``; ``readout="mace"``: one width, that of the last layer's MLP.
+        readout: ``"mlp"``: the ``0e`` scalars of all layers, concatenated, through that MLP
+            and a linear map; ``"mace"``: mace-torch's readout structure with the head's linear
+            map as the final one: latents = the ``0e`` scalars of every layer but the last,
+            then ``SiLU(Linear(last layer's scalars))`` (``readout_hidden[0]`` wide, e3nn's
+            normalised ``o3.Linear`` as mace-torch's NonLinearReadoutBlock); ``latent_dim`` must
+            equal that width.
+        latent_norm: (``readout="mace"``) divide the latents by ``sqrt(latent_dim)``, the
+            normalisation e3nn's ``o3.Linear`` applies inside mace-torch's final readout map, so
+            the head's weights are of order one and an optimiser step moves the energy as much
+            as it moves mace-torch's.
         check_latent_span: ValueError when ``latent_dim`` exceeds the width the final linear
             map reads.
 
@@ -148,6 +160,8 @@ class MACEBackbone(PerAtomBackbone):
         interaction: str = "RealAgnosticResidualInteractionBlock",
         interaction_first: str = "RealAgnosticInteractionBlock",
         readout_hidden: Sequence[int] = (),
+        readout: str = "mlp",
+        latent_norm: bool = False,
         check_latent_span: bool = True,
     ) -> None:
         super().__init__()
@@ -166,7 +180,8 @@ class MACEBackbone(PerAtomBackbone):
             "correlation": int(correlation), "num_basis": int(num_basis), "cutoff_p": int(cutoff_p),
             "radial_mlp": [int(w) for w in radial_mlp], "avg_num_neighbors": float(avg_num_neighbors),
             "interaction": str(interaction), "interaction_first": str(interaction_first),
-            "readout_hidden": [int(w) for w in readout_hidden], "check_latent_span": bool(check_latent_span),
+            "readout_hidden": [int(w) for w in readout_hidden], "readout": str(readout),
+            "latent_norm": bool(latent_norm), "check_latent_span": bool(check_latent_span),
         }  # fmt: skip
         self.latent_dim = int(latent_dim)
         self.r_max = float(r_max)
@@ -184,11 +199,26 @@ class MACEBackbone(PerAtomBackbone):
         # distance transforms read them, and neither is used here. The readouts are this project's: MACE's are dropped.
         self.mace.readouts = nn.ModuleList()
         self._scalar_slices = [scalar_slices(product.linear.irreps_out)[0] for product in self.mace.products]
-        in_width = sum(stop - start for start, stop in self._scalar_slices)
-        self.readout = self._build_readout(
-            in_width, self.latent_dim, readout_hidden, check_latent_span=check_latent_span,
-            width_name=f"channels = {channels} x num_layers = {num_layers}",
-        )  # fmt: skip
+        widths = [stop - start for start, stop in self._scalar_slices]
+        self.readout_kind = str(readout)
+        if latent_norm and self.readout_kind != "mace":
+            raise ValueError("latent_norm applies to readout='mace' only")
+        self.latent_scale = 1.0 / float(np.sqrt(self.latent_dim)) if latent_norm else 1.0
+        if self.readout_kind == "mace":
+            if len(readout_hidden) != 1 or int(readout_hidden[0]) <= 0:
+                raise ValueError(f"readout='mace' takes one MLP width in readout_hidden, got {list(readout_hidden)}")
+            mlp = int(readout_hidden[0])
+            if self.latent_dim != sum(widths[:-1]) + mlp:
+                raise ValueError(f"readout='mace': latent_dim must be {sum(widths[:-1]) + mlp} (channels x "
+                                 f"(num_layers - 1) + readout_hidden[0]), got {self.latent_dim}")  # fmt: skip
+            self.readout = o3.Linear(o3.Irreps(f"{widths[-1]}x0e"), o3.Irreps(f"{mlp}x0e"))
+        elif self.readout_kind == "mlp":
+            self.readout = self._build_readout(
+                sum(widths), self.latent_dim, readout_hidden, check_latent_span=check_latent_span,
+                width_name=f"channels = {channels} x num_layers = {num_layers}",
+            )  # fmt: skip
+        else:
+            raise ValueError(f"readout must be 'mlp' or 'mace', got {readout!r}")
 
     def reset_parameters(self) -> None:
         """Fresh weights with MACE's own initialisation (a new instance of the same config)."""
@@ -198,6 +228,9 @@ class MACEBackbone(PerAtomBackbone):
         node_attrs, vectors, lengths, edge_index = mace_inputs(batch, self.num_types)
         features = mace_layer_features(self.mace, node_attrs, vectors, lengths, edge_index)
         scalars = [h[:, a:b] for h, (a, b) in zip(features, self._scalar_slices)]  # (n_atoms, channels) each
+        if self.readout_kind == "mace":  # earlier layers' scalars, then SiLU(Linear(last layer's))
+            z = torch.cat([*scalars[:-1], nn.functional.silu(self.readout(scalars[-1]))], dim=-1)
+            return z * self.latent_scale if self.latent_scale != 1.0 else z  # (n_atoms, latent_dim)
         return self.readout(torch.cat(scalars, dim=-1))  # (n_atoms, latent_dim)
 
 

@@ -101,7 +101,7 @@ def build_model(config: PotentialConfig, data: PreparedData, *, seed: int | None
             raise ConfigError(f"model.backbone_kwargs: {err}") from None
         model = BayesianPotential(
             backbone, data.type_map.to_list(), config.data.r_max, offsets,
-            prior_std=model_cfg.prior_std, init_std=init_std, **noise,
+            prior_std=model_cfg.prior_std, init_std=init_std, learn_noise=model_cfg.learn_noise, **noise,
             gradient_method="loop" if model_cfg.backbone is Backbone.MACE else "auto",  # vmap through MACE ~3x slower
         )  # fmt: skip
     if model_cfg.head is HeadKind.MAP:

@@ -151,9 +151,54 @@ def test_shipped_config_builds_a_spanning_backbone():
     cfg = load_potential_config(ROOT / "configs" / "ethanol_mace.yaml", ["data_root=/nowhere"]).model
     backbone = build_backbone(cfg.backbone.value, num_types=3, r_max=5.0, latent_dim=cfg.latent_dim,
                               **cfg.backbone_kwargs)  # fmt: skip
-    assert backbone.latent_dim == cfg.latent_dim == 64
+    assert backbone.latent_dim == cfg.latent_dim == 48 and backbone.readout_kind == "mace"
     with pytest.raises(ValueError, match="latent_dim"):
         build_backbone("mace", num_types=3, latent_dim=9, channels=2, num_layers=2)  # 2 x 2 scalars < 9
+
+
+def test_mace_readout_keeps_layer_scalars_and_is_symmetric_with_exact_forces(tmp_path):
+    """readout='mace': latents = layer-1 scalars, then SiLU(Linear(layer-2 scalars)); the potential
+    stays invariant, its forces are the energy's derivatives, and the checkpoint rebuilds it."""
+    kwargs = {**KWARGS, "readout": "mace", "readout_hidden": [3], "latent_dim": 4 + 3}
+    with pytest.raises(ValueError, match="latent_dim must be 7"):
+        build_backbone("mace", num_types=3, r_max=R_MAX, **{**kwargs, "latent_dim": 6})
+    with pytest.raises(ValueError, match="one MLP width"):
+        build_backbone("mace", num_types=3, r_max=R_MAX, **{**kwargs, "readout_hidden": [3, 3]})
+    torch.manual_seed(0)
+    backbone = build_backbone("mace", num_types=3, r_max=R_MAX, **kwargs)
+    offsets = torch.tensor([-13.6, -1029.5, -2041.8], dtype=torch.float64)
+    model = BayesianPotential(backbone, TYPES.to_list(), R_MAX, offsets, init_std=0.3).to(torch.float64).eval()
+    atoms = _molecule(5)
+    batch = _batch(atoms)
+    z = model.backbone(batch)
+    from mlip_unc.nn.mace_backbone import mace_inputs, mace_layer_features
+
+    layers = mace_layer_features(model.backbone.mace, *mace_inputs(batch, 3))
+    torch.testing.assert_close(z[:, :4], layers[0][:, :4], rtol=0, atol=0)  # layer-1 0e block, as is
+    assert z.shape == (len(atoms), 7) and (z[:, 4:] > -0.28).all()  # SiLU >= -0.2785
+    ref = model(batch)
+    rot = Rotation.from_euler("xyz", [0.9, 0.2, -1.4]).as_matrix()
+    moved = atoms.copy()
+    moved.positions = atoms.positions @ rot.T + np.array([1.0, 0.5, -0.3])
+    out = model(_batch(moved))
+    torch.testing.assert_close(out[keys.ENERGY], ref[keys.ENERGY], rtol=0, atol=1e-9)
+    torch.testing.assert_close(out[keys.FORCES].detach(), torch.as_tensor(ref[keys.FORCES].detach().numpy() @ rot.T),
+                               rtol=0, atol=1e-9)  # fmt: skip
+    h, a, c = 1e-5, 2, 1
+    plus, minus = atoms.copy(), atoms.copy()
+    plus.positions[a, c] += h
+    minus.positions[a, c] -= h
+    energy = [float(model(_batch(x), compute_forces=False)[keys.ENERGY]) for x in (plus, minus)]
+    fd = -(energy[0] - energy[1]) / (2 * h)
+    assert abs(fd - float(ref[keys.FORCES][a, c])) < 1e-6
+    model.save(tmp_path / "m.pt")
+    again = BayesianPotential.from_checkpoint(tmp_path / "m.pt").eval()
+    torch.testing.assert_close(again(batch)[keys.FORCES], ref[keys.FORCES], rtol=0, atol=0)
+    normed = build_backbone("mace", num_types=3, r_max=R_MAX, **kwargs, latent_norm=True).to(torch.float64)
+    normed.load_state_dict(model.backbone.state_dict())  # the same weights, latents / sqrt(7)
+    torch.testing.assert_close(normed(batch), z / 7**0.5, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="latent_norm"):
+        build_backbone("mace", num_types=3, r_max=R_MAX, **KWARGS, latent_norm=True)  # readout mlp
 
 
 def test_twenty_training_steps_with_this_projects_trainer(tmp_path):

@@ -81,6 +81,19 @@ def test_training_lowers_loss_and_writes_loadable_checkpoint(data_dir, tmp_path)
     assert levels["max_force_std"] > 0 and levels["energy_std_per_atom"] > 0 and levels["n_structures"] == 2
 
 
+def test_fixed_noise_stays_at_its_initial_value(data_dir, tmp_path):
+    """model.learn_noise=false: the noise stds are not trained (a fixed-weight loss)."""
+    raw = _config(data_dir, tmp_path / "fixed", epochs=2).to_dict()
+    cfg = config_from_dict({**raw, "model": {**raw["model"], "learn_noise": False}})
+    data = prepare_data(cfg)
+    result = train_potential(cfg, data=data)
+    model = BayesianPotential.from_checkpoint(result.model_path)
+    assert float(model.energy_noise) == pytest.approx(max(data.energy_std, 1e-3), rel=1e-6)
+    assert float(model.force_noise) == pytest.approx(max(data.force_rms, 1e-3), rel=1e-6)
+    learned = BayesianPotential.from_checkpoint(train_potential(_config(data_dir, tmp_path / "learned", epochs=2)).model_path)
+    assert float(learned.force_noise) != pytest.approx(max(data.force_rms, 1e-3), rel=1e-3)
+
+
 def test_kl_divided_by_number_of_training_structures(data_dir, tmp_path, monkeypatch):
     seen = []
     original = potential_trainer.potential_loss
