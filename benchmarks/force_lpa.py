@@ -83,13 +83,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def jacobians(model: BayesianPotential, dataset: Any, batch_size: int) -> list[dict[str, Any]]:
-    """Per frame, in the layout of ``posterior_variants.collect`` + ``to_shared`` (float64): ``jac
-    (d, n_atoms, 3)``, ``phi (d,)``, ``error``/``forces (n_atoms, 3)``, ``n_atoms``. From
+    """Per frame, in the layout of ``posterior_variants.collect`` + ``to_shared`` (float64; in the
+    basis of the model's posterior, ``D = d`` shared, ``n_elements * d`` per element): ``jac
+    (D, n_atoms, 3)``, ``phi (D,)``, ``error``/``forces (n_atoms, 3)``, ``n_atoms``. From
     ``latent_jacobian``, the function of the model's own posterior fit (d + 1 products per batch;
     ``collect``'s per-element basis costs n_elements * d), in its batches and order."""
     frames = []
     for batch in DataLoader(list(getattr(dataset, "graphs", dataset)), batch_size=batch_size, shuffle=False):
-        state, out, jac = latent_jacobian(model, batch)
+        state, out, jac = latent_jacobian(model, batch, model.full_posterior().n_blocks)  # the posterior's basis
         for g in range(state.n_graphs):
             sel = state.graph == g
             frames.append({"jac": jac[:, sel].double(), "phi": state.phi[g].detach().double(),
@@ -272,7 +273,7 @@ def analyse(model: BayesianPotential, meta: dict[str, Any], sets: dict[str, list
             seed: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:  # fmt: skip
     """The result's numbers, and the kappa of every (nonzero) force row per set for the plot."""
     post, fit = model.full_posterior(), meta["posterior_fit"]
-    factor = post.factor.detach().double()  # (d, d), Sigma = L^T L before calibration
+    factor = post.factor.detach().double()  # (D, D), Sigma = L^T L before calibration (D: the posterior's basis)
     alpha_f, alpha_e = float(post.alpha2_forces), float(post.alpha2_energy)
     out: dict[str, Any] = {"posterior": {
         "source": "model's full posterior (stored factor L, Sigma = L^T L), times the stored calibration",

@@ -72,13 +72,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 ("--max-eval-frames", None, "cap each test set (checks only)")):  # fmt: skip
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override, both models")
-    p.add_argument("--refit", action="store_true", help="refit the single model's post-training fits (posterior, "
-                   "domain guard, levels) with this code and evaluate its modes again; training steps are kept")
+    p.add_argument("--refit", nargs="?", const="all", default=None, metavar="DATASETS",
+                   help="refit the single model's post-training fits (posterior, domain guard, levels) with this code "
+                   "and evaluate its modes again; training steps are kept; optionally only these (comma-separated) "
+                   "of --datasets")  # fmt: skip
     args = parse_with_quick(p, argv, "tiny EMT Cu data made here; needs --out")
     args.datasets = ["cu_emt"] if args.quick else [d.strip().lower() for d in args.datasets.split(",") if d]
     if bad := [d for d in args.datasets if d not in (*DATASETS, "cu_emt")]:
         p.error(f"unknown dataset(s) {bad}; choose from {DATASETS}")
     args.budget_minutes = args.budget_minutes or (10.0 / 60.0 if args.quick else 10.0)
+    args.refit = (set(args.datasets) if args.refit == "all" else
+                  {d.strip().lower() for d in args.refit.split(",") if d.strip()} if args.refit else set())  # fmt: skip
+    if bad := args.refit - set(args.datasets):
+        p.error(f"--refit {sorted(bad)}: not among --datasets {args.datasets}")
     return args
 
 
@@ -219,11 +225,15 @@ def train_config(split: dict[str, Any], args: argparse.Namespace, out: Path, ens
 
 def refit(name: str, split: dict[str, Any], args: argparse.Namespace, steps: Steps, out: Path) -> None:
     """``--refit``: the single model's post-training fits made again by this code (the weights are
-    kept; the model section must equal the checkpoint's); its mode rows are then evaluated again."""
+    kept; the model section must equal the checkpoint's but for the posterior's rank and basis);
+    its mode rows are then evaluated again."""
     config = train_config(split, args, out, 1)
     saved = load_checkpoint(out / "model.pt", kind="potential")["metadata"]["training_config"]["model"]
-    now = {k: v for k, v in config.to_dict()["model"].items() if k in saved or v is not None}  # keys added since: unset
-    if now != saved:
+    post_training = ("posterior_rank", "posterior_basis")  # read by the fits this refit makes again
+    default = type(config.model)().model_dump(mode="json")  # keys added since training count at their defaults
+    now = {k: v for k, v in config.to_dict()["model"].items()
+           if k not in post_training and (k in saved or v != default.get(k))}  # fmt: skip
+    if now != {k: v for k, v in saved.items() if k not in post_training}:
         raise SystemExit(f"{name}: the model section changed since training ({saved} -> {now}); not refitted")
     finalize_checkpoint(out / "model.pt", config, prepare_data(config))
     steps.add(f"refit:{name}", {"model": str(out / "model.pt")})
@@ -324,7 +334,7 @@ def time_calls(calls: dict[str, Any], graphs: list, repeats: int = 3) -> dict[st
 def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -> None:
     split = dataset_split(name, args, work)
     single_dir = train(name, split, args, steps, 1)
-    if args.refit:
+    if name in args.refit:
         refit(name, split, args, steps, single_dir)
     single = load_potential(single_dir / "model.pt")
     committee = load_potential(train(name, split, args, steps, 5))
@@ -347,7 +357,7 @@ def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -
             record = {part: frame_values(model, data, row, args) for part, data in sets.items()}
         steps.add(f"eval:{name}:{row}", record)
         log.info("[eval] %s %s done", name, row)
-    if not steps.get(f"cost:{name}"):
+    if (timed := steps.get(f"cost:{name}")) is None or timed["line"] < refitted:  # a refit may change the modes' cost
         gen = torch.Generator().manual_seed(args.seed)
         calls = {m: (lambda g, m=m: single(g, compute_forces=True, uncertainty=m, n_samples=args.n_samples,
                                             generator=gen)) for m in ("none", *modes)}  # fmt: skip
@@ -381,7 +391,16 @@ def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, A
         meta["cost_ms"][name] = cost or None
         if refitted := steps.get(f"refit:{name}"):
             meta["refitted"][name] = refitted["time"]
+        single = args.out / "checkpoints" / "force_uncertainty" / f"{name}_single" / "model.pt"
+        if single.is_file():  # the single model's posterior as evaluated: full or not, rank, basis
+            meta.setdefault("posterior", {})[name] = load_checkpoint(single, kind="potential")["config"].get("posterior")
     return results
+
+
+def _posterior_text(post: dict[str, Any]) -> str:
+    if not post.get("full"):
+        return "diagonal (variational)"
+    return f"full, basis {post.get('basis', 'shared')}, lowrank rank {post.get('rank')}"
 
 
 def _f(value: Any) -> str:
@@ -437,9 +456,12 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                   for row, r in entry.items() if row != "default"]  # fmt: skip
         lines += ["", (f"Plain E+F: {_f(cost.get('plain'))} ms per frame (this set's in-domain frames); skipped "
                   f"modes: {meta['skipped'].get(name) or 'none'}; training minutes: {meta['train_minutes'].get(name)}."),
+                  *([f"Single model's posterior: {_posterior_text(post)}."]
+                    if (post := meta.get("posterior", {}).get(name)) else []),
                   *(["", f"The single model's posterior, domain guard and levels were fitted again (`--refit`) on "
-                     f"{meta['refitted'][name]}, by the code of that day; its mode rows were evaluated after that. "
-                     "Training, committee and cost steps are from the first run."]
+                     f"{meta['refitted'][name]}, by the code of that day; its mode rows were evaluated after that, "
+                     "and every row's cost was timed again (interleaved). Training and committee steps are from the "
+                     "first run."]
                     if meta.get("refitted", {}).get(name) else []),  # fmt: skip
                   "", f"Acceptance of the default row ({entry['default']}; committee5 - slack, issue 11):",
                   *acceptance(entry), ""]  # fmt: skip

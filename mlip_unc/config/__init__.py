@@ -27,6 +27,7 @@ from mlip_unc.config.enums import (
     Method,
     Norm,
     Pooling,
+    PosteriorBasis,
     PosteriorKind,
     ReferenceEnergies,
     RegularizerKind,
@@ -64,7 +65,7 @@ from mlip_unc.config.training import TrainCoreConfig
 __all__ = [
     "ActiveLearningConfig", "GenerateSettings", "MDSettings", "SelectionSettings", "load_active_config",
     "AGLForm", "Backbone", "Calibration", "DType", "EnergyCount", "Estimator", "HeadKind", "Intervention",
-    "Likelihood", "LRSchedule", "Method", "Norm", "Pooling", "PosteriorKind", "ReferenceEnergies", "RegularizerKind",
+    "Likelihood", "LRSchedule", "Method", "Norm", "Pooling", "PosteriorBasis", "PosteriorKind", "ReferenceEnergies", "RegularizerKind",
     "StopMetric",
     "DATA_ROOT_ENV", "ConfigError", "Section", "apply_overrides", "config_to_dict", "default_data_root",
     "interpolate", "load_raw", "validate",

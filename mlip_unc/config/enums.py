@@ -23,6 +23,7 @@ __all__ = [
     "Calibration",
     "Backbone",
     "HeadKind",
+    "PosteriorBasis",
     "PosteriorKind",
     "ReferenceEnergies",
 ]
@@ -202,6 +203,16 @@ class PosteriorKind(str, Enum):
     Jacobian rows of the training set), calibrated on validation data by NLL."""
     DIAGONAL = "diagonal"
     """The mean-field posterior of Bayes-by-Backprop, as trained."""
+
+
+class PosteriorBasis(str, Enum):
+    """The weight space of the full posterior (docs/method.md s.3b, :mod:`mlip_unc.models.full_posterior`)."""
+
+    SHARED = "shared"
+    """The head's own ``d`` weights: features ``Phi = sum_atoms z``."""
+    PER_ELEMENT = "per_element"
+    """One weight vector per element (``n_types * d``): features ``Phi_e = sum_{atoms of element e} z``,
+    the same posterior mean (the head's weights, repeated), so the same predictions."""
 
 
 class EnergyCount(str, Enum):

@@ -29,6 +29,7 @@ from mlip_unc.config.enums import (
     DType,
     EnergyCount,
     HeadKind,
+    PosteriorBasis,
     PosteriorKind,
     ReferenceEnergies,
     RegularizerKind,
@@ -100,6 +101,9 @@ class PotentialModelConfig(Section):
             last-layer prediction-rigidity covariance, fitted and calibrated at the end of
             training; ``diagonal``: the variational one).
         posterior_rank: directions of the ``lowrank`` uncertainty mode.
+        posterior_basis: weight space of the full posterior: ``shared`` (the head's ``d``
+            weights) or ``per_element`` (``n_types * d``; the fit and the ``exact`` mode cost
+            ``n_types`` times more backward passes, ``lowrank`` the same ``rank + 1``).
         posterior_max_frames: fit the full posterior on at most this many training structures
             (a random subset, config seed; null = all). Its cost is ``latent_dim + 1`` backward
             passes per structure, which for a MACE backbone takes tens of minutes on CPU.
@@ -117,6 +121,7 @@ class PotentialModelConfig(Section):
     learn_noise: bool = True
     posterior: PosteriorKind = PosteriorKind.FULL
     posterior_rank: int = Field(4, gt=0)
+    posterior_basis: PosteriorBasis = PosteriorBasis.SHARED
     posterior_max_frames: int | None = Field(None, gt=0)
 
 

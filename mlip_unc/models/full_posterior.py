@@ -19,11 +19,21 @@ The low-rank form needs r + 1 vector-Jacobian products (r directions plus the me
 instead of d + 1, and keeps the directions along which the training data constrained the
 head least: those where an unfamiliar Jacobian shows up. The stress uses ``alpha_F^2`` too.
 The mean prediction is unchanged: the head's posterior mean ``mu``.
+
+Basis (``BayesianPotential.posterior_basis``): ``shared`` is the head's own ``d`` weights with
+``Phi = sum_atoms z``; ``per_element`` gives each element its own weight vector, features
+``Phi_e = sum_{atoms of element e} z`` (``n_types * d``), posterior mean ``mu`` repeated per
+element (so ``sum_e Phi_e . mu = Phi . mu``: the same predictions), and a covariance that lets
+a direction be well constrained on one element and free on another. Every formula above holds
+with ``Phi`` and ``z`` replaced by the per-element ones (:func:`basis_state`); the low-rank
+mode still costs ``r + 1`` vector-Jacobian products, the exact one ``n_types * d + 1``.
+Measured (benchmarks/results/posterior_variants.md): on the ethanol model, frame force errors
+ranked better by the per-element basis at rank 16 and exact than by the shared one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -44,7 +54,7 @@ from mlip_unc.models.potential_uncertainty import (
 from mlip_unc.uncertainty import moments
 
 __all__ = [
-    "FullPosterior", "full_energy_uncertainty", "full_derivatives", "latent_jacobian", "diagonal_factor",
+    "FullPosterior", "FullPosteriorHolder", "basis_state", "basis_mean", "full_energy_uncertainty", "full_derivatives", "latent_jacobian", "diagonal_factor",
     "default_uncertainty_mode",
     "posterior_uncertainty",
 ]  # fmt: skip
@@ -55,7 +65,7 @@ class FullPosterior:
     """Plain view of the posterior buffers of a :class:`BayesianPotential`.
 
     Attributes:
-        factor: ``(d, d)`` rows ``sqrt(sigma_k) v_k``, ``Sigma = factor^T factor``.
+        factor: ``(D, D)`` rows ``sqrt(sigma_k) v_k``, ``Sigma = factor^T factor`` (``D = n_blocks d``).
         calibration: ``(5,)`` ``[alpha_E^2, alpha_F^2, sigma_e^2, sigma_f^2, alpha_r^2]``;
             ``alpha_r^2`` scales the low-rank force variance (fitted for the model's
             ``posterior_rank`` at fitting time; the truncation keeps a fraction of the exact one).
@@ -63,6 +73,9 @@ class FullPosterior:
 
     factor: Tensor
     calibration: Tensor
+    n_blocks: int = 1
+    """Weight blocks of the basis: 1 (``shared``) or ``n_types`` (``per_element``); the factor
+    is ``(n_blocks d, n_blocks d)``."""
 
     @property
     def alpha2_energy(self) -> Tensor:
@@ -92,9 +105,74 @@ class FullPosterior:
         return self.factor.T @ self.factor
 
 
+class FullPosteriorHolder:
+    """The full posterior's buffers and basis on a :class:`~mlip_unc.models.potential.BayesianPotential`
+    (a mixin: it reads the model's ``latent_dim``, ``type_map``, ``posterior_basis``, ``dtype`` and
+    ``atomic_energies``, and stores ``posterior_factor``, ``posterior_calibration`` as buffers)."""
+
+    @property
+    def posterior_blocks(self) -> int:
+        """Weight blocks of the full posterior's basis: 1 (shared) or the number of types."""
+        return len(self.type_map) if self.posterior_basis == "per_element" else 1
+
+    @property
+    def posterior_width(self) -> int:
+        """``D = posterior_blocks * latent_dim``, the size of the full posterior's factor."""
+        return self.posterior_blocks * self.latent_dim
+
+    @property
+    def has_full_posterior(self) -> bool:
+        return hasattr(self, "posterior_factor")
+
+    def full_posterior(self) -> FullPosterior | None:
+        """The full-covariance posterior and its calibration, or None (the diagonal one)."""
+        if not self.has_full_posterior:
+            return None
+        blocks = self.posterior_factor.shape[0] // self.latent_dim  # the basis it was fitted in
+        return FullPosterior(self.posterior_factor, self.posterior_calibration, blocks)
+
+    def set_full_posterior(self, factor: Tensor, calibration: Tensor) -> None:
+        """Attach ``factor (D, D)`` (``Sigma = factor^T factor``, rows by decreasing variance;
+        ``D = posterior_width``) and ``calibration``
+        ``[alpha_E^2, alpha_F^2, sigma_e^2, sigma_f^2(, alpha_r^2)]`` as buffers (``alpha_r^2``,
+        the low-rank scale, defaults to ``alpha_F^2``)."""
+        d = self.posterior_width
+        if calibration.shape == (4,):
+            calibration = torch.cat([calibration, calibration[1:2]])
+        if tuple(factor.shape) != (d, d) or tuple(calibration.shape) != (5,):
+            raise ValueError(f"expected a ({d}, {d}) factor and 4 or 5 calibration values")
+        dtype, device = self.dtype, self.atomic_energies.device  # the head's precision
+        self.register_buffer("posterior_factor", factor.detach().to(device, dtype).clone())
+        self.register_buffer("posterior_calibration", calibration.detach().to(device, dtype).clone())
+
+    def clear_full_posterior(self) -> None:
+        """Back to the variational (diagonal) posterior and the learned noises, e.g. to fine-tune."""
+        for name in ("posterior_factor", "posterior_calibration"):
+            self._buffers.pop(name, None)
+
+
+def basis_state(state: PotentialState, n_blocks: int) -> PotentialState:
+    """``state`` in a basis of ``n_blocks`` weight blocks: unchanged for 1; for ``n_types``
+    blocks the per-element latents ``z_e = onehot(type) (x) z (n_atoms, n_types d)`` and their
+    per-graph sums ``Phi_e (n_graphs, n_types d)`` (module docstring)."""
+    if n_blocks == 1:
+        return state
+    n_atoms, d = state.z.shape
+    onehot = torch.nn.functional.one_hot(state.atom_type, n_blocks).to(state.z.dtype)  # (n_atoms, n_blocks)
+    z = (onehot[:, :, None] * state.z[:, None, :]).reshape(n_atoms, n_blocks * d)
+    phi = z.new_zeros(state.n_graphs, n_blocks * d).index_add(0, state.graph, z)
+    return replace(state, z=z, phi=phi)
+
+
+def basis_mean(mu: Tensor, n_blocks: int) -> Tensor:
+    """``(n_blocks d,)`` posterior mean in the basis: the head's ``mu (d,)`` once per block."""
+    return mu.repeat(n_blocks)
+
+
 def full_energy_uncertainty(state: PotentialState, post: FullPosterior) -> dict[str, Tensor]:
     """Energy variances with the full posterior: ENERGY_VAR, ENERGY_EPISTEMIC_VAR,
-    ENERGY_ALEATORIC_VAR, KAPPA ``(n_graphs,)``, LOCAL_ENERGY_VAR ``(n_atoms,)``."""
+    ENERGY_ALEATORIC_VAR, KAPPA ``(n_graphs,)``, LOCAL_ENERGY_VAR ``(n_atoms,)``; ``state`` in
+    the posterior's basis (:func:`basis_state`)."""
     phi, factor = state.phi, post.factor.to(state.phi.dtype)
     epistemic = post.alpha2_energy * moments.factor_variance(phi, factor)
     n_atoms = torch.bincount(state.graph, minlength=state.n_graphs)
@@ -112,7 +190,8 @@ def full_derivatives(
     state: PotentialState, mu: Tensor, post: FullPosterior, *, rank: int | None, method: str
 ) -> dict[str, Tensor]:
     """Mean forces (stress) and their epistemic variances from ``rank`` rows of the factor
-    (all ``d`` rows when ``rank`` is None): ``rank + 1`` vector-Jacobian products."""
+    (all ``D`` rows when ``rank`` is None): ``rank + 1`` vector-Jacobian products; ``state``
+    and ``mu (D,)`` in the posterior's basis (:func:`basis_state`, :func:`basis_mean`)."""
     factor = post.factor.to(mu.dtype)
     rows = factor if rank is None else factor[: min(int(rank), factor.shape[0])]
     weights = torch.cat([mu.detach()[None], rows])  # (r + 1, d)
@@ -126,19 +205,23 @@ def full_derivatives(
     return out
 
 
-def latent_jacobian(model, batch) -> tuple[PotentialState, dict[str, Tensor], Tensor]:
-    """One forward pass and the position Jacobian of the per-graph latent sums.
+def latent_jacobian(model, batch, n_blocks: int = 1) -> tuple[PotentialState, dict[str, Tensor], Tensor]:
+    """One forward pass and the position Jacobian of the per-graph latent sums, in a basis of
+    ``n_blocks`` weight blocks (:func:`basis_state`).
 
     Returns:
-        ``(state, outputs, jac)``: outputs at the posterior mean (ENERGY, FORCES, ...) and
-        ``jac (d, n_atoms, 3)`` with ``jac[k, a] = dPhi_k(graph of a) / dr_a`` (detached).
+        ``(state, outputs, jac)``: the state in that basis (``phi (n_graphs, D)``), outputs at
+        the posterior mean (ENERGY, FORCES, ...) and ``jac (D, n_atoms, 3)`` with
+        ``jac[k, a] = dPhi_k(graph of a) / dr_a`` (detached), ``D = n_blocks d``.
     """
     with torch.enable_grad():
         state = model._state(batch, forces=True, stress=False)
         mu, _ = model.posterior()
         out = model._energies(state, weights=mu.detach())
+        state = basis_state(state, n_blocks)
+        mu = basis_mean(mu.detach(), n_blocks)
         eye = torch.eye(mu.shape[0], dtype=mu.dtype, device=mu.device)
-        weights = torch.cat([mu.detach()[None], eye])  # (d + 1, d)
+        weights = torch.cat([mu[None], eye])  # (D + 1, D)
         (grads,) = input_gradients(state, weights, model.gradient_method)[:1]
     out.update(forces_and_stress(state, [grads[0]]))
     return state, {k: v.detach() for k, v in out.items()}, grads[1:].detach()
@@ -175,6 +258,7 @@ def posterior_uncertainty(
     if post is None:
         out = energy_uncertainty(state, s2, model.energy_noise.square())
     else:
+        state, mu = basis_state(state, post.n_blocks), basis_mean(mu, post.n_blocks)
         out = full_energy_uncertainty(state, post)
     if mode is UncertaintyMode.EXACT:
         if post is None:

@@ -40,7 +40,7 @@ from mlip_unc.models.derivatives import (
     graph_index,
     num_graphs,
 )
-from mlip_unc.models.full_posterior import FullPosterior, posterior_uncertainty
+from mlip_unc.models.full_posterior import FullPosteriorHolder, posterior_uncertainty
 from mlip_unc.models.potential_checkpoint import (
     potential_config,
     potential_from_checkpoint,
@@ -54,7 +54,7 @@ from mlip_unc.nn.bayesian import BayesianLinear, inverse_softplus
 __all__ = ["BayesianPotential", "UncertaintyMode", "Backbone", "BACKBONES", "build_backbone"]
 
 
-class BayesianPotential(nn.Module):
+class BayesianPotential(FullPosteriorHolder, nn.Module):
     """Interatomic potential with a Bayesian linear energy head on per-atom latents.
 
     Args:
@@ -78,6 +78,8 @@ class BayesianPotential(nn.Module):
         full_posterior: hold a full-covariance last-layer posterior (buffers; set by
             :meth:`set_full_posterior`, fitted by ``mlip_unc.train.posterior``).
         posterior_rank: directions of the ``lowrank`` uncertainty mode.
+        posterior_basis: ``"shared"`` or ``"per_element"``: the weight space of the full
+            posterior (:mod:`mlip_unc.models.full_posterior`).
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class BayesianPotential(nn.Module):
         gradient_method: str = "auto",
         full_posterior: bool = False,
         posterior_rank: int = 4,
+        posterior_basis: str = "shared",
     ) -> None:
         super().__init__()
         if not isinstance(getattr(backbone, "latent_dim", None), int):
@@ -145,9 +148,12 @@ class BayesianPotential(nn.Module):
             self.register_buffer("force_noise_rho", rho_f)
         self._iso_cache: tuple[Any, Tensor] | None = None
         self.posterior_rank = int(posterior_rank)
+        self.posterior_basis = str(getattr(posterior_basis, "value", posterior_basis))
+        if self.posterior_basis not in ("shared", "per_element"):
+            raise ValueError(f"posterior_basis must be 'shared' or 'per_element', got {posterior_basis!r}")
         if full_posterior:
-            d = self.latent_dim
-            self.set_full_posterior(torch.zeros(d, d, dtype=torch.float64), torch.ones(5, dtype=torch.float64))
+            width = self.posterior_width
+            self.set_full_posterior(torch.zeros(width, width, dtype=torch.float64), torch.ones(5, dtype=torch.float64))
 
     def reset_parameters(self) -> None:
         """Re-initialise the backbone (if it can), the head and the noise scales."""
@@ -176,34 +182,6 @@ class BayesianPotential(nn.Module):
     def kl(self) -> Tensor:
         """KL(q || p) of the head weights (closed form)."""
         return self.head.kl()
-
-    @property
-    def has_full_posterior(self) -> bool:
-        return hasattr(self, "posterior_factor")
-
-    def full_posterior(self) -> FullPosterior | None:
-        """The full-covariance posterior and its calibration, or None (the diagonal one)."""
-        if not self.has_full_posterior:
-            return None
-        return FullPosterior(self.posterior_factor, self.posterior_calibration)
-
-    def set_full_posterior(self, factor: Tensor, calibration: Tensor) -> None:
-        """Attach ``factor (d, d)`` (``Sigma = factor^T factor``, rows by decreasing variance) and
-        ``calibration`` ``[alpha_E^2, alpha_F^2, sigma_e^2, sigma_f^2(, alpha_r^2)]`` as buffers
-        (``alpha_r^2``, the low-rank scale, defaults to ``alpha_F^2``)."""
-        d = self.latent_dim
-        if calibration.shape == (4,):
-            calibration = torch.cat([calibration, calibration[1:2]])
-        if tuple(factor.shape) != (d, d) or tuple(calibration.shape) != (5,):
-            raise ValueError(f"expected a ({d}, {d}) factor and 4 or 5 calibration values")
-        dtype, device = self.dtype, self.atomic_energies.device  # the head's precision
-        self.register_buffer("posterior_factor", factor.detach().to(device, dtype).clone())
-        self.register_buffer("posterior_calibration", calibration.detach().to(device, dtype).clone())
-
-    def clear_full_posterior(self) -> None:
-        """Back to the variational (diagonal) posterior and the learned noises, e.g. to fine-tune."""
-        for name in ("posterior_factor", "posterior_calibration"):
-            self._buffers.pop(name, None)
 
     @property
     def energy_noise(self) -> Tensor:

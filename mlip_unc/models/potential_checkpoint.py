@@ -29,6 +29,14 @@ __all__ = ["POTENTIAL_KIND", "potential_config", "potential_payload", "potential
 POTENTIAL_KIND = "potential"
 
 
+def _posterior_basis(model: nn.Module) -> str:
+    """The basis of the attached full posterior (from its size), else the model's setting."""
+    post = model.full_posterior() if model.has_full_posterior else None
+    if post is not None:
+        return "per_element" if post.n_blocks > 1 else "shared"
+    return getattr(model, "posterior_basis", "shared")
+
+
 def potential_config(model: nn.Module) -> dict[str, Any]:
     """Everything needed to rebuild the ``BayesianPotential`` ``model``, as plain data."""
     backbone = model.backbone
@@ -48,7 +56,8 @@ def potential_config(model: nn.Module) -> dict[str, Any]:
         "isolated_reference": model.isolated_reference,
         "gradient_method": model.gradient_method,
         "dtype": str(model.dtype).removeprefix("torch."),
-        "posterior": {"full": model.has_full_posterior, "rank": model.posterior_rank},
+        "posterior": {"full": model.has_full_posterior, "rank": model.posterior_rank,
+                      "basis": _posterior_basis(model)},
     }
 
 
@@ -90,6 +99,7 @@ def potential_from_checkpoint(
         gradient_method=cfg.get("gradient_method", "auto"),
         full_posterior=cfg.get("posterior", {}).get("full", False),
         posterior_rank=cfg.get("posterior", {}).get("rank", 4),
+        posterior_basis=cfg.get("posterior", {}).get("basis", "shared"),
         **cfg["noise"],
     )
     model.to(getattr(torch, cfg.get("dtype", "float32")))

@@ -5,7 +5,9 @@ the energy features and the force Jacobian rows of the latent sums::
 
     A = sum_frames Phi Phi^T / (n_atoms sigma_e^2) + sum_frames sum_ic J_ic J_ic^T / sigma_f^2
 
-with the model's learned noises; ``Sigma(lambda) = (A + lambda I)^-1``. On the validation set
+with the model's learned noises; ``Sigma(lambda) = (A + lambda I)^-1``. ``Phi`` and ``J`` are taken
+in the model's ``posterior_basis`` (``per_element``: ``n_types * d`` features, as many backward
+passes; :mod:`mlip_unc.models.full_posterior`). On the validation set
 (the training set when there is none), for each ``lambda`` of a scale-free grid
 (``c * mean eig(A)``, ``c = 1e-14 ... 1e4``) the force errors ``e_ic`` at the posterior mean and
 the raw variances ``v_ic = J_ic^T Sigma J_ic`` give the two calibration scalars of the forces by
@@ -56,7 +58,7 @@ def _batches(dataset: Any, batch_size: int):
 
 def _pass(model, dataset: Any, batch_size: int, *, keep: bool) -> dict[str, Any]:
     """Precision sums over ``dataset``; with ``keep``, the per-frame features and errors too."""
-    d = model.latent_dim
+    d, blocks = model.posterior_width, model.posterior_blocks  # D = blocks * latent_dim
     sig_e2 = float(model.energy_noise.detach()) ** 2
     sig_f2 = float(model.force_noise.detach()) ** 2
     device = module_device(model)
@@ -65,14 +67,14 @@ def _pass(model, dataset: Any, batch_size: int, *, keep: bool) -> dict[str, Any]
     rows: dict[str, list[Tensor]] = {"phi": [], "e_err": [], "n_atoms": [], "jac": [], "f_err": []}
     for batch in _batches(dataset, batch_size):
         batch = to_device(batch, device)
-        state, out, jac = latent_jacobian(model, batch)
-        jac = jac.double()  # (d, n_atoms, 3)
-        phi = state.phi.detach().double()  # (n_graphs, d)
+        state, out, jac = latent_jacobian(model, batch, blocks)
+        jac = jac.double()  # (D, n_atoms, 3)
+        phi = state.phi.detach().double()  # (n_graphs, D)
         n_atoms = torch.bincount(state.graph, minlength=state.n_graphs).double()
         has_e = batch[keys.HAS_ENERGY].reshape(-1).bool()
         has_f = batch[keys.HAS_FORCES].reshape(-1).bool()[state.graph]  # (n_atoms,)
         a_energy += (phi[has_e] / (n_atoms[has_e, None] * sig_e2)).T @ phi[has_e]
-        jf = jac[:, has_f].reshape(d, -1)  # (d, 3 n_labelled_atoms)
+        jf = jac[:, has_f].reshape(d, -1)  # (D, 3 n_labelled_atoms)
         a_forces += jf @ jf.T / sig_f2
         if keep:
             rows["phi"].append(phi[has_e])

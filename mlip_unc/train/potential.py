@@ -293,6 +293,7 @@ def finalize_checkpoint(model_path: Path, config: PotentialConfig, data: Prepare
             log.info("energy offsets refit (eV): %s", {z: round(float(d), 6) for z, d in zip(best.type_map, delta)})
     if bayesian and config.model.posterior is PosteriorKind.FULL:
         best.posterior_rank = config.model.posterior_rank
+        best.posterior_basis = config.model.posterior_basis.value
         fit_on = random_subset(data.train.graphs, config.model.posterior_max_frames, config.seed)
         metadata["posterior"] = fit_full_posterior(best, fit_on, data.valid, batch_size=batch_size)
     metadata["domain"] = DomainGuard.fit(data.train).to_dict()

@@ -155,3 +155,84 @@ def test_base_energy_forces_and_stress_in_every_mode(mode):
             energies.append(float(model(graph, compute_forces=False)[keys.ENERGY]))
         graph.pos = pos
         assert abs((energies[1] - energies[0]) / (2 * h) - float(plain[keys.FORCES][atom, comp])) < 1e-6
+
+
+# ---------------------------------------------------------------- per-element basis
+def _per_element_model(d: int = 6) -> BayesianPotential:
+    torch.manual_seed(0)
+    backbone = build_backbone("gin", num_types=len(TYPES), r_max=R_MAX, latent_dim=d, hidden=12, num_layers=2)
+    model = BayesianPotential(backbone, TYPES.to_list(), R_MAX, init_std=0.2, posterior_rank=3,
+                              posterior_basis="per_element").double().eval()  # fmt: skip
+    width = model.posterior_width
+    assert width == len(TYPES) * d
+    g = torch.Generator().manual_seed(2)
+    factor = torch.randn(width, width, generator=g, dtype=torch.float64) * torch.logspace(0, -2, width, dtype=torch.float64)[:, None]
+    model.set_full_posterior(factor, torch.tensor([2.0, 0.5, 1e-4, 4e-3], dtype=torch.float64))
+    return model
+
+
+def _per_element_jacobian(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Phi_e (n_graphs, n_types d)`` and ``dPhi_e / dr (n_types d, n_atoms, 3)`` by autograd, one
+    component at a time (independent of the model's batched products)."""
+    pos = batch.pos.detach().clone().requires_grad_(True)
+    batch = batch.clone()
+    batch.pos = pos
+    state = model._state(batch, forces=False, stress=False)
+    n_types, d = len(TYPES), model.latent_dim
+    phi = torch.zeros(state.n_graphs, n_types * d, dtype=torch.float64)
+    for e in range(n_types):
+        sel = (state.atom_type == e).double()[:, None]
+        phi[:, e * d:(e + 1) * d] = torch.zeros(state.n_graphs, d, dtype=torch.float64).index_add(0, state.graph, sel * state.z)
+    rows = [torch.autograd.grad(phi[:, k].sum(), pos, retain_graph=True, allow_unused=True, materialize_grads=True)[0]
+            for k in range(n_types * d)]  # fmt: skip
+    return phi.detach(), torch.stack(rows)
+
+
+def test_per_element_closed_forms_match_draws_and_keep_the_predictions():
+    model = _per_element_model()
+    batch = Batch.from_data_list([_graph(0), _graph(1)])
+    out = model(batch, uncertainty="exact")
+    phi, jac = _per_element_jacobian(model, batch)
+    post = model.full_posterior()
+    assert post.n_blocks == len(TYPES)
+    mu = model.posterior()[0].detach().repeat(len(TYPES))  # the head's weights on every element
+
+    def draws(scale2: float, n: int = 40_000) -> torch.Tensor:
+        eps = torch.randn(n, model.posterior_width, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+        return mu + scale2**0.5 * eps @ model.posterior_factor
+
+    energies = draws(float(post.alpha2_energy)) @ phi.T  # (n, n_graphs)
+    torch.testing.assert_close(out[keys.ENERGY_EPISTEMIC_VAR], energies.var(0), rtol=0.03, atol=0.0)
+    forces = -torch.einsum("nk,kac->nac", draws(float(post.alpha2_forces)), jac)
+    torch.testing.assert_close(out[keys.FORCES_VAR], forces.var(0), rtol=0.05, atol=1e-12)
+    plain = model(batch, uncertainty="none")  # the per-element mean is the shared head: same E and F
+    torch.testing.assert_close(out[keys.ENERGY], plain[keys.ENERGY])
+    torch.testing.assert_close(out[keys.FORCES], plain[keys.FORCES])
+    low = model(batch, uncertainty="lowrank")
+    expected = post.alpha2_lowrank * torch.einsum("rk,kac->rac", model.posterior_factor[:3], jac).square().sum(0)
+    torch.testing.assert_close(low[keys.FORCES_VAR], expected)
+
+
+def test_per_element_differs_from_shared_and_round_trips(tmp_path):
+    model = _per_element_model()
+    graph = _graph(5)
+    d = model.latent_dim
+    shared = BayesianPotential.from_checkpoint(model.to_checkpoint())
+    shared.posterior_basis = "shared"
+    stack = torch.cat([torch.eye(d, dtype=torch.float64)] * len(TYPES))  # B (D, d): w_e = w on every element
+    sigma = stack.T @ model.full_posterior().covariance @ stack  # the shared weights' covariance, B^T Sigma B
+    evals, evecs = torch.linalg.eigh(sigma)
+    shared.set_full_posterior(evals.clamp_min(0).sqrt()[:, None] * evecs.T, model.posterior_calibration)
+    assert shared.full_posterior().n_blocks == 1
+    # the per-element covariance differs from its projection on a two-element structure
+    assert not torch.allclose(shared(graph, uncertainty="exact")[keys.FORCES_VAR],
+                              model(graph, uncertainty="exact")[keys.FORCES_VAR], rtol=1e-3)  # fmt: skip
+    model.save(tmp_path / "m.pt")
+    again = BayesianPotential.from_checkpoint(tmp_path / "m.pt")
+    assert again.posterior_basis == "per_element" and again.full_posterior().n_blocks == len(TYPES)
+    for mode in ("energy", "exact", "lowrank"):
+        a, b = model(graph, uncertainty=mode), again(graph, uncertainty=mode)
+        for key, value in a.items():
+            torch.testing.assert_close(b[key], value)
+    with pytest.raises(ValueError, match="posterior_basis"):
+        BayesianPotential(model.backbone, TYPES.to_list(), R_MAX, posterior_basis="per_atom")

@@ -260,7 +260,7 @@ def test_rich_potential_checkpoint_round_trip(variant):
 
 
 POTENTIAL_CONFIGS = ("3bpa_equivariant", "3bpa_gin", "ethanol_equivariant", "ethanol_gin", "ethanol_gin_agl",
-                     "ethanol_committee", "tiny_emt")  # fmt: skip
+                     "ethanol_committee", "tiny_emt", "mlearn_equivariant", "mlearn_gin")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", POTENTIAL_CONFIGS)

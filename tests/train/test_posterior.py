@@ -100,6 +100,48 @@ def test_covariance_is_the_inverse_regularised_precision(trained):
     assert (norms[:-1] >= norms[1:] - 1e-12).all()
 
 
+def test_per_element_fit_is_the_inverse_regularised_precision_of_per_element_features(trained):
+    config, result = trained
+    data = prepare_data(config)
+    model = BayesianPotential.from_checkpoint(result.model_path)
+    shared_var = model(data.valid.graphs[0], uncertainty="exact")[keys.FORCES_VAR]
+    model.posterior_basis = "per_element"
+    summary = fit_full_posterior(model, data.train, data.valid)
+    width, d = model.posterior_width, model.latent_dim
+    assert width == 2 * d and model.full_posterior().n_blocks == 2
+    sig_e2, sig_f2 = float(model.energy_noise.detach()) ** 2, float(model.force_noise.detach()) ** 2
+    precision = summary["lambda"] * torch.eye(width, dtype=torch.float64)
+    for graph in data.train.graphs:  # Phi_e and its Jacobian from the shared ones of each element's atoms alone
+        state, _, jac = latent_jacobian(model, graph)  # shared basis: (d, n_atoms, 3)
+        z = state.z.detach()
+        phi = torch.cat([z[state.atom_type == e].sum(0) for e in range(2)])  # (2 d,)
+        precision += torch.outer(phi, phi) / (graph.num_nodes * sig_e2)
+        assert jac.shape[0] == d
+        per_el, _, jac_e = latent_jacobian(model, graph, 2)  # (2 d, n_atoms, 3)
+        torch.testing.assert_close(per_el.phi.detach()[0], phi)
+        torch.testing.assert_close(jac_e.reshape(2, d, -1, 3).sum(0), jac)  # the blocks sum to the shared Jacobian
+        rows = jac_e.reshape(width, -1)
+        precision += rows @ rows.T / sig_f2
+    sigma = model.full_posterior().covariance
+    torch.testing.assert_close(sigma @ precision, torch.eye(width, dtype=torch.float64), rtol=0, atol=1e-6)
+    again = BayesianPotential.from_checkpoint(model.to_checkpoint())
+    assert again.posterior_basis == "per_element"
+    per_var = again(data.valid.graphs[0], uncertainty="exact")[keys.FORCES_VAR]
+    assert per_var.shape == shared_var.shape and not torch.allclose(per_var, shared_var)
+
+
+def test_config_posterior_basis_reaches_the_checkpoint(trained, tmp_path):
+    config, _ = trained
+    raw = config.to_dict()
+    raw["out"] = str(tmp_path / "run")
+    raw["train"]["epochs"] = 1
+    raw["model"]["posterior_basis"] = "per_element"
+    result = train_potential(potential_config_from_dict(raw))
+    model = BayesianPotential.from_checkpoint(result.model_path)
+    assert model.posterior_basis == "per_element" and model.full_posterior().n_blocks == 2
+    assert tuple(model.posterior_factor.shape) == (2 * model.latent_dim, 2 * model.latent_dim)
+
+
 def test_random_subset_caps_in_order_and_is_seeded():
     from mlip_unc.train.posterior import random_subset
 

@@ -93,7 +93,7 @@ def test_bad_files(tmp_path):
 
 SHIPPED = ("ethanol_gin", "ethanol_equivariant", "ethanol_committee", "ethanol_gin_agl",
            "3bpa_gin", "3bpa_equivariant", "tiny_emt", "ethanol_mace", "3bpa_mace", "mlearn_equivariant",
-           "solvent_xtb_equivariant")
+           "mlearn_gin", "mlearn_mace", "solvent_xtb_equivariant")
 
 
 @pytest.mark.parametrize("name", SHIPPED)
