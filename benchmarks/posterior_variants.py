@@ -48,11 +48,11 @@ import force_uncertainty as fu
 from mlip_unc import keys
 from mlip_unc.atomic import atomic_write_text
 from mlip_unc.config import load_potential_config
+from mlip_unc.models.full_posterior import latent_jacobian
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.train.posterior import gaussian_scale_fit
 from mlip_unc.train.potential_data import prepare_data
 from mlip_unc.uncertainty import diagnostics as diag
-from mlip_unc.uncertainty import moments
 
 log = logging.getLogger("posterior_variants")
 RANKS = (4, 8, 16, None)  # None: exact
@@ -79,22 +79,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def collect(model: BayesianPotential, dataset: Any) -> list[dict[str, torch.Tensor]]:
     """Per frame: ``jac (n_el * d, n_atoms, 3)`` of the per-element latent sums, the force error
-    and the predicted forces ``(n_atoms, 3)`` at the posterior mean (float64)."""
-    n_el, mu = len(model.type_map), model.posterior()[0].detach()
+    and the predicted forces ``(n_atoms, 3)`` at the posterior mean (float64), from the model's
+    own per-element basis (:func:`~mlip_unc.models.full_posterior.latent_jacobian`)."""
+    n_el = len(model.type_map)
     frames = []
     for batch in DataLoader(list(getattr(dataset, "graphs", dataset)), batch_size=8, shuffle=False):
-        with torch.enable_grad():
-            state = model._state(batch, forces=True, stress=False)
-            d = state.z.shape[1]
-            onehot = torch.nn.functional.one_hot(state.atom_type, n_el).to(state.z.dtype)  # (n_atoms, n_el)
-            z_el = (onehot[:, :, None] * state.z[:, None, :]).reshape(-1, n_el * d)
-            phi = torch.zeros(state.n_graphs, n_el * d, dtype=z_el.dtype).index_add(0, state.graph, z_el)
-            eye = torch.eye(n_el * d, dtype=phi.dtype)
-            (jac,) = moments.linear_gradients(phi, state.inputs[:1], eye, method=model.gradient_method)
-        forces = -torch.einsum("k,kac->ac", mu.repeat(n_el), jac).detach()  # F = -dE/dr, E = Phi . mu + E0
+        state, out, jac = latent_jacobian(model, batch, n_el)  # state.phi (n_graphs, n_el d)
+        forces = out[keys.FORCES]
         for g in range(state.n_graphs):
             sel = state.graph == g
-            frames.append({"jac": jac[:, sel].detach().double(), "phi": phi[g].detach().double(),
+            frames.append({"jac": jac[:, sel].double(), "phi": state.phi[g].detach().double(),
                            "error": (forces[sel] - batch[keys.FORCES][sel]).double(),
                            "forces": forces[sel].double(), "n_atoms": int(sel.sum())})  # fmt: skip
     return frames
