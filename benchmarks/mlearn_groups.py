@@ -17,6 +17,7 @@ are skipped. MACE-backbone checkpoints need mace-torch importable (the ``[mace]`
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -57,15 +58,22 @@ def runs(accuracy_dir: Path) -> list[dict[str, Any]]:
     return [r for r in records if r.get("kind") == "run" and r.get("dataset") in SETS]
 
 
-def groups_of(path: Path) -> list[str]:
-    """The ``group`` of every structure of an mlearn JSON file, in file order."""
-    return [str(entry.get("group", "unknown")) for entry in json.loads(path.read_text())]
+@functools.cache
+def groups_of(path: Path) -> tuple[str, ...]:
+    """The ``group`` of every structure of an mlearn JSON file, in file order (read once)."""
+    return tuple(str(entry.get("group", "unknown")) for entry in json.loads(path.read_text()))
+
+
+@functools.cache
+def graphs_of(path: Path, r_max: float, type_map: tuple[int, ...], dtype: torch.dtype) -> StructureDataset:
+    """The structures of ``path`` as graphs (built once per file, cutoff, type map and dtype)."""
+    return StructureDataset.from_files(path, r_max, TypeMap.from_list(list(type_map)), energy_key="energy",
+                                       forces_key="forces", dtype=dtype)  # fmt: skip
 
 
 def group_errors(model: torch.nn.Module, path: Path) -> dict[str, Any]:
     """Per group of ``path``: frames, E MAE and mean signed E error per atom (meV/atom)."""
-    data = StructureDataset.from_files(path, model.r_max, TypeMap.from_list(model.type_map), energy_key="energy",
-                                       forces_key="forces", dtype=model.dtype)  # fmt: skip
+    data = graphs_of(path, float(model.r_max), tuple(model.type_map), model.dtype)
     pred = predict(model, data, batch_size=8)
     err = 1000.0 * (pred.energy_pred - pred.energy_true) / pred.num_atoms  # (n_frames,) meV/atom
     labels = np.array(groups_of(path))[pred.frame_index]

@@ -128,8 +128,7 @@ class FullPosteriorHolder:
         """The full-covariance posterior and its calibration, or None (the diagonal one)."""
         if not self.has_full_posterior:
             return None
-        blocks = self.posterior_factor.shape[0] // self.latent_dim  # the basis it was fitted in
-        return FullPosterior(self.posterior_factor, self.posterior_calibration, blocks)
+        return FullPosterior(self.posterior_factor, self.posterior_calibration, self.posterior_blocks)
 
     def set_full_posterior(self, factor: Tensor, calibration: Tensor) -> None:
         """Attach ``factor (D, D)`` (``Sigma = factor^T factor``, rows by decreasing variance;

@@ -29,14 +29,6 @@ __all__ = ["POTENTIAL_KIND", "potential_config", "potential_payload", "potential
 POTENTIAL_KIND = "potential"
 
 
-def _posterior_basis(model: nn.Module) -> str:
-    """The basis of the attached full posterior (from its size), else the model's setting."""
-    post = model.full_posterior() if model.has_full_posterior else None
-    if post is not None:
-        return "per_element" if post.n_blocks > 1 else "shared"
-    return getattr(model, "posterior_basis", "shared")
-
-
 def potential_config(model: nn.Module) -> dict[str, Any]:
     """Everything needed to rebuild the ``BayesianPotential`` ``model``, as plain data."""
     backbone = model.backbone
@@ -57,7 +49,7 @@ def potential_config(model: nn.Module) -> dict[str, Any]:
         "gradient_method": model.gradient_method,
         "dtype": str(model.dtype).removeprefix("torch."),
         "posterior": {"full": model.has_full_posterior, "rank": model.posterior_rank,
-                      "basis": _posterior_basis(model)},
+                      "basis": model.posterior_basis},
     }
 
 
