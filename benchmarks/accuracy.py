@@ -534,7 +534,13 @@ _MLEARN_MACE_NOTE = (
     "from then on), the native and MACE-backbone configs went back to the clip at 10 (see the configs' comments). "
     "The GIN [noclip] run of seed 5 on Ge jumped in loss at its epoch 76 (no clip) and kept the weights of its epoch 61 "
     "(lowest validation loss): test E / F 30.2 / 251 against 10.9 / 122 for seed 4. Si native [emawarm_refit] seed 5 "
-    "repeats seed 2 with the same config (the clip at 10). Energy errors by structure group: mlearn_groups.md.")
+    "repeats seed 2 with the same config (the clip at 10). Energy errors by structure group: mlearn_groups.md. "
+    "Note (2026-12-04, evening): the [stage2] runs (seed 2) ran the three mlearn configs (configs/mlearn_equivariant.yaml, "
+    "mlearn_gin.yaml, mlearn_mace.yaml) with `loss.stage_two_start: 0.75` and `loss.stage_two_energy_weight: 10`, new in "
+    "the trainer then: from 3/4 of the 10-minute budget the energy weight is 10 (MACE's stage two), and the model kept is "
+    "the best on validation within that stage; otherwise the configs of the [emawarm_refit] runs (native, MACE backbone) "
+    "and of the [noclip] runs (GIN). Two one-thread invocations at a time on the 2 cores. The probes that led there "
+    "(a fine-tune with energy weight 10 from kept checkpoints) are in mlearn_probes/README.md.")
 
 #: What the JSON cannot say about a dataset's runs (written by hand, dated).
 RUN_NOTES = {

@@ -6,8 +6,9 @@ Every run of ``OUT/accuracy.jsonl`` (benchmarks/accuracy.py) on Si, Ge or Li who
 Surface, Vacancy) the table gives the frames, the energy MAE per atom and the mean signed
 error per atom (prediction - label, meV/atom), and the test energy MAE with and without the
 Surface frames. Why: on all three backbones the training Surface frames carry the largest
-energy errors, of one sign per element (a constant the models cannot fit), and the test sets
-hold one or two of them. mace_torch runs keep no checkpoint (``--keep-mace-model`` unused) and
+energy errors, of one sign per element, and the test sets hold one or two of them; a second
+stage with a higher energy weight (the ``[stage2]`` runs) fits them on Li, not on Ge, and on Si
+only partly. mace_torch runs keep no checkpoint (``--keep-mace-model`` unused) and
 are skipped. MACE-backbone checkpoints need mace-torch importable (the ``[mace]`` extra).
 
     python benchmarks/mlearn_groups.py                      # writes benchmarks/results/mlearn_groups.{md,json}

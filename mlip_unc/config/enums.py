@@ -219,12 +219,14 @@ class EnergyCount(str, Enum):
     """How often a structure's energy enters the potential loss (``mlip_unc.train.losses``)."""
 
     AUTO = "auto"
-    """``atom`` when any training structure is periodic, ``structure`` otherwise."""
+    """``atom`` when a training structure is periodic or the sizes spread more than twofold,
+    ``structure`` otherwise (``mlip_unc.train.potential.energy_per_atom``)."""
     STRUCTURE = "structure"
     """Once per structure: the plain likelihood of its total energy (per-atom normalised)."""
     ATOM = "atom"
-    """Once per atom (n_atoms x the per-atom energy NLL): the size-independent per-atom energy
-    loss, like MACE's ((E_pred - E) / N)^2 against the per-atom force error."""
+    """Once per atom (n_atoms x the per-atom energy NLL, whose variance is sigma_e^2 / n_atoms):
+    a structure's squared per-atom residual weighs n_atoms^2 / sigma_e^2, against its 3 n_atoms
+    force terms (``structure``: n_atoms / sigma_e^2)."""
 
 
 class ReferenceEnergies(str, Enum):

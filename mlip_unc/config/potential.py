@@ -132,12 +132,14 @@ class LossConfig(Section):
     per structure (``mlip_unc.train.losses``).
 
     Energy/force balance (``energy_count``): ``NLL_E`` is the NLL of the per-atom energy
-    (E_pred - E) / n_atoms; ``NLL_F`` sums the NLL over the 3 n_atoms force components. With
-    ``atom`` the energy term is counted once per atom, so both terms grow with the number of
-    atoms and each atom weighs one per-atom energy against three force components whatever
-    the structure's size (the size-independent balance of MACE's loss, which averages
-    ((E_pred - E) / N)^2 and the force MSE per atom). With ``structure`` it is counted once per
-    structure (the plain likelihood of its energy). ``auto`` (the default) takes ``atom`` for
+    (E_pred - E) / n_atoms, whose noise variance is sigma_e^2 / n_atoms (independent per-atom
+    noise); ``NLL_F`` sums the NLL over the 3 n_atoms force components. With ``structure`` the
+    energy term counts once per structure (the plain likelihood of its energy): a structure's
+    squared per-atom residual weighs n_atoms / sigma_e^2, against its 3 n_atoms force terms.
+    With ``atom`` it counts once per atom, which multiplies that by n_atoms: per atom the energy
+    weighs n_atoms times more than with ``structure``, so larger cells' energies weigh more
+    per atom (n_atoms^2 per structure; MACE's loss weighs every structure's
+    ((E_pred - E) / N)^2 alike). ``auto`` (the default) takes ``atom`` for
     periodic training data and for molecules of widely different sizes (largest more than twice
     the smallest), else ``structure`` (one molecule's MD, as ethanol or 3BPA). Measured (tiny GIN, 2-3 min runs,
     see the commit of this option): on mlearn Si counting per structure let the learned energy
@@ -150,6 +152,11 @@ class LossConfig(Section):
         stress_noise: fixed stress noise std (eV/A^3) of the stress likelihood.
         beta: KL weight (1 = proper ELBO).
         kl_warmup_epochs: linear ramp of beta from 0 (``mlip_unc.train.losses.kl_weight``).
+        stage_two_start: fraction of training (the larger of the epoch and wall-time fractions,
+            as the cosine schedule counts it) from which the stage-two weights apply (MACE's
+            ``--swa`` stage: forces first, then a higher energy weight); null: one stage.
+            Validation selects the best model of the last stage reached.
+        stage_two_energy_weight, stage_two_forces_weight: the weights from then on (null: unchanged).
     """
 
     energy_weight: float = Field(1.0, ge=0)
@@ -159,12 +166,30 @@ class LossConfig(Section):
     stress_noise: float = Field(0.005, gt=0)
     beta: float = Field(1.0, ge=0)
     kl_warmup_epochs: int = Field(0, ge=0)
+    stage_two_start: float | None = Field(None, gt=0, lt=1)
+    stage_two_energy_weight: float | None = Field(None, ge=0)
+    stage_two_forces_weight: float | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> LossConfig:
         if self.energy_weight + self.forces_weight + self.stress_weight <= 0:
             raise ValueError("loss.energy_weight: energy, forces and stress weights are all zero")
+        two = (self.stage_two_energy_weight, self.stage_two_forces_weight)
+        if self.stage_two_start is not None and two == (None, None):
+            raise ValueError("loss.stage_two_start is set but neither stage_two_energy_weight nor "
+                             "stage_two_forces_weight: stage two would change nothing")
+        if self.stage_two_start is None and two != (None, None):
+            raise ValueError("loss.stage_two_energy_weight / stage_two_forces_weight need loss.stage_two_start")
         return self
+
+    def weights(self, progress: float) -> tuple[int, dict[str, float]]:
+        """``(stage, {"energy", "forces", "stress": weight})`` at the fraction ``progress`` of training."""
+        stage = int(self.stage_two_start is not None and progress >= self.stage_two_start)
+        energy, forces = self.energy_weight, self.forces_weight
+        if stage:
+            energy = energy if self.stage_two_energy_weight is None else self.stage_two_energy_weight
+            forces = forces if self.stage_two_forces_weight is None else self.stage_two_forces_weight
+        return stage, {"energy": energy, "forces": forces, "stress": self.stress_weight}
 
 
 class RegularizerConfig(Section):

@@ -2,24 +2,22 @@
 resumable checkpoints, progress and logging. Every task (property model, potential) only
 supplies its batch -> loss step and its validation (:class:`Task`).
 
-Per optimiser step the task gets the fractional epoch ``epoch + batch / n_batches`` (for the
-KL ramp ``losses.kl_weight`` and the regulariser schedule) and the generator of posterior
-draws. The core:
+Per step the task gets the fractional epoch ``epoch + batch / n_batches`` (KL ramp, regulariser
+schedule), the progress fraction (loss stages) and the posterior draws' generator. The core:
 
 * Adam on the trainable parameters (:mod:`mlip_unc.train.optim`): weight decay on the
   deterministic parameters only (the Bayesian layers are regularised by their KL);
 * ``lr_schedule``: constant, plateau (after each validation) or cosine (every step, from the
-  larger of the epoch and the wall-time fractions, so a budgeted run ends at ``min_lr``);
-* optional EMA of the weights (``torch.optim.swa_utils.AveragedModel``), used for validation
-  and for the best model;
-* early stopping on the task's validation metric; the best weights are kept and loaded at the
-  end; the task writes ``model.pt`` from them;
+  progress fraction: the larger of the epoch and wall-time fractions; ends at ``min_lr``);
+* optional EMA of the weights (``swa_utils.AveragedModel``), for validation and the best model;
+* early stopping on the validation metric; the best weights (of the last validation ``phase``)
+  are loaded at the end; the task writes ``model.pt`` from them;
 * ``out/last.pt`` after every epoch: model, optimiser, scheduler, EMA, generators, torch's
   RNG (dropout), history and stopping state, so ``resume`` continues exactly; it refuses a
   checkpoint written for another architecture or training config;
-* torch's global RNG is forked: a training run leaves the caller's RNG untouched;
-* ``device`` (:mod:`mlip_unc.train.device`): the model, EMA, optimiser state, batches and
-  posterior draws live there; the shuffling generator stays on the CPU;
+* torch's global RNG is forked (the caller's is untouched); on ``device``
+  (:mod:`mlip_unc.train.device`) live the model, EMA, optimiser state, batches and posterior
+  draws; the shuffling generator stays on the CPU;
 * under torchrun, :mod:`mlip_unc.train.distributed` (sharding, gradient all-reduce, rank 0
   validates and writes; ranks > 0 draw from ``worker_seed``): the checkpoint is rank 0's
   state and does not depend on the number of processes.
@@ -118,7 +116,6 @@ class Trainer:
         self.elapsed_before, self.start = 0.0, time.monotonic()
         self.rank, self.world = dist.rank(), dist.world_size()
 
-    # -------------------------------------------------------------- time and progress
     def elapsed(self) -> float:
         """Seconds of training, including those before a resume."""
         return self.elapsed_before + time.monotonic() - self.start
@@ -138,9 +135,9 @@ class Trainer:
             done = max(done, self._clock() / (60.0 * self.opts.max_minutes))
         return min(done, 1.0)
 
-    def _cosine_lr(self, epoch: float) -> None:
+    def _cosine_lr(self, progress: float) -> None:
         lo, hi = self.opts.lr_floor, self.opts.lr
-        lr = lo + 0.5 * (hi - lo) * (1.0 + math.cos(math.pi * self.progress(epoch)))
+        lr = lo + 0.5 * (hi - lo) * (1.0 + math.cos(math.pi * progress))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
@@ -210,9 +207,10 @@ class Trainer:
         for i, batch in enumerate(loader):
             batch = to_device(batch, self.device)
             epoch = self.epoch + i / n_batches
+            progress = self.progress(epoch)
             if self.opts.lr_schedule is LRSchedule.COSINE:
-                self._cosine_lr(epoch)
-            loss, terms = self.task.loss(batch, Step(epoch=epoch, generator=generator))
+                self._cosine_lr(progress)
+            loss, terms = self.task.loss(batch, Step(epoch=epoch, generator=generator, progress=progress))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             dist.average_gradients(self.model.parameters())  # no-op in one process
@@ -236,7 +234,9 @@ class Trainer:
         return record
 
     def _after_validation(self, record: dict[str, Any]) -> None:
-        metric = float(record[self.task.metric_key])
+        metric, phase = float(record[self.task.metric_key]), int(record.get("phase", 0))
+        if phase != self.best.get("phase", 0):  # the task's loss changed: the best model of this phase
+            self.best.update(metric=math.inf, bad=0, phase=phase)
         if metric < self.best["metric"] or self.best["state"] is None:
             self.best.update(metric=metric, epoch=self.epoch, bad=0, state=self._best_state())
             on_best = getattr(self.task, "on_best", None)

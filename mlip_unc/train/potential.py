@@ -161,7 +161,7 @@ class PotentialTask:
         self.lam = LambdaSchedule(reg.warmup_epochs, reg.ramp_epochs, reg.lambda_max)
         self.bayesian = config.model.head is HeadKind.BAYESIAN
         loss = config.loss
-        self.weights = {"energy": loss.energy_weight, "forces": loss.forces_weight, "stress": loss.stress_weight}
+        self.stage, self.weights = loss.weights(0.0)  # (loss.stage_two_start: the weights change mid-run)
         self.energy_per_atom = energy_per_atom(loss.energy_count, data.train.graphs)
         self.epoch = 0
 
@@ -170,6 +170,7 @@ class PotentialTask:
 
     def loss(self, batch: Any, step: Step) -> tuple[Tensor, dict[str, float]]:
         config, model = self.config, self.model
+        self.stage, self.weights = config.loss.weights(step.progress)
         use_stress = config.loss.stress_weight > 0
         out = model(batch, training=True, compute_stress=use_stress, generator=step.generator)
         noise = model.noise_variances(batch)
@@ -217,6 +218,7 @@ class PotentialTask:
             "sigma_e_meV_atom": 1e3 * float(self.model.energy_noise.detach()),
             "sigma_f_meV_A": 1e3 * float(self.model.force_noise.detach()),
             "posterior_std_mean": float(s2.detach().sqrt().mean()), "kl": float(self.model.kl().detach()),
+            "phase": self.stage,  # the core keeps the best model of each stage (loss.stage_two_start)
         }  # fmt: skip
 
     # -------------------------------------------------------------- core hooks

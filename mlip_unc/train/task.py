@@ -20,6 +20,9 @@ class Step:
     """Fractional epoch: completed epochs + batch / n_batches."""
     generator: torch.Generator
     """Posterior draws (local reparameterisation, weight samples)."""
+    progress: float = 0.0
+    """Fraction of training done: the larger of the epoch and wall-time fractions (the cosine
+    schedule's clock; a task may change its loss with it)."""
 
 
 class Task(Protocol):
@@ -37,7 +40,8 @@ class Task(Protocol):
         ...
 
     def validate(self) -> dict[str, float]:
-        """Validation metrics with the current weights (the core swaps in the EMA)."""
+        """Validation metrics with the current weights (the core swaps in the EMA). An optional
+        ``"phase"`` (int) marks a change of the task's loss: the best model restarts with it."""
         ...
 
     def signature(self) -> dict[str, Any]:

@@ -195,3 +195,34 @@ def test_cuda_training_writes_a_model_that_predicts_on_the_cpu(data_dir, tmp_pat
     out = model(prepare_data(_config(data_dir, tmp_path)).valid.graphs[0], uncertainty="exact")
     assert torch.isfinite(out[keys.FORCES_VAR]).all()
     assert "posterior" in load_checkpoint(gpu.model_path)["metadata"]
+
+
+def test_stage_two_changes_the_loss_weights_from_its_start(data_dir, tmp_path, monkeypatch):
+    """loss.stage_two_start 0.5 over 4 epochs: epochs 1-2 train with the first weights, 3-4 with
+    the stage-two ones; validation reports the phase and the best model is a stage-two one."""
+    seen = []
+    original = potential_trainer.potential_loss
+
+    def spy(nll, weights, **kwargs):
+        seen.append(dict(weights))
+        return original(nll, weights, **kwargs)
+
+    monkeypatch.setattr(potential_trainer, "potential_loss", spy)
+    raw = _config(data_dir, tmp_path, epochs=4).to_dict()
+    loss = {**raw["loss"], "stage_two_start": 0.5, "stage_two_energy_weight": 30.0}
+    result = train_potential(config_from_dict({**raw, "loss": loss}))
+    steps = len(seen) // 4  # 3 batches per epoch (6 structures, batch 2)
+    assert [w["energy"] for w in seen] == [1.0] * 2 * steps + [30.0] * 2 * steps
+    assert all(w["forces"] == 1.0 for w in seen)
+    assert [r["phase"] for r in result.history] == [0, 0, 1, 1] and result.best_epoch >= 3
+
+
+def test_stage_two_config_is_checked():
+    base = {"data": {"train": "x.xyz"}}
+    with pytest.raises(ValueError, match="would change nothing"):
+        config_from_dict({**base, "loss": {"stage_two_start": 0.8}})
+    with pytest.raises(ValueError, match="need loss.stage_two_start"):
+        config_from_dict({**base, "loss": {"stage_two_energy_weight": 10}})
+    cfg = config_from_dict({**base, "loss": {"stage_two_start": 0.8, "stage_two_forces_weight": 0.5}})
+    assert cfg.loss.weights(0.79) == (0, {"energy": 1.0, "forces": 1.0, "stress": 0.0})
+    assert cfg.loss.weights(0.8) == (1, {"energy": 1.0, "forces": 0.5, "stress": 0.0})

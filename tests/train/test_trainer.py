@@ -245,3 +245,43 @@ def test_the_core_indexes_a_sequence_of_training_data_without_copying_it(graphs)
     trainer.task.train_graphs = _NoIteration(graphs[:32])
     trainer.fit()  # iterating (list(data)) would raise; DataLoader indexes the sequence
     assert trainer.epoch == 2
+
+
+class _PhasedTask:
+    """A scripted task: validation reports (metric, phase) from a list: the initial one, then one per epoch."""
+
+    metric_key = "valid_loss"
+
+    def __init__(self, script):
+        self.model = torch.nn.Linear(1, 1)
+        self.script, self.calls, self.progress = list(script), 0, []
+
+    def train_data(self):
+        return [torch.ones(1)] * 2
+
+    def loss(self, batch, step):
+        self.progress.append(step.progress)
+        return (self.model(batch.reshape(-1, 1)) ** 2).mean(), {}
+
+    def validate(self):
+        metric, phase = self.script[self.calls]
+        self.calls += 1
+        return {"valid_loss": metric, "phase": phase}
+
+    def signature(self):
+        return {}
+
+
+def test_a_new_phase_restarts_the_best_model():
+    """The stage-one epoch 2 has the lowest metric, but the phase-1 epochs are another loss:
+    the best model is the best of the last phase (epoch 4), not epoch 2."""
+    from mlip_unc.config.training import TrainCoreConfig
+    from mlip_unc.train.core import Trainer
+
+    task = _PhasedTask([(10.0, 0), (5.0, 0), (1.0, 0), (9.0, 1), (3.0, 1), (4.0, 1)])
+    opts = TrainCoreConfig(epochs=5, batch_size=1, progress=False, lr_schedule="cosine")
+    result = Trainer(task, opts, seed=0).fit()
+    assert result.best_epoch == 4 and result.best_metric == 3.0
+    assert task.progress == pytest.approx([k / 10 for k in range(10)])  # epoch + batch / n over 5 epochs
+    without = Trainer(_PhasedTask([(10.0, 0), (5.0, 0), (1.0, 0), (9.0, 0), (3.0, 0), (4.0, 0)]), opts, seed=0).fit()
+    assert without.best_epoch == 2
