@@ -23,11 +23,12 @@ The energy/force balance (``loss.energy_count``, ``mlip_unc.config.potential.Los
 counted per atom, a structure's energy term is n_atoms times its per-structure NLL, whose
 per-atom variance is sigma_e^2 / n_atoms: its squared per-atom residual weighs n_atoms^2 /
 sigma_e^2 (per atom n_atoms / sigma_e^2: larger cells' energies weigh more; MACE weighs every
-structure's per-atom residual alike); counted per structure (the plain likelihood; with unit weights and beta = 1 the loss is then the negative
-ELBO per training structure), the energy carries 1 / (3 n_atoms + 1) of a structure's terms.
-Per atom kept the energy on mlearn Si (periodic 64-atom cells), where per structure let the
-learned energy noise grow; per structure learned the forces of small molecules faster. The
-default ``auto`` takes ``atom`` for periodic training data and ``structure`` otherwise.
+structure's per-atom residual alike); counted per structure (the plain likelihood; with unit
+weights and beta = 1 the loss is then the negative ELBO per training structure), the energy
+carries 1 / (3 n_atoms + 1) of a structure's terms. Per atom kept the energy on mlearn Si
+(periodic 64-atom cells), where per structure let the learned energy noise grow; per structure
+learned the forces of small molecules faster. The default ``auto`` takes ``atom`` for periodic
+training data and for sizes spread more than twofold, ``structure`` otherwise.
 (Averaging the force NLL over components instead would down-weight the forces 3 n_atoms-fold
 against the energy and the KL: in a quick ethanol check that delayed force learning by tens
 of epochs.)
