@@ -523,7 +523,7 @@ def _f(value: Any, spread: Any = None) -> str:
     return text if spread is None else f"{text} ± {spread:.2g}"
 
 
-_MLEARN_MACE_NOTE = (
+_MLEARN_NOTE = (
     "Note (2026-12-04): mace_backbone [readout_norm_constlr] (seed 3) ran configs/mlearn_mace.yaml as first written: "
     "the model section of configs/ethanol_mace.yaml (readout: mace, readout_hidden [16], latent_dim 48, latent_norm), "
     "constant lr, no gradient clip. Its test energies were worse on all three sets than the [emawarm_refit] runs' "
@@ -555,9 +555,9 @@ RUN_NOTES = {
            "(autogroup nice -15) and got most of one core, as the ethanol and 3BPA runs did on a quiet machine. "
            "The two starved runs are kept (seed 0); each got a second run on a quiet machine (seed 1, load average "
            "1-3): native 63 epochs, E 15.7 meV/atom, F 176 meV/A; mace_backbone 6 epochs, E 41.0, F 277. Their "
-           "mean +- std mixes the two conditions; the per-run values are in accuracy.json. " + _MLEARN_MACE_NOTE),
-    "Ge": _MLEARN_MACE_NOTE,
-    "Li": _MLEARN_MACE_NOTE,
+           "mean +- std mixes the two conditions; the per-run values are in accuracy.json. " + _MLEARN_NOTE),
+    "Ge": _MLEARN_NOTE,
+    "Li": _MLEARN_NOTE,
     "solvent_xtb": ("Note (2026-12-04): the [emawarm_refit] runs (seed 2) came after the per-atom energy counting "
                     "of configs/solvent_xtb_equivariant.yaml, the EMA warm-up and the offset refit; the unmarked rows "
                     "predate all three. The mace_backbone [emawarm_refit] run shared the 2 cores with the test suite "
