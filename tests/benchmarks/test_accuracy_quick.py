@@ -171,3 +171,36 @@ def test_a_variant_of_our_row_is_its_own_row_and_can_win(bench, tmp_path):
             "skipped": {}, "failed": {}}  # fmt: skip
     bench.write_markdown({**results, "meta": meta}, tmp_path / "accuracy.md")
     assert "native [ew0.01]: config `c.yaml`, loss section {'energy_weight': 0.01}" in (tmp_path / "accuracy.md").read_text()
+
+
+def test_the_peers_stage_two_is_its_own_row_and_stays_the_peer(bench, tmp_path):
+    """mace_torch [stage2] (--mace-stage-two) is a row of its own, never counted as one of ours."""
+    runs = bench.Runs(tmp_path / "accuracy.jsonl", SETTINGS)
+    peer_two = {**_run("ethanol", "mace_torch", 0, 8.0, energy=3.0), "variant": "stage2", "stage_two_start": 0.75}
+    for rec in (_run("ethanol", "native", 0, 14.0), _run("ethanol", "mace_torch", 0, 11.0), peer_two,
+                {**_run("Si", "mace_torch", 0, 90.0, energy=40.0), "variant": "stage2", "stage_two_start": 0.75}):  # fmt: skip
+        runs.add(rec)
+    assert runs.done("ethanol", "mace_torch", 0, "stage2") and runs.done("ethanol", "mace_torch", 0)
+    results = bench.assemble(runs, {"x": 1})
+    assert results["ethanol"]["mace_torch [stage2]"]["force_mae_meV_A"] == 8.0
+    lines = bench.acceptance(results)
+    assert lines[0] == "- ethanol: best of our rows F-MAE (native) 14.0 vs mace_torch 11.0 meV/A: missed by 3.0 meV/A (1.27x)"
+    assert not any("mace_torch [stage2] 8.0 vs" in line for line in lines)
+    assert "- Si mace_torch [stage2]: E MAE 40 meV/atom <= 10: missed (40.0 > 10)" in lines
+    meta = {"commands": ["python benchmarks/accuracy.py  (python: x)"], "budget_minutes": 10.0, "threads": 1,
+            "seeds": [0], "status": "partial", "updated": "now", "mace_torch_method": "m", "overrides": [],
+            "skipped": {}, "failed": {}}  # fmt: skip
+    bench.write_markdown({**results, "meta": meta}, tmp_path / "accuracy.md")
+    assert "mace_torch [stage2]: mace_run_train as the unmarked row, then mace's own stage two from 0.75" in (
+        tmp_path / "accuracy.md"
+    ).read_text()
+
+
+def test_last_mace_epoch_by_stage(bench, tmp_path):
+    for name in ("mace_run-1_epoch-3.pt", "mace_run-1_epoch-12.pt", "mace_run-1_epoch-12_swa.pt", "mace_run-1_epoch-14_swa.pt"):
+        (tmp_path / "checkpoints").mkdir(exist_ok=True)
+        (tmp_path / "checkpoints" / name).write_bytes(b"")
+    assert bench._last_epoch(tmp_path, swa=False, budget=1.0) == 12
+    assert bench._last_epoch(tmp_path, swa=True, budget=1.0) == 14
+    with pytest.raises(RuntimeError, match="no stage-two checkpoint"):
+        bench._last_epoch(tmp_path / "checkpoints" / "none", swa=True, budget=1.0)
