@@ -584,8 +584,8 @@ _MLEARN_NOTE = (
     "(70.4 -> 80.2, 62.4 -> 80.7, 11.8 -> 38.9 meV/A). Afterwards, two at once on an otherwise idle machine: "
     "Si mace_backbone [stage2_half] seed 3 (15.6 / 137 against 11.0 / 113 for [stage2] seed 3) beside Ge mace_torch "
     "[stage2] seed 2 (8.30 / 68.3), then Ge mace_torch [stage2] seed 3 (9.14 / 68.6) beside mlearn_groups.py; the Ge "
-    "peer got seeds 2 and 3 because its seed-1 run was the nearest of the three peer runs to 10 meV/atom, Si and Li "
-    "one seed each.")
+    "peer got seeds 2 and 3 because its seed-1 run was the nearest of the three peer runs to 10 meV/atom. Last, Si and "
+    "Li mace_torch [stage2] seed 2 (26.2 / 93.7, 16.6 / 36.0), two at once on an otherwise idle machine.")
 
 #: What the JSON cannot say about a dataset's runs (written by hand, dated).
 RUN_NOTES = {
