@@ -204,3 +204,19 @@ def test_last_mace_epoch_by_stage(bench, tmp_path):
     assert bench._last_epoch(tmp_path, swa=True, budget=1.0) == 14
     with pytest.raises(RuntimeError, match="no stage-two checkpoint"):
         bench._last_epoch(tmp_path / "checkpoints" / "none", swa=True, budget=1.0)
+
+
+@pytest.mark.slow
+def test_quick_peer_stage_two(bench, tmp_path):
+    """--mace-stage-two: mace's CLI stopped at the fraction, restarted into its stage two, and the
+    stage-two model evaluated (needs mace-torch: the [mace] extra)."""
+    if bench.mace_missing():
+        pytest.skip("mace-torch not importable")
+    results = bench.main(["--quick", "--out", str(tmp_path), "--rows", "mace_torch", "--mace-stage-two", "0.5"])
+    row = results["cu_emt"]["mace_torch [stage2]"]
+    assert row["n"] == 1 and 0 < row["force_mae_meV_A"] < 2000 and row["runs"][0]["stage_two_start"] == 0.5
+    folder = tmp_path / "checkpoints" / "accuracy" / "cu_emt_mace_torch_stage2_seed0"
+    first, second = (folder / "command.txt").read_text().splitlines()
+    assert "--start_swa 999999" in first and "--restart_latest --stage_two --start_swa" in second
+    assert "Changing loss based on Stage Two Weights" in (folder / "mace_run_train_stage_two.log").read_text()
+    assert "Loaded Stage two model" in (folder / "mace_run_train.log").read_text()
