@@ -142,6 +142,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown row(s) {bad}; choose from {ROWS}")
     if args.quick and args.out is None:
         p.error("--quick writes to the folder given by --out")
+    if args.mace_stage_two is not None and not 0.0 < args.mace_stage_two < 1.0:
+        p.error(f"--mace-stage-two is a fraction of the budget in (0, 1), got {args.mace_stage_two}")
     args.out = args.out or RESULTS
     args.budget_minutes = args.budget_minutes or (10.0 / 60.0 if args.quick else 10.0)
     args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
@@ -364,17 +366,17 @@ def run_mace_torch(name: str, seed: int, spec: dict[str, Any], args: argparse.Na
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
     log_path, log_two = mace_work / "mace_run_train.log", mace_work / "mace_run_train_stage_two.log"
     load = os.getloadavg()[0]
-    two_start = args.mace_stage_two
-    out = args.out / "checkpoints" / "accuracy" / f"{name}_mace_torch{'_stage2' if two_start else ''}_seed{seed}"
+    two_start, variant = args.mace_stage_two, peer_variant(args)
+    out = args.out / "checkpoints" / "accuracy" / f"{name}_mace_torch{'_' + variant if variant else ''}_seed{seed}"
     out.mkdir(parents=True, exist_ok=True)
-    budget_s, stage_two = 60.0 * args.budget_minutes, None
+    budget_s = 60.0 * args.budget_minutes
     # With a stage two, it is out of reach in the first call: the optimizer state then holds SWALR's swa_lr,
     # without which mace's restart into stage two fails (KeyError 'swa_lr').
-    first = [*cmd, "--stage_two", "--start_swa", "999999"] if two_start else cmd
+    first = [*cmd, "--stage_two", "--start_swa", "999999"] if variant else cmd
     (out / "command.txt").write_text(shlex.join(first) + "\n")
     try:
         seconds = _run_mace(first, log_path, budget_s * (two_start or 1.0), env)
-        if two_start:  # restart from the kept stage-one checkpoint with mace's stage two from its epoch
+        if variant:  # restart from the kept stage-one checkpoint with mace's stage two from its epoch
             start = _last_epoch(mace_work, swa=False, budget=args.budget_minutes)
             stage_two = [*cmd, "--restart_latest", "--stage_two", "--start_swa", str(start)]
             (out / "command.txt").write_text(shlex.join(first) + "\n" + shlex.join(stage_two) + "\n")
@@ -383,24 +385,34 @@ def run_mace_torch(name: str, seed: int, spec: dict[str, Any], args: argparse.Na
         for log_file in (log_path, log_two):
             if log_file.is_file():
                 shutil.copy2(log_file, out / log_file.name)
-    epoch = _last_epoch(mace_work, swa=bool(two_start), budget=args.budget_minutes)
+    epoch = _last_epoch(mace_work, swa=bool(variant), budget=args.budget_minutes)
     final = [*cmd, "--restart_latest", "--max_num_epochs", str(epoch)]  # load, train no further, save .model
-    if stage_two:  # mace keeps stage two only when it starts before max_num_epochs
+    if variant:  # mace keeps stage two only when it starts before max_num_epochs
         final += ["--stage_two", "--start_swa", str(max(epoch - 1, 0))]
     _run_mace(final, log_path, None, env)
-    model_name = "mace_stagetwo.model" if stage_two else "mace.model"
+    model_name = "mace_stagetwo.model" if variant else "mace.model"
     model_file = next(p for p in (mace_work / model_name, *mace_work.rglob(model_name)) if p.is_file())
     calc = MACECalculator(model_paths=str(model_file), device="cpu", default_dtype=cfg.dtype.value)
     tests = {label: metrics(mace_predictions(calc, read_frames(Path(test), spec), spec)) for label, test in spec["tests"].items()}
     if args.keep_mace_model:
         shutil.copy2(model_file, out / "mace.model")
     shutil.copy2(log_path, out / "mace_run_train.log")
-    n_epochs = len(set(_epochs_logged(log_path))) + (len(set(_epochs_logged(log_two))) if stage_two else 0)
+    n_epochs = len(set(_epochs_logged(log_path))) + (len(set(_epochs_logged(log_two))) if variant else 0)
     return {"train_minutes": seconds / 60.0, "parameters": sum(p.numel() for p in calc.models[0].parameters()),
             "epochs": n_epochs, "best_epoch": epoch, "stop_reason": "time" if seconds else "finished",
             "config": f"mace_run_train (r_max, batch size, valid fraction, dtype of {source})",
             "checkpoint": str(out.relative_to(args.out)), "load_avg": [load, os.getloadavg()[0]], "tests": tests,
-            **({"variant": "stage2", "stage_two_start": two_start} if stage_two else {})}  # fmt: skip
+            **({"variant": variant, "stage_two_start": two_start} if variant else {})}  # fmt: skip
+
+
+def peer_variant(args: argparse.Namespace) -> str:
+    """The label of this invocation's mace_torch runs: ``stage2`` with ``--mace-stage-two``."""
+    return "stage2" if args.mace_stage_two is not None else ""
+
+
+def is_peer(row: str) -> bool:
+    """``mace_torch`` and its variants (``mace_torch [stage2]``): never one of our rows."""
+    return row.startswith("mace_torch")
 
 
 def _last_epoch(work: Path, *, swa: bool, budget: float) -> int:
@@ -512,7 +524,7 @@ def acceptance(results: dict[str, Any]) -> list[str]:
     lines = []
     for name in ("ethanol", "3BPA"):
         rows = results.get(name, {})
-        ours = {r: v["force_mae_meV_A"] for r, v in rows.items() if not r.startswith("mace_torch") and v["force_mae_meV_A"] is not None}
+        ours = {r: v["force_mae_meV_A"] for r, v in rows.items() if not is_peer(r) and v["force_mae_meV_A"] is not None}
         ref = (rows.get("mace_torch") or {}).get("force_mae_meV_A")
         if not ours or ref is None:
             lines.append(f"- {name}: best of our rows F-MAE <= mace_torch: n/a (runs missing)")
@@ -522,7 +534,7 @@ def acceptance(results: dict[str, Any]) -> list[str]:
         lines.append(f"- {name}: best of our rows F-MAE ({best}) {ours[best]:.1f} vs mace_torch {ref:.1f} meV/A: {verdict}")
         peer = {r["seed"]: r["force_mae_meV_A"] for r in rows["mace_torch"].get("runs", []) if r["force_mae_meV_A"] is not None}
         for row, v in rows.items():  # the same run: each seed's mace_torch ran in the same invocation
-            for r in v.get("runs", []) if not row.startswith("mace_torch") else []:
+            for r in v.get("runs", []) if not is_peer(row) else []:
                 if r["force_mae_meV_A"] is not None and r["seed"] in peer:
                     f, g = r["force_mae_meV_A"], peer[r["seed"]]
                     lines.append(f"  - same run (seed {r['seed']}): {row} {f:.1f} vs mace_torch {g:.1f} meV/A "
@@ -643,7 +655,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         if variants:
             lines += ["", *(f"{row}: mace_run_train as the unmarked row, then mace's own stage two from "
                             f"{r['stage_two_start']} of the budget (the second command of its folder's command.txt)"
-                            if row.startswith("mace_torch") else f"{row}: config `{r['config']}`, loss section "
+                            if is_peer(row) else f"{row}: config `{r['config']}`, loss section "
                             f"{r['loss']} (the unmarked row ran an earlier config)" for row, r in variants)]  # fmt: skip
         if RUN_NOTES.get(name):
             lines += ["", RUN_NOTES[name]]
@@ -735,8 +747,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         meta["skipped"][f"{name}/{row}"] = missing
                     continue
                 for seed in seeds:
-                    variant = (("stage2" if args.mace_stage_two is not None else "") if row == "mace_torch"
-                               else args.variant)  # the peer's config changes only with --mace-stage-two  # fmt: skip
+                    variant = peer_variant(args) if row == "mace_torch" else args.variant  # the peer's: --mace-stage-two
                     if runs.done(name, row, seed, variant):
                         continue
                     log.info("[%s] %s seed %d: %.3g min", name, row, seed, args.budget_minutes)
