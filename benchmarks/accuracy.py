@@ -553,7 +553,7 @@ def acceptance(results: dict[str, Any]) -> list[str]:
 PUBLISHED: dict[str, dict[str, tuple[float, float]]] = {}
 PUBLISHED_SOURCE = None
 PUBLISHED_NOT_FOUND = (
-    "not found: the stored copies of the paper (arXiv:1906.08888 on ar5iv; the J. Phys. Chem. A PDF) could only be "
+    "not found: the stored copies of the paper (arXiv:1906.08888 on ar5iv; the J. Phys. Chem. A PDF; a slideshare copy) could only be "
     "read up to the abstract; materialsvirtuallab/mlearn at 10c427a (README.md, mvl_models/README.md, the notebooks) "
     "has no table of test errors; the code and docs searched gave no copy of the table; no number is shown rather "
     "than one from memory")
@@ -600,7 +600,16 @@ _MLEARN_NOTE = (
     "Li mace_torch [stage2] seed 2 (26.2 / 93.7, 16.6 / 36.0), two at once on an otherwise idle machine. Then, "
     "the same way, [stage2] seed 3 for the three cells met with one seed: Ge GIN 9.52 / 143, Li GIN 18.7 / 65.3 (its "
     "validation energy stayed on the ~21 meV/atom plateau that seed 2 left at about epoch 150, before the stage two), "
-    "Li MACE backbone 2.34 / 17.6.")
+    "Li MACE backbone 2.34 / 17.6. "
+    "Note (2026-12-05, ninth session): the gin [angular] runs (seeds 2 and 3, two one-thread invocations at a time on "
+    "an otherwise idle machine) ran configs/mlearn_gin.yaml with `angular_l_max: 2, angular_channels: 8` in its "
+    "backbone_kwargs (new: every GIN layer also reads the invariant power spectrum l = 0, 1, 2 of a learned neighbour "
+    "density), otherwise the [stage2] GIN config; it is the GIN row's config from then on. The native [angular] runs "
+    "(seeds 2 and 3, the same way, after them) ran configs/mlearn_equivariant.yaml with the same two keys (every "
+    "equivariant block's gate also reads that power spectrum), otherwise the [stage2] config; it is the native row's "
+    "config from then on. The 30-minute runs of the "
+    "same session (Si mace_backbone, Li gin, Ge native, the mace_torch [stage2] peers) are on their own page, "
+    "accuracy_30min/accuracy.md, because the budget is a setting of a results folder.")
 
 #: What the JSON cannot say about a dataset's runs (written by hand, dated).
 RUN_NOTES = {

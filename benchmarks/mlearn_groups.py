@@ -8,7 +8,8 @@ error per atom (prediction - label, meV/atom), and the test energy MAE with and 
 Surface frames. Why: on all three backbones the training Surface frames carry the largest
 energy errors, of one sign per element, and the test sets hold one or two of them; a second
 stage with a higher energy weight (the ``[stage2]`` runs) fits them on Li, not on Ge, and on Si
-only partly. mace_torch runs keep no checkpoint (``--keep-mace-model`` unused) and
+only partly (benchmarks/mlearn_surfaces.py: the Ge slab labels sit ~0.1 eV/atom below what
+the Ge bulk labels imply). mace_torch runs keep no checkpoint (``--keep-mace-model`` unused) and
 are skipped. MACE-backbone checkpoints need mace-torch importable (the ``[mace]`` extra).
 
     python benchmarks/mlearn_groups.py                      # writes benchmarks/results/mlearn_groups.{md,json}

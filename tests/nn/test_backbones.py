@@ -16,6 +16,9 @@ from mlip_unc.data import TypeMap, atoms_to_graph
 from mlip_unc.models.backbones import BACKBONES, Backbone, build_backbone
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.models.potential_checkpoint import potential_payload
+from mlip_unc.nn.equivariant import EquivariantInteraction
+from mlip_unc.nn.geometric_gin import GeometricGINLayer
+from mlip_unc.nn.power_spectrum import edge_spherical_harmonics
 from mlip_unc.nn.radial import (
     BesselBasis,
     CosineCutoff,
@@ -39,6 +42,9 @@ VARIANTS = {
     "equivariant": ("equivariant", KWARGS["equivariant"]),
     "gin-rich": ("gin", {**KWARGS["gin"], **RICH, "latent_dim": 16}),
     "equivariant-rich": ("equivariant", {**KWARGS["equivariant"], **RICH, "latent_dim": 16}),
+    "gin-angular": ("gin", {**KWARGS["gin"], "angular_l_max": 2, "angular_channels": 4}),
+    "equivariant-angular": ("equivariant", {**KWARGS["equivariant"], **RICH, "latent_dim": 16, "l_max": 1,
+                                            "angular_l_max": 2, "angular_channels": 4}),
 }
 
 
@@ -251,7 +257,53 @@ def _with_pos(batch: Batch, pos: torch.Tensor) -> Batch:
     return new
 
 
-@pytest.mark.parametrize("variant", ["gin-rich", "equivariant-rich"])
+def _two_bonds(width: int, l_max: int):
+    """Centre atom 0 with two neighbours 1.4 A away, 60 or 150 degrees apart, only their edges to it:
+    (h, edge_index, edge_attr, envelope, {angle: (bond vectors, power-spectrum harmonics or None)})."""
+    torch.manual_seed(0)
+    edge_attr, weight = RadialEmbedding(R_MAX, 6).double()(torch.full((2,), 1.4, dtype=torch.float64))
+    bonds = {}
+    for angle in (60.0, 150.0):
+        t = np.radians(angle)
+        vec = 1.4 * torch.tensor([[1.0, 0.0, 0.0], [np.cos(t), np.sin(t), 0.0]], dtype=torch.float64)
+        bonds[angle] = (vec, edge_spherical_harmonics(vec, l_max) if l_max else None)
+    return torch.randn(3, width, dtype=torch.float64), torch.tensor([[1, 2], [0, 0]]), edge_attr, weight, bonds
+
+
+@pytest.mark.parametrize("l_max", [0, 2])
+def test_the_angular_gin_layer_sees_the_bond_angle_the_radial_one_cannot(l_max):
+    """A distances-only layer gives the centre the same update at both angles, the power spectrum
+    (l_max 2) does not."""
+    h, edge_index, edge_attr, weight, bonds = _two_bonds(8, l_max)
+    layer = GeometricGINLayer(8, 6, angular_l_max=l_max, angular_channels=4).double()
+    centre = [layer(h, edge_index, edge_attr=edge_attr, edge_weight=weight, edge_sh=sh)[0] for _, sh in bonds.values()]
+    if l_max == 0:
+        torch.testing.assert_close(centre[0], centre[1], rtol=0, atol=0)
+    else:
+        assert (centre[0] - centre[1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("l_max", [0, 2])
+def test_the_angular_equivariant_block_gives_the_centre_scalars_the_bond_angle(l_max):
+    """The same two bonds through a first equivariant block (scalars in, 0e + 1o out): its scalar
+    outputs at the centre see the angle only with the power spectrum."""
+    h, edge_index, edge_attr, weight, bonds = _two_bonds(4, l_max)
+    irreps_sh = o3.Irreps.spherical_harmonics(1)
+    block = EquivariantInteraction(o3.Irreps("4x0e"), irreps_sh, o3.Irreps("4x0e + 4x1o"), num_basis=6,
+                                   angular_l_max=l_max, angular_channels=4).double()  # fmt: skip
+    block.reset_parameters()
+    centre = []
+    for vec, angular in bonds.values():
+        sh = o3.spherical_harmonics(irreps_sh, vec, normalize=True, normalization="component")
+        out = block(h, edge_index, sh=sh, edge_attr=edge_attr, edge_weight=weight, edge_sh_angular=angular)
+        centre.append(out[0, :4])  # the 0e channels
+    if l_max == 0:
+        torch.testing.assert_close(centre[0], centre[1], rtol=0, atol=1e-12)
+    else:  # small at initialisation (squared small density weights), far above rounding
+        assert (centre[0] - centre[1]).abs().max() > 1e-6
+
+
+@pytest.mark.parametrize("variant", ["gin-rich", "equivariant-rich", "gin-angular", "equivariant-angular"])
 def test_rich_potential_checkpoint_round_trip(variant):
     model = _potential(variant)
     again = BayesianPotential.from_checkpoint(potential_payload(model)).to(torch.float64).eval()
