@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import ase
+import ase.units
 import numpy as np
 
 from mlip_unc.atomic import atomic_write_text
@@ -46,7 +47,7 @@ from mlip_unc.data.json_reader import read_json_structures
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 SETS = ("Si", "Ge", "Li")
-EV_PER_A2_TO_J_PER_M2 = 16.021766  # 1 eV/A^2 = 16.02 J/m^2
+EV_PER_A2_TO_J_PER_M2 = ase.units._e * 1e20  # 1 eV/A^2 = 16.02 J/m^2 (ASE's elementary charge)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -132,7 +133,7 @@ def analyse(folder: Path, min_gap: float, bootstrap: int, seed: int) -> dict[str
             "gamma_J_m2": EV_PER_A2_TO_J_PER_M2 * gamma, "delta_meV_atom": 1000.0 * delta,
             "delta_bootstrap_std_meV_atom": 1000.0 * float(np.std(boot, ddof=1)) if len(boot) > 1 else None,
             "corr_gamma_thickness": float(np.corrcoef(x, y)[0, 1]),
-            "residual_std_J_m2": EV_PER_A2_TO_J_PER_M2 * float(np.std(resid, ddof=2)) if len(frames) > 2 else None,
+            "residual_std_J_m2": EV_PER_A2_TO_J_PER_M2 * float(np.std(resid, ddof=2)),  # >= 3 frames (checked)
             "frames": frames}  # fmt: skip
 
 
