@@ -549,13 +549,21 @@ def acceptance(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-# Zuo et al., J. Phys. Chem. A 2020, 124, 731: test-set MAE, energy (meV/atom) and force (eV/A).
-PUBLISHED: dict[str, dict[str, tuple[float, float]]] = {}
-PUBLISHED_SOURCE = None
+# Zuo et al., J. Phys. Chem. A 2020, 124, 731: test-set MAE, energy (meV/atom) and force (eV/A), of the two
+# models that a later paper tabulated beside its own (the paper's table itself could not be read here).
+PUBLISHED: dict[str, dict[str, tuple[float, float]]] = {
+    "Si": {"GAP": (2.91, 0.07), "MTP": (2.21, 0.06)},
+    "Ge": {"GAP": (2.06, 0.05), "MTP": (1.79, 0.05)},
+    "Li": {"GAP": (0.49, 0.01), "MTP": (0.49, 0.01)},
+}
+PUBLISHED_SOURCE = (
+    "Zuo et al., J. Phys. Chem. A 2020, 124, 731, GAP and MTP columns as quoted by ACEpotentials.jl "
+    "(Witt et al., J. Chem. Phys. 159, 164101 (2023)) in examples/zuobench/error_table.jl of ACEsuit/ACEpotentials.jl "
+    "at commit 12b4422, to two decimals (forces to 0.01 eV/Å); same mlearn training/test split")
 PUBLISHED_NOT_FOUND = (
     "not found: the stored copies of the paper (arXiv:1906.08888 on ar5iv; the J. Phys. Chem. A PDF; a slideshare copy) could only be "
     "read up to the abstract; materialsvirtuallab/mlearn at 10c427a (README.md, mvl_models/README.md, the notebooks) "
-    "has no table of test errors; the code and docs searched gave no copy of the table; no number is shown rather "
+    "has no table of test errors; ACEpotentials.jl quotes only GAP and MTP; no number is shown rather "
     "than one from memory")
 
 
@@ -609,7 +617,12 @@ _MLEARN_NOTE = (
     "equivariant block's gate also reads that power spectrum), otherwise the [stage2] config; it is the native row's "
     "config from then on. The 30-minute runs of the "
     "same session (Si mace_backbone, Li gin, Ge native, the mace_torch [stage2] peers) are on their own page, "
-    "accuracy_30min/accuracy.md, because the budget is a setting of a results folder.")
+    "accuracy_30min/accuracy.md, because the budget is a setting of a results folder. "
+    "Note (2026-12-05, tenth session): the mace_backbone runs [lmax2] (Si, seed 2: `l_max: 2` instead of 3 in "
+    "configs/mlearn_mace.yaml), [lmax2_bs2] (Si, seed 2: also `train.batch_size: 2`) and [maxL0_lmax2_bs2] (seeds 2 and "
+    "3 on Si, Ge and Li: also `max_L: 0`, invariant messages) ran beside the 3BPA force_uncertainty_angular run (one "
+    "other one-thread job) or two at a time, otherwise the [stage2] MACE-backbone config; [maxL0_lmax2_bs2] is the "
+    "MACE-backbone row's config from then on (about 30 epochs in the 10 minutes against 12-14).")
 
 #: What the JSON cannot say about a dataset's runs (written by hand, dated).
 RUN_NOTES = {
@@ -672,7 +685,8 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             if PUBLISHED.get(name):
                 lines += ["", f"Published ({PUBLISHED_SOURCE}): energy MAE (meV/atom), force MAE (eV/Å):", "",
                           "| model | E MAE (meV/atom) | F MAE (eV/Å) |", "|---|---|---|",
-                          *(f"| {m} | {e:g} | {f:g} |" for m, (e, f) in PUBLISHED[name].items())]  # fmt: skip
+                          *(f"| {m} | {e:g} | {f:g} |" for m, (e, f) in PUBLISHED[name].items()),
+                          "", f"NNP, SNAP and qSNAP of the same table (and any stress errors): {PUBLISHED_NOT_FOUND}."]  # fmt: skip
             else:
                 lines += ["", ("Published table of Zuo et al., J. Phys. Chem. A 2020, 124, 731 (GAP, MTP, NNP, SNAP, "
                           f"qSNAP): {PUBLISHED_NOT_FOUND}.")]  # fmt: skip
@@ -743,7 +757,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "quick": args.quick, "overrides": args.overrides, "started": time.strftime("%Y-%m-%d %H:%M"),
         "status": "partial", "skipped": {}, "failed": {}, "data_root": None if args.quick else str(args.data_root),
         "mace_torch_method": __doc__.split("- ``mace_torch``: ")[1].split("\n\n")[0].replace("\n  ", " ").strip(),
-        "published_note": PUBLISHED_SOURCE or PUBLISHED_NOT_FOUND,
+        "published": {"source": PUBLISHED_SOURCE, "not_found": PUBLISHED_NOT_FOUND, "columns": ["energy_mae_meV_atom", "force_mae_eV_A"],
+                      "values": PUBLISHED},
     }  # fmt: skip
     seeds = [args.seed + k for k in range(args.repeat)]
     with tempfile.TemporaryDirectory(prefix="mlip_unc_acc_") as tmp:
