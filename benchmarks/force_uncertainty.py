@@ -308,6 +308,32 @@ def row_metrics(ind: dict[str, Any], ood: dict[str, Any] | None, cost_ratio: flo
     return _clean({k: row[k] for k in ROW_KEYS})
 
 
+def paired_gap(single: dict[str, Any], committee: dict[str, Any], *, resamples: int = 1000,
+               seed: int = 0) -> dict[str, dict[str, float]]:
+    """How far the single model's in-domain Spearmans sit from the committee's, with the frames' noise.
+
+    Both rows are resampled with the same frame indices (paired bootstrap over the in-domain frames;
+    each row ranks its own errors). Per key: ``gap`` = single - committee on all frames, ``std`` of
+    the resampled gaps, ``p_within_slack`` = fraction of resamples with gap >= -slack (issue 11's
+    slack of that key).
+    """
+    rng = np.random.default_rng(seed)
+    a = {k: np.asarray(single[k], float) for k in ("score", "error", "force")}
+    b = {k: np.asarray(committee[k], float) for k in ("score", "error", "force")}
+    stats = {"spearman_frame_in_domain": lambda v, i: diag.spearman(v["score"][i], v["error"][i]),
+             "partial_spearman_given_force": lambda v, i: diag.partial_spearman(v["score"][i], v["error"][i],
+                                                                                 v["force"][i])}  # fmt: skip
+    every = np.arange(a["score"].size)
+    draws = [rng.integers(0, every.size, every.size) for _ in range(resamples)]
+    out = {}
+    for key, stat in stats.items():
+        gaps = np.array([stat(a, i) - stat(b, i) for i in draws])
+        gaps = gaps[np.isfinite(gaps)]
+        out[key] = {"gap": float(stat(a, every) - stat(b, every)), "std": float(gaps.std()),
+                    "p_within_slack": float(np.mean(gaps >= -TARGETS[key][0]))}  # fmt: skip
+    return out
+
+
 def offered_modes(model: Any, graph: Any, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """Modes the model runs on one frame, and why the others were skipped."""
     ok, skipped = [], {}
@@ -391,6 +417,10 @@ def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, A
         meta["cost_ms"][name] = cost or None
         if refitted := steps.get(f"refit:{name}"):
             meta["refitted"][name] = refitted["time"]
+        single_in, committee_in = (steps.get(f"eval:{name}:{r}") for r in (default, "committee5"))
+        if single_in and committee_in and default != "committee5":
+            meta.setdefault("paired_bootstrap", {})[name] = paired_gap(single_in["in"], committee_in["in"],
+                                                                       seed=args.seed)  # fmt: skip
         single = args.out / "checkpoints" / "force_uncertainty" / f"{name}_single" / "model.pt"
         if single.is_file():  # the single model's posterior as evaluated: full or not, rank, basis
             meta.setdefault("posterior", {})[name] = load_checkpoint(single, kind="potential")["config"].get("posterior")
@@ -424,6 +454,15 @@ def acceptance(entry: dict[str, Any]) -> list[str]:
         result = "n/a" if miss is None else f"missed by {miss:.2f}" if miss > 0 else "met"
         out.append(f"- {key} = {_f(v)}, target [{_f(low)}, {_f(high)}]: {result}")
     return out
+
+
+def gap_lines(gaps: dict[str, dict[str, float]] | None) -> list[str]:
+    """The paired bootstrap of the Spearman gaps (paired_gap) as markdown lines."""
+    if not gaps:
+        return []
+    return ["", "Default - committee5 on the same in-domain frames, paired bootstrap (1000 resamples of the frames):",
+            *(f"- {k}: gap {g['gap']:+.3f}, bootstrap std {g['std']:.3f}; resamples within the slack "
+              f"(gap >= -{TARGETS[k][0]:g}): {100 * g['p_within_slack']:.0f} %" for k, g in gaps.items())]  # fmt: skip
 
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
@@ -464,7 +503,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                      "first run."]
                     if meta.get("refitted", {}).get(name) else []),  # fmt: skip
                   "", f"Acceptance of the default row ({entry['default']}; committee5 - slack, issue 11):",
-                  *acceptance(entry), ""]  # fmt: skip
+                  *acceptance(entry), *gap_lines(meta.get("paired_bootstrap", {}).get(name)), ""]  # fmt: skip
     lines += [f"Note: {n}" for n in meta["notes"]]
     path.write_text("\n".join(lines) + "\n")
 

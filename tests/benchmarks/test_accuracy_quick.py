@@ -98,6 +98,14 @@ def test_acceptance_lines_from_results(bench):
     lines = bench.acceptance(results)
     assert "  - same run (seed 0): native 45.0 vs mace_torch 30.0 meV/A (1.50x): missed" in lines
     assert "  - same run (seed 1): native 35.0 vs mace_torch 36.0 meV/A (0.97x): met" in lines
+    # mlearn: the rows of the configs held now (CURRENT_MLEARN) get one summary line
+    assert not any("CURRENT_MLEARN" in line for line in lines)  # none of them ran
+    label = lambda row: f"{row} [{bench.CURRENT_MLEARN[row]}]"
+    results["Si"].update({label("native"): row(60.0, 9.0), label("gin"): row(60.0, 10.5)})
+    lines = bench.acceptance(results)
+    summary = next(line for line in lines if "CURRENT_MLEARN" in line)
+    assert f"Si {label('native')} 9: met" in summary and f"Si {label('gin')} 10.5: missed" in summary
+    assert "mace_torch" not in summary and "- Si mace_torch: E MAE 12.5 meV/atom <= 10: missed (12.5 > 10)" in lines
 
 
 def test_mace_side_metrics_and_labels(bench, tmp_path):

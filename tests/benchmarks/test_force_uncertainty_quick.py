@@ -65,6 +65,25 @@ def test_acceptance_lines(bench):
     assert lines["cost_ratio"].endswith("met")
 
 
+def test_paired_gap_known_cases(bench):
+    rng = np.random.default_rng(0)
+    error = rng.random(200)
+    force = rng.random(200)
+    good = _values(error + 0.05 * rng.random(200), error, force)  # ranks its errors almost perfectly
+    noise = _values(rng.random(200), error, force)  # ranks nothing
+    same = bench.paired_gap(good, good, resamples=50)
+    for key in ("spearman_frame_in_domain", "partial_spearman_given_force"):
+        assert same[key]["gap"] == 0.0 and same[key]["std"] == 0.0 and same[key]["p_within_slack"] == 1.0
+    up, down = bench.paired_gap(good, noise, resamples=200), bench.paired_gap(noise, good, resamples=200)
+    assert up["spearman_frame_in_domain"]["gap"] == pytest.approx(
+        bench.diag.spearman(good["score"], error) - bench.diag.spearman(noise["score"], error))
+    assert up["spearman_frame_in_domain"]["gap"] > 0.8 and up["spearman_frame_in_domain"]["p_within_slack"] == 1.0
+    assert down["spearman_frame_in_domain"]["p_within_slack"] == 0.0
+    assert 0.0 < up["spearman_frame_in_domain"]["std"] < 0.2
+    lines = bench.gap_lines(up)
+    assert len(lines) == 4 and "paired bootstrap" in lines[1] and lines[2].startswith("- spearman_frame_in_domain: gap +")
+
+
 def test_quick_run_layout_and_resume(bench, tmp_path):
     argv = ["--quick", "--out", str(tmp_path), "--set", "train.epochs=3", "--timing-frames", "3"]
     results = bench.main(argv)
