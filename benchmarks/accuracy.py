@@ -643,7 +643,15 @@ RUN_NOTES = {
                 "to 0.01, benchmarks/results/energy_weight_probe_mace.md) and the second mace_torch run (seed 1) ran in "
                 "one invocation beside one other job (chemprop); for the first minutes of the mace_backbone run a "
                 "third process (a probe, a unit test) shared the 2 cores (1-min load average 2.5 at its start). It got "
-                "13 epochs in its 10 minutes (the weight-1 run of 2026-12-03: 16), mace_torch 19 (before: 18)."),
+                "13 epochs in its 10 minutes (the weight-1 run of 2026-12-03: 16), mace_torch 19 (before: 18). "
+                "Note (2026-12-05, tenth session): native [angular] (seed 6, a probe, beside the 3BPA native [angular] "
+                "run) ran configs/ethanol_equivariant.yaml with `angular_l_max: 2, angular_channels: 8` added to its "
+                "backbone_kwargs for this run only (the bond-angle power spectrum; the file was then restored: the "
+                "ethanol force-uncertainty results were measured without it). No mace_torch run in that invocation."),
+    "3BPA": ("Note (2026-12-05, tenth session): native [angular] (seed 6) ran configs/3bpa_equivariant.yaml as it is "
+             "from then on (bond angles, `angular_l_max: 2, angular_channels: 8`; its per-element posterior is not "
+             "used here: model.posterior=diagonal), beside the ethanol probe; no mace_torch run in that invocation. "
+             "The unmarked native row (seed 0, 2026-12-03) ran the config of that day (no EMA warm-up, no angles)."),
     "Si": ("Note (2026-12-03): the Si native and mace_backbone runs shared the 2 cores with about ten other processes "
            "(1-min load average 6-12) at equal scheduling priority and got 10 and 1 epochs in their 10 minutes; from "
            "14:54 every later run of this invocation (Si gin and mace_torch, Ge, Li) ran at a raised priority "
