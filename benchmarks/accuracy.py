@@ -393,7 +393,7 @@ def run_mace_torch(name: str, seed: int, spec: dict[str, Any], args: argparse.Na
     model_name = "mace_stagetwo.model" if variant else "mace.model"
     model_file = next(p for p in (mace_work / model_name, *mace_work.rglob(model_name)) if p.is_file())
     calc = MACECalculator(model_paths=str(model_file), device="cpu", default_dtype=cfg.dtype.value)
-    tests = {label: metrics(mace_predictions(calc, read_frames(Path(test), spec), spec)) for label, test in spec["tests"].items()}
+    tests = {label: metrics(calculator_predictions(calc, read_frames(Path(test), spec), spec)) for label, test in spec["tests"].items()}
     if args.keep_mace_model:
         shutil.copy2(model_file, out / "mace.model")
     shutil.copy2(log_path, out / "mace_run_train.log")
@@ -423,8 +423,8 @@ def _last_epoch(work: Path, *, swa: bool, budget: float) -> int:
     return max(int(re.findall(r"epoch-(\d+)", p.name)[-1]) for p in files)
 
 
-def mace_predictions(calc: Any, frames: list, spec: dict[str, Any]) -> Predictions:
-    """Predictions of mace's calculator on ``frames`` (stress for periodic ones), our labels."""
+def calculator_predictions(calc: Any, frames: list, spec: dict[str, Any]) -> Predictions:
+    """Predictions of an ASE calculator (mace's, a published model's) on ``frames`` (stress for periodic ones), our labels."""
     t = truth(frames, spec)
     energy, forces, stress = [], [], []
     for atoms, periodic in zip(frames, t["periodic"]):
@@ -668,6 +668,18 @@ RUN_NOTES = {
 }
 
 
+def evaluated_published(name: str, path: Path) -> list[str]:
+    """Markdown rows of Zuo et al.'s published SNAP/qSNAP models run by benchmarks/mlearn_published.py."""
+    if not path.is_file():
+        return []
+    rows = json.loads(path.read_text()).get(name, {})
+    cols = ("energy_mae_meV_atom", "force_mae_meV_A", "stress_mae_GPa")
+    return ["", ("The same paper's published SNAP and qSNAP potentials, run here with LAMMPS on this test set "
+                 "(benchmarks/mlearn_published.py, [mlearn_published.md](mlearn_published.md); not quoted numbers):"), "",
+            "| model | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) |", "|---|---|---|---|",
+            *(f"| {m} | " + " | ".join(_f(r.get(c)) for c in cols) + " |" for m, r in rows.items())]  # fmt: skip
+
+
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     meta = results["meta"]
     lines = ["# Accuracy: this project's potentials vs mace-torch's MACE at equal wall time", "",
@@ -708,6 +720,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                           "| model | E MAE (meV/atom) | F MAE (eV/Å) |", "|---|---|---|",
                           *(f"| {m} | {e:g} | {f:g} |" for m, (e, f) in PUBLISHED[name].items()),
                           "", f"NNP, SNAP and qSNAP of the same table (and any stress errors): {PUBLISHED_NOT_FOUND}."]  # fmt: skip
+                lines += evaluated_published(name, path.parent / "mlearn_published.json")
             else:
                 lines += ["", ("Published table of Zuo et al., J. Phys. Chem. A 2020, 124, 731 (GAP, MTP, NNP, SNAP, "
                           f"qSNAP): {PUBLISHED_NOT_FOUND}.")]  # fmt: skip

@@ -116,12 +116,12 @@ def test_mace_side_metrics_and_labels(bench, tmp_path):
     ase.io.write(path, frames)
     spec = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress"}
     read = bench.read_frames(path, spec)
-    exact = bench.metrics(bench.mace_predictions(EMT(), read, spec))
+    exact = bench.metrics(bench.calculator_predictions(EMT(), read, spec))
     # (the file rounds positions: EMT on the read positions differs from the labels by ~1e-6)
     assert exact["energy_mae_meV_atom"] == pytest.approx(0.0, abs=1e-3)
     assert exact["force_mae_meV_A"] == pytest.approx(0.0, abs=1e-2)
     assert exact["stress_mae_GPa"] == pytest.approx(0.0, abs=1e-4)
-    shifted = bench.metrics(bench.mace_predictions(ShiftedEMT(), read, spec))
+    shifted = bench.metrics(bench.calculator_predictions(ShiftedEMT(), read, spec))
     assert shifted["energy_mae_meV_atom"] == pytest.approx(10.0, abs=1e-3)
     assert shifted["force_mae_meV_A"] == pytest.approx(2.0, abs=1e-2)
     assert shifted["n_frames"] == 4

