@@ -452,6 +452,11 @@ def _f(value: Any) -> str:
     return "n/a" if value is None else f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
 
 
+def _f3(value: Any) -> str:
+    """Three decimals: the targets are met or missed at that level."""
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 TARGETS = {  # issue 11, default row: key -> (slack below committee5, lowest, highest)
     "spearman_frame_in_domain": (0.05, None, None), "partial_spearman_given_force": (0.05, 0.3, None),
     "auroc_ood": (0.03, None, None), "std_over_rmse": (None, 0.5, 2.0), "cost_ratio": (None, None, 2.0),
@@ -466,8 +471,8 @@ def acceptance(entry: dict[str, Any]) -> list[str]:
         ref = None if slack is None or c.get(key) is None else c[key] - slack
         low, v = max((x for x in (low, ref) if x is not None), default=None), d.get(key)
         miss = None if v is None else max(0.0, low - v if low is not None else 0.0, v - high if high is not None else 0.0)
-        result = "n/a" if miss is None else f"missed by {miss:.2f}" if miss > 0 else "met"
-        out.append(f"- {key} = {_f(v)}, target [{_f(low)}, {_f(high)}]: {result}")
+        result = "n/a" if miss is None else f"missed by {miss:.2g}" if miss > 0 else "met"
+        out.append(f"- {key} = {_f3(v)}, target [{_f3(low)}, {_f3(high)}]: {result}")
     return out
 
 

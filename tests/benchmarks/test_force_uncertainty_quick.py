@@ -61,7 +61,7 @@ def test_acceptance_lines(bench):
     assert lines["spearman_frame_in_domain"].endswith("missed by 0.05")  # 0.40 vs 0.50 - 0.05
     assert lines["partial_spearman_given_force"].endswith("met")  # 0.35 >= max(0.3, 0.25)
     assert lines["auroc_ood"].endswith("met")  # 0.80 >= 0.79
-    assert lines["std_over_rmse"].endswith("missed by 0.50")
+    assert lines["std_over_rmse"] == "2.500, target [0.500, 2.000]: missed by 0.5"
     assert lines["cost_ratio"].endswith("met")
 
 
