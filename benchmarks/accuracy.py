@@ -130,6 +130,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mace-stage-two", type=float, default=None, metavar="FRACTION",
                    help="mace_torch with mace's own stage two from this fraction of the budget (our mlearn "
                         "configs' loss.stage_two_start: 0.75); its runs are labelled [stage2]")  # fmt: skip
+    p.add_argument("--mace-arch", choices=("fixed", "backbone"), default="fixed",
+                   help="mace_torch's model: 'fixed' (MACE_MODEL) or 'backbone', the architecture and batch size of "
+                        "the mace_backbone row's config (configs/<set>_mace.yaml); runs labelled [arch_backbone]")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="tiny EMT Cu data made here; needs --out")
     p.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS})")
     args = p.parse_args(argv)
@@ -287,12 +290,12 @@ def _mace_command(spec: dict[str, Any], cfg: Any, seed: int, work: Path, args: a
     e0 = isolated_energies([spec["train"], *([cfg.data.isolated_atoms] if cfg.data.isolated_atoms else [])], spec)
     elements = sorted({int(z) for a in frames for z in a.numbers})
     e0s = "{" + ", ".join(f"{z}: {e0[z]!r}" for z in elements) + "}" if all(z in e0 for z in elements) else "average"
-    model = QUICK_MACE if args.quick else MACE_MODEL
+    model, batch_size = peer_model(spec, cfg, args)
     cmd = [str(Path(sys.executable).parent / "mace_run_train"), "--name", "mace", "--seed", str(seed),
            "--work_dir", str(work), "--train_file", str(_write_mace_xyz(frames, spec, work / "train.xyz")),
            "--valid_fraction", str(cfg.data.valid_fraction or 0.05), "--E0s", e0s, "--model", "MACE",
            *(x for k, v in model.items() for x in (f"--{k}", str(v))), "--r_max", str(cfg.data.r_max),
-           "--batch_size", str(cfg.train.batch_size), "--valid_batch_size", "16", "--lr", "0.01", "--ema",
+           "--batch_size", str(batch_size), "--valid_batch_size", "16", "--lr", "0.01", "--ema",
            "--ema_decay", "0.99", "--max_num_epochs", "1000000", "--eval_interval", "1", "--device", "cpu",
            "--default_dtype", cfg.dtype.value, "--energy_key", "REF_energy", "--forces_key", "REF_forces",
            "--save_cpu", "--num_workers", "0"]  # fmt: skip
@@ -367,16 +370,17 @@ def run_mace_torch(name: str, seed: int, spec: dict[str, Any], args: argparse.Na
     log_path, log_two = mace_work / "mace_run_train.log", mace_work / "mace_run_train_stage_two.log"
     load = os.getloadavg()[0]
     two_start, variant = args.mace_stage_two, peer_variant(args)
+    stage_two = two_start is not None
     out = args.out / "checkpoints" / "accuracy" / f"{name}_mace_torch{'_' + variant if variant else ''}_seed{seed}"
     out.mkdir(parents=True, exist_ok=True)
     budget_s = 60.0 * args.budget_minutes
     # With a stage two, it is out of reach in the first call: the optimizer state then holds SWALR's swa_lr,
     # without which mace's restart into stage two fails (KeyError 'swa_lr').
-    first = [*cmd, "--stage_two", "--start_swa", "999999"] if variant else cmd
+    first = [*cmd, "--stage_two", "--start_swa", "999999"] if stage_two else cmd
     (out / "command.txt").write_text(shlex.join(first) + "\n")
     try:
         seconds = _run_mace(first, log_path, budget_s * (two_start or 1.0), env)
-        if variant:  # restart from the kept stage-one checkpoint with mace's stage two from its epoch
+        if stage_two:  # restart from the kept stage-one checkpoint with mace's stage two from its epoch
             start = _last_epoch(mace_work, swa=False, budget=args.budget_minutes)
             stage_two = [*cmd, "--restart_latest", "--stage_two", "--start_swa", str(start)]
             (out / "command.txt").write_text(shlex.join(first) + "\n" + shlex.join(stage_two) + "\n")
@@ -385,29 +389,59 @@ def run_mace_torch(name: str, seed: int, spec: dict[str, Any], args: argparse.Na
         for log_file in (log_path, log_two):
             if log_file.is_file():
                 shutil.copy2(log_file, out / log_file.name)
-    epoch = _last_epoch(mace_work, swa=bool(variant), budget=args.budget_minutes)
+    epoch = _last_epoch(mace_work, swa=stage_two, budget=args.budget_minutes)
     final = [*cmd, "--restart_latest", "--max_num_epochs", str(epoch)]  # load, train no further, save .model
-    if variant:  # mace keeps stage two only when it starts before max_num_epochs
+    if stage_two:  # mace keeps stage two only when it starts before max_num_epochs
         final += ["--stage_two", "--start_swa", str(max(epoch - 1, 0))]
     _run_mace(final, log_path, None, env)
-    model_name = "mace_stagetwo.model" if variant else "mace.model"
+    model_name = "mace_stagetwo.model" if stage_two else "mace.model"
     model_file = next(p for p in (mace_work / model_name, *mace_work.rglob(model_name)) if p.is_file())
     calc = MACECalculator(model_paths=str(model_file), device="cpu", default_dtype=cfg.dtype.value)
     tests = {label: metrics(calculator_predictions(calc, read_frames(Path(test), spec), spec)) for label, test in spec["tests"].items()}
     if args.keep_mace_model:
         shutil.copy2(model_file, out / "mace.model")
     shutil.copy2(log_path, out / "mace_run_train.log")
-    n_epochs = len(set(_epochs_logged(log_path))) + (len(set(_epochs_logged(log_two))) if variant else 0)
+    n_epochs = len(set(_epochs_logged(log_path))) + (len(set(_epochs_logged(log_two))) if stage_two else 0)
     return {"train_minutes": seconds / 60.0, "parameters": sum(p.numel() for p in calc.models[0].parameters()),
             "epochs": n_epochs, "best_epoch": epoch, "stop_reason": "time" if seconds else "finished",
             "config": f"mace_run_train (r_max, batch size, valid fraction, dtype of {source})",
             "checkpoint": str(out.relative_to(args.out)), "load_avg": [load, os.getloadavg()[0]], "tests": tests,
+            "mace_model": _flags(cmd, (*MACE_MODEL, "radial_MLP", "batch_size")),
             **({"variant": variant, "stage_two_start": two_start} if variant else {})}  # fmt: skip
 
 
+def _flags(cmd: list[str], names: tuple[str, ...]) -> dict[str, str]:
+    """The values of ``--name value`` pairs of ``cmd`` for ``names`` (those present)."""
+    return {n: cmd[cmd.index(f"--{n}") + 1] for n in names if f"--{n}" in cmd}
+
+
 def peer_variant(args: argparse.Namespace) -> str:
-    """The label of this invocation's mace_torch runs: ``stage2`` with ``--mace-stage-two``."""
-    return "stage2" if args.mace_stage_two is not None else ""
+    """The label of this invocation's mace_torch runs: ``stage2`` with ``--mace-stage-two``,
+    ``arch_backbone`` with ``--mace-arch backbone``, joined by ``+``."""
+    parts = ["stage2"] * (args.mace_stage_two is not None) + ["arch_backbone"] * (args.mace_arch == "backbone")
+    return "+".join(parts)
+
+
+#: mace_run_train's flag for each key of our MACE backbone's backbone_kwargs
+BACKBONE_TO_MACE = {"channels": "num_channels", "max_L": "max_L", "l_max": "max_ell", "correlation": "correlation",
+                    "num_layers": "num_interactions", "num_basis": "num_radial_basis"}  # fmt: skip
+
+
+def peer_model(spec: dict[str, Any], cfg: Any, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    """mace_torch's model flags and batch size: MACE_MODEL and the native config's batch size, or
+    (``--mace-arch backbone``) those of the mace_backbone row's config."""
+    if args.quick:
+        return QUICK_MACE, cfg.train.batch_size
+    if args.mace_arch == "fixed":
+        return MACE_MODEL, cfg.train.batch_size
+    raw, source = row_config(spec, "mace_backbone", args)
+    kwargs = raw["model"]["backbone_kwargs"]
+    model = {flag: kwargs[key] for key, flag in BACKBONE_TO_MACE.items() if key in kwargs}
+    if missing := set(MACE_MODEL) - set(model):
+        raise ValueError(f"{source}: backbone_kwargs lack {sorted(missing)} for mace_torch --mace-arch backbone")
+    if "radial_mlp" in kwargs:
+        model["radial_MLP"] = "[" + ", ".join(str(int(v)) for v in kwargs["radial_mlp"]) + "]"
+    return model, int(raw.get("train", {}).get("batch_size", cfg.train.batch_size))
 
 
 def is_peer(row: str) -> bool:
@@ -680,6 +714,18 @@ def evaluated_published(name: str, path: Path) -> list[str]:
             *(f"| {m} | " + " | ".join(_f(r.get(c)) for c in cols) + " |" for m, r in rows.items())]  # fmt: skip
 
 
+def _peer_variant_note(row: str, run: dict[str, Any]) -> str:
+    """What a labelled mace_torch row ran, for the page."""
+    parts = []
+    if run.get("stage_two_start") is not None:
+        parts.append(f"then mace's own stage two from {run['stage_two_start']} of the budget (the second command of "
+                     "its folder's command.txt)")  # fmt: skip
+    if "arch_backbone" in run.get("variant", ""):
+        flags = ", ".join(f"{k} {v}" for k, v in run.get("mace_model", {}).items())
+        parts.append(f"with the mace_backbone row's architecture and batch size ({flags})")
+    return f"{row}: mace_run_train as the unmarked row, " + "; ".join(parts)
+
+
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     meta = results["meta"]
     lines = ["# Accuracy: this project's potentials vs mace-torch's MACE at equal wall time", "",
@@ -708,9 +754,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             lines.append(f"| {row} | " + " | ".join(cells) + f" | {v['n']} | {epochs} |")
         variants = [(row, v["runs"][0]) for row, v in rows.items() if v["runs"][0].get("variant")]
         if variants:
-            lines += ["", *(f"{row}: mace_run_train as the unmarked row, then mace's own stage two from "
-                            f"{r['stage_two_start']} of the budget (the second command of its folder's command.txt)"
-                            if is_peer(row) else f"{row}: config `{r['config']}`, loss section "
+            lines += ["", *(_peer_variant_note(row, r) if is_peer(row) else f"{row}: config `{r['config']}`, loss section "
                             f"{r['loss']} (the unmarked row ran an earlier config)" for row, r in variants)]  # fmt: skip
         if RUN_NOTES.get(name):
             lines += ["", RUN_NOTES[name]]

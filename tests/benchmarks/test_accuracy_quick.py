@@ -228,3 +228,27 @@ def test_quick_peer_stage_two(bench, tmp_path):
     assert "--start_swa 999999" in first and "--restart_latest --stage_two --start_swa" in second
     assert "Changing loss based on Stage Two Weights" in (folder / "mace_run_train_stage_two.log").read_text()
     assert "Loaded Stage two model" in (folder / "mace_run_train.log").read_text()
+
+
+def test_peer_architecture_and_labels(bench):
+    """--mace-arch backbone: mace_torch takes the mace_backbone config's architecture and batch size."""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(train=SimpleNamespace(batch_size=4))
+    args = SimpleNamespace(quick=False, mace_arch="fixed", mace_stage_two=None)
+    assert bench.peer_model({"set": "mlearn"}, cfg, args) == (bench.MACE_MODEL, 4)
+    assert bench.peer_variant(args) == ""
+    args.mace_arch, args.mace_stage_two = "backbone", 0.75
+    model, batch = bench.peer_model({"set": "mlearn"}, cfg, args)
+    kwargs = bench.yaml.safe_load((bench.CONFIGS / "mlearn_mace.yaml").read_text())["model"]["backbone_kwargs"]
+    assert model["max_L"] == kwargs["max_L"] and model["max_ell"] == kwargs["l_max"]
+    assert model["num_channels"] == kwargs["channels"] and model["num_interactions"] == kwargs["num_layers"]
+    assert set(bench.MACE_MODEL) <= set(model) and model["radial_MLP"].startswith("[")
+    assert batch == bench.yaml.safe_load((bench.CONFIGS / "mlearn_mace.yaml").read_text())["train"]["batch_size"]
+    assert bench.peer_variant(args) == "stage2+arch_backbone"
+    cmd = ["mace_run_train", "--max_L", "0", "--batch_size", "2", "--seed", "1"]
+    run = {"variant": "stage2+arch_backbone", "stage_two_start": 0.75,
+           "mace_model": bench._flags(cmd, ("max_L", "batch_size", "max_ell"))}  # fmt: skip
+    assert run["mace_model"] == {"max_L": "0", "batch_size": "2"}
+    note = bench._peer_variant_note("mace_torch [stage2+arch_backbone]", run)
+    assert "stage two from 0.75" in note and "(max_L 0, batch_size 2)" in note
