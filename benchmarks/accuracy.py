@@ -382,9 +382,9 @@ def run_mace_torch(name: str, seed: int, spec: dict[str, Any], args: argparse.Na
         seconds = _run_mace(first, log_path, budget_s * (two_start or 1.0), env)
         if stage_two:  # restart from the kept stage-one checkpoint with mace's stage two from its epoch
             start = _last_epoch(mace_work, swa=False, budget=args.budget_minutes)
-            stage_two = [*cmd, "--restart_latest", "--stage_two", "--start_swa", str(start)]
-            (out / "command.txt").write_text(shlex.join(first) + "\n" + shlex.join(stage_two) + "\n")
-            seconds += _run_mace(stage_two, log_two, max(budget_s - seconds, 0.0), env)
+            second = [*cmd, "--restart_latest", "--stage_two", "--start_swa", str(start)]
+            (out / "command.txt").write_text(shlex.join(first) + "\n" + shlex.join(second) + "\n")
+            seconds += _run_mace(second, log_two, max(budget_s - seconds, 0.0), env)
     finally:
         for log_file in (log_path, log_two):
             if log_file.is_file():
