@@ -539,7 +539,8 @@ def assemble(runs: Runs, meta: dict[str, Any]) -> dict[str, Any]:
                    **{c: rec[c] for c in COLUMNS[3:]}, "test": label, "n_frames": rec["tests"][label].get("n_frames"),
                    "epochs": rec.get("epochs"), "stop_reason": rec.get("stop_reason"), "load_avg": rec.get("load_avg"),
                    "checkpoint": rec.get("checkpoint"), "config": rec.get("config"), "loss": rec.get("loss"),
-                   "variant": rec.get("variant", ""), "stage_two_start": rec.get("stage_two_start")}  # fmt: skip
+                   "variant": rec.get("variant", ""), "stage_two_start": rec.get("stage_two_start"),
+                   **({"mace_model": rec["mace_model"]} if rec.get("mace_model") else {})}  # fmt: skip
             row = rec["row"] + (f" [{one['variant']}]" if one["variant"] else "")  # another config: its own row
             results.setdefault(name, {}).setdefault(row, {"runs": []})["runs"].append(one)
     for name, rows in results.items():
