@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             root = args.data_root / "structures" / "mlearn" / name
             for model in MODELS:
                 folder = Path(args.mlearn) / "mvl_models" / name / model
+                if not folder.is_dir():
+                    raise SystemExit(f"{folder}: no {model} model of {name} in this mlearn checkout")
                 extra = {}
                 if model == "nnp":
                     calc, extra["scaling_range_mismatch"] = nnp_calculator(folder, root / "training.json")
