@@ -35,11 +35,8 @@ ROWS = ("default", "committee5", "force_magnitude")
 
 
 def _g(value: float | None, spread: float | None = None) -> str:
-    """Three decimals (the targets are missed or met at the 0.001 level), 0 above 100."""
-    if value is None:
-        return "n/a"
-    text = f"{value:.3f}" if abs(value) < 100 else f"{value:.0f}"
-    return text if spread is None else f"{text} ± {spread:.3f}"
+    """force_uncertainty's three decimals (the targets are met or missed at that level), ± spread."""
+    return fu._f3(value) + ("" if value is None or spread is None else f" ± {spread:.3f}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

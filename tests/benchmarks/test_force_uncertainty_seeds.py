@@ -1,22 +1,15 @@
 """benchmarks/force_uncertainty_seeds.py: runs read from their JSON, means, gaps and targets met."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "force_uncertainty_seeds.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("force_uncertainty_seeds_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("force_uncertainty_seeds")
 
 
 def _run(folder: Path, seed: int, default: dict, committee: dict) -> Path:

@@ -2,23 +2,17 @@
 wheel is installed) a SNAP model whose energy is known in closed form. The NNP path is
 benchmarks/n2p2.py (tests/benchmarks/test_n2p2.py)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from ase.build import bulk
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "mlearn_published.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("mlearn_published_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("mlearn_published")
 
 
 def test_clean_param_drops_only_removed_keywords(bench):

@@ -1,10 +1,8 @@
 """benchmarks/n2p2.py: symmetry functions against a hand computation, the file reader, the
 order matching, finite-difference forces and stress, and invariances."""
 
-import importlib.util
 import itertools
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,19 +10,15 @@ import pytest
 import torch
 from ase import Atoms
 from ase.build import bulk
+from benchmark_scripts import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "n2p2.py"
 RC = 9.0  # Bohr
 FUNCTIONS = ["2 Si 0.01 0.0 {rc}", "2 Si 0.05 3.0 {rc}", "3 Si Si 0.01 -1 1.0 {rc}", "3 Si Si 0.02 1 4.0 {rc}"]
 
 
 @pytest.fixture(scope="module")
 def n2p2():
-    spec = importlib.util.spec_from_file_location("n2p2_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("n2p2")
 
 
 def _write_model(folder: Path, scaling: np.ndarray, seed: int = 0, hidden: int = 5) -> None:
