@@ -32,6 +32,7 @@ import force_uncertainty as fu  # noqa: E402
 from mlip_unc.atomic import atomic_write, atomic_write_text  # noqa: E402
 
 ROWS = ("default", "committee5", "force_magnitude")
+SUBSPACE_KEYS = ("spearman_frame_in_domain", "partial_spearman_given_force", "auroc_ood")
 
 
 def _g(value: float | None, spread: float | None = None) -> str:
@@ -61,7 +62,38 @@ def load_run(folder: Path, dataset: str) -> dict[str, Any]:
             "default_name": entry["default"], "rows": {r: entry.get(entry["default"] if r == "default" else r, {})
                                                        for r in ROWS},
             "acceptance": fu.acceptance(entry), "gaps": meta.get("paired_bootstrap", {}).get(dataset, {}),
-            "posterior": meta.get("posterior", {}).get(dataset), "refitted": meta.get("refitted", {}).get(dataset)}  # fmt: skip
+            "posterior": meta.get("posterior", {}).get(dataset), "refitted": meta.get("refitted", {}).get(dataset),
+            "subspaces": _subspace_rows(folder / "posterior_variants.json", dataset)}  # fmt: skip
+
+
+def _subspace_rows(path: Path, dataset: str) -> list[dict[str, Any]] | None:
+    """The run's low-rank subspace study (benchmarks/posterior_variants.py), or None if not run there."""
+    if not path.is_file():
+        return None
+    return ((json.loads(path.read_text()).get(dataset) or {}).get("subspaces") or {}).get("rows")
+
+
+def summarise_subspaces(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (subspace, rank) of posterior_variants' study: each run's ranking metrics, their mean, and
+    in how many runs issue 11's three ranking lines hold against that run's committee5."""
+    runs = [r for r in runs if r["subspaces"]]
+    if not runs:
+        return []
+    out = []
+    for first in runs[0]["subspaces"]:
+        key = (first["subspace"], first["rank"])
+        per_run, met_all = [], 0
+        for r in runs:
+            row = next((x for x in r["subspaces"] if (x["subspace"], x["rank"]) == key), None)
+            if row is None:
+                continue
+            lines = fu.acceptance({"default": "x", "x": row, "committee5": r["rows"]["committee5"]})
+            met = [line.endswith(": met") for line in lines if line.split(" =")[0][2:] in SUBSPACE_KEYS]
+            met_all += all(met)
+            per_run.append({k: row.get(k) for k in SUBSPACE_KEYS})
+        out.append({"subspace": key[0], "rank": key[1], "per_run": per_run, "runs_meeting_all_three": met_all,
+                    "n": len(per_run), "mean": {k: float(np.mean([v[k] for v in per_run])) for k in SUBSPACE_KEYS}})  # fmt: skip
+    return out
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -123,8 +155,21 @@ def write_markdown(out: dict[str, Any], dataset: str, path: Path) -> None:
     for key in fu.TARGETS:
         if key not in s["gaps"]:
             lines.append(f"- {key}: runs meeting the target: {s['targets_met'][key]} of {s['n_runs']}")
-    lines += ["", "Issue 11's lines applied to the means over runs:", "", *s["acceptance_of_means"], "",
-              "![per-run scores](force_uncertainty_seeds.png)", ""]  # fmt: skip
+    lines += ["", "Issue 11's lines applied to the means over runs:", "", *s["acceptance_of_means"], ""]
+    if sub := out.get("subspaces"):
+        lines += ["## Which r directions the low-rank mode keeps (posterior_variants.py, post hoc)", "",
+                  "From each run's posterior_variants.json (`subspaces`: rotations of the same posterior at the same cost "
+                  "per rank; least_constrained is the shipped choice, exact the whole posterior). Per run, then the mean; "
+                  "'runs meeting' counts the runs in which the three ranking lines (in-domain, partial, OOD AUROC, against "
+                  "that run's committee5) all hold.", "",
+                  "| subspace | rank | " + " | ".join(f"{k} (per run; mean)" for k in SUBSPACE_KEYS) + " | runs meeting |",
+                  "|---" * (len(SUBSPACE_KEYS) + 3) + "|"]  # fmt: skip
+        for row in sub:
+            cells = [", ".join(_g(v[k]) for v in row["per_run"]) + f"; {_g(row['mean'][k])}" for k in SUBSPACE_KEYS]
+            lines.append(f"| {row['subspace']} | {row['rank']} | " + " | ".join(cells)
+                         + f" | {row['runs_meeting_all_three']} of {row['n']} |")  # fmt: skip
+        lines.append("")
+    lines += ["![per-run scores](force_uncertainty_seeds.png)", ""]
     atomic_write_text(path, "\n".join(lines))
 
 
@@ -149,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     runs = [load_run(folder, args.dataset) for folder in args.runs]
     command = shlex.join(["python", "benchmarks/force_uncertainty_seeds.py", *(sys.argv[1:] if argv is None else argv)])
-    out = {"runs": runs, "summary": summarise(runs), "meta": {"command": command, "updated": time.strftime("%Y-%m-%d %H:%M"),
+    out = {"runs": runs, "summary": summarise(runs), "subspaces": summarise_subspaces(runs), "meta": {"command": command, "updated": time.strftime("%Y-%m-%d %H:%M"),
                                                                "dataset": args.dataset}}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "force_uncertainty_seeds.json", json.dumps(fu._clean(out), indent=1))

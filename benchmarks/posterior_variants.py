@@ -15,6 +15,12 @@ posterior of ``mlip_unc.train.posterior`` is evaluated on the same frames:
   grid until this run) or from 1e-14 (each grid up to 1);
 - rank: the r least-constrained directions (``lowrank``, r = 4, 8, 16) or all (``exact``).
 
+Then, on the posterior the model ships (its basis, energy+forces, lambda on the 1e-14 grid), which r
+directions the low-rank mode should keep at the same cost (``subspaces``): the least constrained (the
+model's choice), the directions that carry the most force variance on the validation or training
+frames, half of each, or random rotations of the factor drawn per frame (an unbiased estimate of the
+exact variance), r = 4 and 8; the exact variance for reference.
+
 Frame score, error and metrics as in force_uncertainty.md (max over atoms of the force std;
 mean |F error|); a bootstrap over in-domain frames gives the spread of the in-domain Spearman.
 The cost of ``lowrank`` at each rank (shared basis; a per-element rank r costs the same r
@@ -36,7 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -58,6 +64,8 @@ log = logging.getLogger("posterior_variants")
 RANKS = (4, 8, 16, None)  # None: exact
 GRIDS = {"1e-8": tuple(10.0**k for k in range(-8, 1)), "1e-14": tuple(10.0**k for k in range(-14, 1))}
 PRECISIONS = {"energy+forces": 1.0, "forces": 0.0}
+SUBSPACE_RANKS = (4, 8)  # the low-rank subspace study (subspaces)
+PROBE_DRAWS = 5
 METRICS = ("spearman_frame_in_domain", "partial_spearman_given_force", "auroc_ood", "spearman_frame_pooled")
 
 
@@ -113,12 +121,18 @@ def precision(frames: list[dict[str, torch.Tensor]], noise: tuple[float, float],
 def frame_values(frames: list[dict[str, torch.Tensor]], vec: torch.Tensor, sigma: torch.Tensor,
                  rank: int | None) -> dict[str, Any]:  # fmt: skip
     """Frame score (max atom force std, raw), error (mean |F err|), max |F_pred|; all components'
-    raw variances and errors (for the calibration fit)."""
+    raw variances and errors (for the calibration fit); the ``rank`` least constrained directions
+    of ``Sigma = vec diag(sigma) vec^T`` (all when None)."""
     keep = slice(None) if rank is None else slice(0, rank)  # sigma descending: least constrained first
+    return row_values(frames, sigma[keep].sqrt()[:, None] * vec.T[keep])
+
+
+def row_values(frames: list[dict[str, torch.Tensor]], rows: torch.Tensor | Callable[[], torch.Tensor]) -> dict[str, Any]:
+    """:func:`frame_values` with the variance ``sum_k (d(rows_k . Phi)/dr)^2`` of the rows ``(r, D)`` of a
+    factor, or of rows drawn anew for each frame by ``rows()``."""
     score, error, force, var, err = [], [], [], [], []
     for f in frames:
-        proj = torch.einsum("kd,dac->kac", vec.T[keep], f["jac"])  # (r, n_atoms, 3)
-        v = (proj.square() * sigma[keep, None, None]).sum(0)  # (n_atoms, 3)
+        v = torch.einsum("kd,dac->kac", rows() if callable(rows) else rows, f["jac"]).square().sum(0)  # (n_atoms, 3)
         score.append(float(v.sum(1).sqrt().max()))
         error.append(float(f["error"].norm(dim=1).mean()))
         force.append(float(f["forces"].norm(dim=1).max()))
@@ -143,11 +157,7 @@ def variants(sets: dict[str, list], noise: tuple[float, float], args: argparse.N
         eig = eig.clamp_min(0.0)  # ascending precision = descending variance: least constrained first
         scale = float(eig.mean())
         for grid_name, grid in GRIDS.items():
-            fits = []
-            for c in grid:  # lambda by the validation force NLL of the exact variance, as the model
-                val = frame_values(sets["valid"], vec, 1.0 / (eig + c * scale), None)
-                fits.append((gaussian_scale_fit(val["err"], val["var"])[2], c))
-            c = min(fits)[1]
+            c = choose_lambda(sets["valid"], eig, vec, grid)
             sigma = 1.0 / (eig + c * scale)
             for rank in RANKS:
                 val = frame_values(sets["valid"], vec, sigma, rank)
@@ -158,6 +168,89 @@ def variants(sets: dict[str, list], noise: tuple[float, float], args: argparse.N
                              "lambda_over_mean_eig": c, "valid_nll_forces": nll, **{k: ranking[k] for k in METRICS},
                              "spearman_in_domain_bootstrap_std": bootstrap_spread(
                                  ind["score"], ind["error"], args.bootstrap, args.seed)})  # fmt: skip
+    return rows
+
+
+def choose_lambda(valid: list[dict[str, torch.Tensor]], eig: torch.Tensor, vec: torch.Tensor, grid: tuple) -> float:
+    """``c`` of ``lambda = c * mean eig`` with the lowest validation force NLL of the exact variance, as the model."""
+    scale = float(eig.mean())
+    fits = []
+    for c in grid:
+        val = frame_values(valid, vec, 1.0 / (eig + c * scale), None)
+        fits.append((gaussian_scale_fit(val["err"], val["var"])[2], c))
+    return min(fits)[1]
+
+
+def top_directions(m: torch.Tensor, r: int) -> torch.Tensor:
+    """``(r, D)`` unit eigenvectors of the symmetric ``m (D, D)`` with the r largest eigenvalues."""
+    e, u = torch.linalg.eigh(m)
+    return u[:, torch.argsort(e, descending=True)[:r]].T
+
+
+def captured_variance(frames: list[dict[str, torch.Tensor]], factor: torch.Tensor) -> torch.Tensor:
+    """``(D, D)`` sum over frames of ``(factor J)(factor J)^T``: its top eigenvectors (rotations of the
+    factor's rows) carry the most force variance on these frames."""
+    d = factor.shape[0]
+    g = torch.zeros(d, d, dtype=torch.float64)
+    for f in frames:
+        p = factor @ f["jac"].reshape(d, -1)  # (D, 3 n_atoms)
+        g += p @ p.T
+    return g
+
+
+def probe_rows(factor: torch.Tensor, r: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """``(r, D)`` rows: the first ``k`` rows of ``factor (D, D)``, then ``r - k`` orthonormal random
+    rotations of the other ``D - k`` rows scaled by ``sqrt((D - k) / (r - k))``, so that the expected
+    ``sum_rows (row . x)^2`` is ``||factor x||^2`` for every ``x`` (the exact variance, unbiased)."""
+    d = factor.shape[0]
+    q, _ = torch.linalg.qr(torch.randn(d - k, r - k, generator=gen, dtype=factor.dtype))  # (D - k, r - k)
+    return torch.cat([factor[:k], ((d - k) / (r - k)) ** 0.5 * q.T @ factor[k:]])
+
+
+def subspaces(sets: dict[str, list], noise: tuple[float, float], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Which r directions should the low-rank mode keep? On the shipped posterior (per-element basis as
+    given, energy+forces precision, lambda on the 1e-14 grid), each choice of r rotations of the factor
+    ``L (D, D)`` (``Sigma = L^T L``, rows by decreasing variance): ``least_constrained`` (the model's:
+    the first r rows), ``valid_variance`` / ``train_variance`` (the r directions carrying the most force
+    variance on the validation / training frames), ``half_and_half`` (r/2 least constrained, then the
+    validation directions orthogonal to them), and random probes (``probes_k`` = the first k rows exactly
+    plus r - k orthonormal random rotations of the others, scaled to an unbiased estimate of the exact
+    variance, drawn anew for each frame; mean and std over PROBE_DRAWS draws); ``exact`` for reference."""
+    eig, vec = torch.linalg.eigh(precision(sets["train"], noise, 1.0))
+    eig = eig.clamp_min(0.0)
+    c = choose_lambda(sets["valid"], eig, vec, GRIDS["1e-14"])
+    factor = (1.0 / (eig + c * float(eig.mean()))).sqrt()[:, None] * vec.T  # (D, D)
+    d = factor.shape[0]
+    eye = torch.eye(d, dtype=torch.float64)
+    ranks = sorted({min(r, d) for r in SUBSPACE_RANKS})  # a tiny model may have fewer than r directions
+    valid_dirs = {r: top_directions(captured_variance(sets["valid"], factor), r) for r in ranks}
+    train_g = captured_variance(sets["train"], factor)
+
+    def row(choice: str, rank: Any, rows: Any, draws: int = 1) -> dict[str, Any]:
+        runs = []
+        for k in range(draws):
+            gen = torch.Generator().manual_seed(args.seed * 1000 + k)
+            val, ind, ood = (row_values(sets[p], rows(gen) if draws > 1 else rows) for p in ("valid", "test", "ood"))
+            ranking = diag.frame_ranking(ind["score"], ind["error"], ind["force"], ood["score"], ood["error"], ood["force"])
+            runs.append({**{m: ranking[m] for m in METRICS}, "valid_nll_forces": gaussian_scale_fit(val["err"], val["var"])[2]})
+        out = {"subspace": choice, "rank": rank, "draws": draws}
+        for key in runs[0]:
+            values = np.array([r[key] for r in runs])
+            out[key], out[f"{key}_std"] = float(values.mean()), float(values.std()) if draws > 1 else None
+        return out
+
+    def probes(r: int, k: int):
+        return lambda gen: lambda: probe_rows(factor, r, k, gen)
+
+    rows = []
+    for r in ranks:
+        half = torch.linalg.qr(torch.cat([eye[: r // 2], valid_dirs[r]]).T)[0].T[:r]  # (r, D) orthonormal
+        for choice, q in (("least_constrained", eye[:r]), ("valid_variance", valid_dirs[r]),
+                          ("train_variance", top_directions(train_g, r)), ("half_and_half", half)):  # fmt: skip
+            rows.append(row(choice, r, q @ factor))
+        for k in (0, r // 2):
+            rows.append(row(f"probes_{k}", r, probes(r, k), PROBE_DRAWS))
+    rows.append(row("exact", "exact", factor))
     return rows
 
 
@@ -179,7 +272,7 @@ def timings(model: BayesianPotential, graphs: list) -> dict[str, float]:
 
 
 def run_dataset(name: str, args: argparse.Namespace, steps: fu.Steps, work: Path) -> None:
-    if steps.get(f"dataset:{name}"):
+    if steps.get(f"dataset:{name}") and steps.get(f"subspaces:{name}"):
         return
     split = fu.dataset_split(name, args, work)
     folder = args.checkpoints / f"{name}_single"
@@ -198,12 +291,17 @@ def run_dataset(name: str, args: argparse.Namespace, steps: fu.Steps, work: Path
     n_el = len(model.type_map)
     shared = {p: to_shared(f, n_el) for p, f in per_el.items()}
     noise = (float(model.energy_noise.detach()), float(model.force_noise.detach()))
-    rows = [{"basis": "shared", **r} for r in variants(shared, noise, args)]
-    rows += [{"basis": "per_element", **r} for r in variants(per_el, noise, args)]
-    cost = timings(model, loaded["test"].graphs[: args.timing_frames])
-    steps.add(f"dataset:{name}", {"rows": rows, "cost_ratio": cost, "n_elements": n_el, "latent_dim": model.latent_dim,
-                                  "frames": {p: len(f) for p, f in per_el.items()}})  # fmt: skip
-    log.info("[%s] done: %d variants", name, len(rows))
+    if not steps.get(f"dataset:{name}"):
+        rows = [{"basis": "shared", **r} for r in variants(shared, noise, args)]
+        rows += [{"basis": "per_element", **r} for r in variants(per_el, noise, args)]
+        cost = timings(model, loaded["test"].graphs[: args.timing_frames])
+        steps.add(f"dataset:{name}", {"rows": rows, "cost_ratio": cost, "n_elements": n_el, "latent_dim": model.latent_dim,
+                                      "frames": {p: len(f) for p, f in per_el.items()}})  # fmt: skip
+        log.info("[%s] done: %d variants", name, len(rows))
+    basis = model.posterior_basis
+    rows = subspaces(per_el if basis == "per_element" else shared, noise, args)
+    steps.add(f"subspaces:{name}", {"basis": basis, "rows": rows})
+    log.info("[%s] done: %d low-rank subspaces (%s basis)", name, len(rows), basis)
 
 
 def _f(v: Any) -> str:
@@ -243,8 +341,30 @@ def write_markdown(steps: fu.Steps, args: argparse.Namespace, path: Path, status
         lines += ["", "Cost vs plain E+F (shared basis, same run; per-element rank r costs the same r products): "
                   + ", ".join(f"{k} {v:.2f}" for k, v in cost.items() if k != "plain_ms")
                   + f" (plain {cost['plain_ms']:.2f} ms).", ""]  # fmt: skip
+        if sub := steps.get(f"subspaces:{name}"):
+            out[name] = {**rec, "subspaces": sub}
+            lines += subspace_lines(sub, committee)
     path.write_text("\n".join(lines) + "\n")
     return out
+
+
+def subspace_lines(sub: dict[str, Any], committee: dict[str, Any]) -> list[str]:
+    """The low-rank subspace table (:func:`subspaces`): one row per choice, each rank r costing r + 1 products."""
+    head = ["subspace", "rank", *METRICS, "valid_nll_forces"]
+    lines = [f"### Which r directions the low-rank mode keeps ({sub['basis']} basis, energy+forces, 1e-14 grid)", "",
+             "Rows: rotations of the shipped posterior's factor (`subspaces` in the script: least_constrained is the "
+             "model's own choice; valid_variance / train_variance keep the directions that carry the most force "
+             "variance on those frames; half_and_half r/2 of each; probes_k the first k rows plus random rotations of "
+             "the rest, drawn per frame, mean +- std over the draws). Same cost per rank. committee5: "
+             + ", ".join(f"{k} {_f(committee.get(k))}" for k in METRICS[:3]) + ".", "",
+             "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]  # fmt: skip
+    for r in sub["rows"]:
+        cells = [str(r["subspace"]), str(r["rank"])]
+        for k in head[2:]:
+            std = r.get(f"{k}_std")
+            cells.append(_f(r[k]) + (f" ± {std:.3f}" if std is not None else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

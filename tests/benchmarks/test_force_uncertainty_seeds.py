@@ -47,3 +47,24 @@ def test_summary_of_two_runs(bench, tmp_path):
         bench.load_run(tmp_path / "missing", "3bpa")
     with pytest.raises(KeyError, match="no data set 'ethanol'"):
         bench.load_run(a, "ethanol")
+
+
+def test_subspace_study_is_counted_per_run(bench, tmp_path):
+    base = {"spearman_frame_in_domain": 0.50, "partial_spearman_given_force": 0.45, "auroc_ood": 0.80,
+            "std_over_rmse": 0.7, "cost_ratio": 1.9}  # fmt: skip
+    committee = {**base, "auroc_ood": 0.82, "cost_ratio": 5.0}
+    folders = [_run(tmp_path / name, seed, base, committee) for seed, name in enumerate("ab")]
+    study = [  # run a: both choices meet the three lines; run b: "valid_variance" misses the OOD AUROC
+        [{"subspace": "least_constrained", "rank": 4, **base}, {"subspace": "valid_variance", "rank": 4, **base}],
+        [{"subspace": "least_constrained", "rank": 4, **base},
+         {"subspace": "valid_variance", "rank": 4, **base, "auroc_ood": 0.70}],
+    ]  # fmt: skip
+    for folder, rows in zip(folders, study):
+        (folder / "posterior_variants.json").write_text(json.dumps({"3bpa": {"subspaces": {"rows": rows}}}))
+    out = bench.main(["--dataset", "3bpa", "--runs", *map(str, folders), "--out", str(tmp_path / "out")])
+    sub = {(r["subspace"], r["rank"]): r for r in out["subspaces"]}
+    assert sub[("least_constrained", 4)]["runs_meeting_all_three"] == 2
+    assert sub[("valid_variance", 4)]["runs_meeting_all_three"] == 1
+    assert sub[("valid_variance", 4)]["mean"]["auroc_ood"] == pytest.approx(0.75)
+    md = (tmp_path / "out" / "force_uncertainty_seeds.md").read_text()
+    assert "| valid_variance | 4 | 0.500, 0.500; 0.500 |" in md and "| 1 of 2 |" in md
