@@ -194,8 +194,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     runs = [load_run(folder, args.dataset) for folder in args.runs]
     command = shlex.join(["python", "benchmarks/force_uncertainty_seeds.py", *(sys.argv[1:] if argv is None else argv)])
-    out = {"runs": runs, "summary": summarise(runs), "subspaces": summarise_subspaces(runs), "meta": {"command": command, "updated": time.strftime("%Y-%m-%d %H:%M"),
-                                                               "dataset": args.dataset}}  # fmt: skip
+    meta = {"command": command, "updated": time.strftime("%Y-%m-%d %H:%M"), "dataset": args.dataset}
+    out = {"runs": runs, "summary": summarise(runs), "subspaces": summarise_subspaces(runs), "meta": meta}
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "force_uncertainty_seeds.json", json.dumps(fu._clean(out), indent=1))
     write_markdown(out, args.dataset, args.out / "force_uncertainty_seeds.md")
