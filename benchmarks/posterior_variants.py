@@ -190,12 +190,7 @@ def top_directions(m: torch.Tensor, r: int) -> torch.Tensor:
 def captured_variance(frames: list[dict[str, torch.Tensor]], factor: torch.Tensor) -> torch.Tensor:
     """``(D, D)`` sum over frames of ``(factor J)(factor J)^T``: its top eigenvectors (rotations of the
     factor's rows) carry the most force variance on these frames."""
-    d = factor.shape[0]
-    g = torch.zeros(d, d, dtype=torch.float64)
-    for f in frames:
-        p = factor @ f["jac"].reshape(d, -1)  # (D, 3 n_atoms)
-        g += p @ p.T
-    return g
+    return factor @ precision(frames, (1.0, 1.0), 0.0) @ factor.T  # precision: sum J J^T with unit noise
 
 
 def probe_rows(factor: torch.Tensor, r: int, k: int, gen: torch.Generator) -> torch.Tensor:
@@ -223,8 +218,8 @@ def subspaces(sets: dict[str, list], noise: tuple[float, float], args: argparse.
     d = factor.shape[0]
     eye = torch.eye(d, dtype=torch.float64)
     ranks = sorted({min(r, d) for r in SUBSPACE_RANKS})  # a tiny model may have fewer than r directions
-    valid_dirs = {r: top_directions(captured_variance(sets["valid"], factor), r) for r in ranks}
-    train_g = captured_variance(sets["train"], factor)
+    valid_g, train_g = (captured_variance(sets[p], factor) for p in ("valid", "train"))
+    valid_dirs = {r: top_directions(valid_g, r) for r in ranks}
 
     def row(choice: str, rank: Any, rows: Any, draws: int = 1) -> dict[str, Any]:
         runs = []
