@@ -43,6 +43,7 @@ from mlip_unc.atomic import atomic_write_text
 from mlip_unc.models.committee import load_potential
 from mlip_unc.train.potential import train_potential
 from mlip_unc.train.potential_data import prepare_data
+from mlip_unc.uncertainty import diagnostics as diag
 
 log = logging.getLogger("committee_floor")
 LINES = ("spearman_frame_in_domain", "partial_spearman_given_force", "auroc_ood")  # issue 11's ranking lines
@@ -145,6 +146,7 @@ def run_summary(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     rows = {"default": entry[default], "committee5": entry["committee5"],
             "committee5_b": fu.row_metrics(b["in"], b.get("ood"), None)}  # fmt: skip
     seeds = [floor.get(f"member:{name}:{k}")["seed"] for k in range(MEMBERS)]
+    frames = {"default": records[f"eval:{name}:{default}"], "committee5": a, "committee5_b": b}
     return {
         "run": str(run), "seed": results["meta"]["seed"], "default_mode": default, "member_seeds_b": seeds,
         "train_minutes_b": [floor.get(f"member:{name}:{k}")["train_minutes"] for k in range(MEMBERS)],
@@ -154,7 +156,18 @@ def run_summary(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
         "default_vs_a": lines_met(rows["default"], rows["committee5"]),
         "default_vs_b": lines_met(rows["default"], rows["committee5_b"]),
         "bootstrap_b_minus_a": fu.paired_gap(b["in"], a["in"], seed=results["meta"]["seed"]),
+        "auroc_ood_of_error": {row: error_auroc(rec) for row, rec in frames.items()},
     }  # fmt: skip
+
+
+def error_auroc(record: dict[str, Any]) -> float | None:
+    """OOD AUROC of a row's own frame error (mean |F error|) as the score: what its uncertainty
+    would reach if it ranked frames exactly as their errors (None without OOD frames)."""
+    if not record.get("ood"):
+        return None
+    errors = [float(e) for part in ("in", "ood") for e in record[part]["error"]]
+    labels = [0] * len(record["in"]["error"]) + [1] * len(record["ood"]["error"])
+    return diag.auroc(errors, labels)
 
 
 def floor_settings(settings: argparse.Namespace) -> dict[str, Any]:
@@ -174,14 +187,17 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
               "MAP members trained with the run's config, data, validation split and budget, seeds run seed + "
               f"{summary['offset']} + k; both evaluated on the run's frames. Lines (issue 11): in-domain Spearman >= "
               "reference - 0.05; partial Spearman given |F_pred| >= reference - 0.05 and >= 0.3; OOD AUROC >= "
-              "reference - 0.03. 'met' = all three."), "",
+              "reference - 0.03. 'met' = all three. The OOD AUROC of a row's own frame error (mean |F error| as "
+              "the score) is what its uncertainty would reach if it ranked frames exactly as their errors."), "",
              "| run | seed | in-domain (default / A / B) | partial (default / A / B) | AUROC OOD (default / A / B) "
+             "| AUROC OOD of the row's own error (default / A / B) "
              "| B vs A | A vs B | default vs A | default vs B | bootstrap B - A, in-domain (gap +- std) |",
-             "|---" * 10 + "|"]  # fmt: skip
+             "|---" * 11 + "|"]  # fmt: skip
     verdict = {True: "met", False: "missed"}
     for r in runs:
         rows = r["rows"]
         cells = [" / ".join(_f3(rows[x].get(k)) for x in ("default", "committee5", "committee5_b")) for k in LINES]
+        cells.append(" / ".join(_f3(r["auroc_ood_of_error"][x]) for x in ("default", "committee5", "committee5_b")))
         missed = {c: ", ".join(k for k in LINES if not r[c][k]["met"]) for c in ("b_vs_a", "a_vs_b", "default_vs_a", "default_vs_b")}
         checks = [verdict[r[c]["all"]] + (f" ({missed[c]})" if missed[c] else "") for c in missed]
         gap = r["bootstrap_b_minus_a"]["spearman_frame_in_domain"]

@@ -23,6 +23,12 @@ def test_lines_against_a_reference(bench):
     assert bench.lines_met({**row, "partial_spearman_given_force": 0.31, "auroc_ood": 0.771}, ref)["all"]
 
 
+def test_auroc_of_the_rows_own_error(bench):
+    record = {"in": {"error": [0.1, 0.2]}, "ood": {"error": [0.3, 0.15]}}
+    assert bench.error_auroc(record) == pytest.approx(0.75)  # 3 of the 4 (OOD, in-domain) pairs ordered
+    assert bench.error_auroc({"in": {"error": [0.1]}}) is None
+
+
 def test_members_split_over_two_commands_then_summary(bench, tmp_path):
     # --members: this command trains members 0 and 1 of committee B only and writes no summary
     assert bench.main(["--quick", "--members", "0,1", "--out", str(tmp_path)]) is None
@@ -45,6 +51,7 @@ def test_members_split_over_two_commands_then_summary(bench, tmp_path):
     b = next(json.loads(x) for x in (run / "committee_floor.jsonl").read_text().splitlines() if "committee5_b" in x)
     a = records["eval:cu_emt:committee5"]
     assert b["in"]["error"] != a["in"]["error"] and len(b["in"]["score"]) == len(a["in"]["score"])  # same frames
+    assert set(r["auroc_ood_of_error"]) == {"default", "committee5", "committee5_b"}
     for check in ("b_vs_a", "a_vs_b", "default_vs_a", "default_vs_b"):
         assert r[check]["all"] == all(r[check][k]["met"] for k in bench.LINES)
     md = (tmp_path / "committee_floor.md").read_text()
