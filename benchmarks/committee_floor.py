@@ -12,7 +12,8 @@ It is evaluated on the run's in-domain and OOD frames exactly as the run's commi
 - the run's default single-model row against B: the same single model against another reference.
 
 The paired bootstrap of the in-domain Spearman gap B - A (force_uncertainty.paired_gap) is given
-beside it. Results: ``OUT/committee_floor.{md,json}`` over every ``--runs`` folder; each run's
+beside it, and for each row the OOD AUROC of its own frame error as the score (what its
+uncertainty would reach if it ranked frames exactly as their errors). Results: ``OUT/committee_floor.{md,json}`` over every ``--runs`` folder; each run's
 finished steps go to ``RUN/committee_floor.jsonl`` (members trained, evaluation), so an interrupted
 command resumes, and ``--members`` lets two processes train different members of one run at once.
 Checkpoints: ``RUN/checkpoints/force_uncertainty/<dataset>_committee5_b/member_k``.
