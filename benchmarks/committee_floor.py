@@ -70,11 +70,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def run_records(run: Path) -> dict[str, dict[str, Any]]:
+    """The run's force_uncertainty.jsonl steps by name (a later line wins, as force_uncertainty.Steps)."""
+    lines = (run / "force_uncertainty.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, filter(str.strip, lines))}
+
+
 def run_settings(run: Path, args: argparse.Namespace) -> argparse.Namespace:
     """The run's own settings (seed, budget, overrides) as force_uncertainty's arguments, on this
     machine's data root."""
-    lines = (run / "force_uncertainty.jsonl").read_text().splitlines()
-    s = next(r for r in map(json.loads, filter(str.strip, lines)) if r["step"] == "settings")
+    s = run_records(run)["settings"]
     return argparse.Namespace(seed=s["seed"], budget_minutes=s["budget_minutes"], overrides=list(s["overrides"]),
                               quick=s["quick"], data_root=args.data_root, out=run)  # fmt: skip
 
@@ -120,10 +125,7 @@ def lines_met(row: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
     value, the target and whether it is met; ``all`` when every line is."""
     out: dict[str, Any] = {}
     for key in LINES:
-        slack, low, _ = fu.TARGETS[key]
-        target = max(x for x in (low, reference.get(key) - slack if reference.get(key) is not None else None)
-                     if x is not None)  # fmt: skip
-        value = row.get(key)
+        target, value = fu.target_bounds(key, reference.get(key))[0], row.get(key)
         out[key] = {"value": value, "target": target, "met": value is not None and value >= target}
     out["all"] = all(v["met"] for v in out.values())
     return out
@@ -132,8 +134,7 @@ def lines_met(row: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
 def run_summary(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     """One run's rows (default single model, committee A, committee B) and the lines between them."""
     name = args.dataset
-    lines = [json.loads(x) for x in (run / "force_uncertainty.jsonl").read_text().splitlines() if x.strip()]
-    records = {r["step"]: r for r in lines}  # later lines win, as force_uncertainty.Steps
+    records = run_records(run)
     if not (run / "committee_floor.jsonl").is_file():
         return None
     floor = fu.Steps(run / "committee_floor.jsonl", floor_settings(run_settings(run, args)))
@@ -176,10 +177,6 @@ def floor_settings(settings: argparse.Namespace) -> dict[str, Any]:
             "seed": settings.seed, "budget_minutes": settings.budget_minutes, "overrides": settings.overrides}  # fmt: skip
 
 
-def _f3(v: Any) -> str:
-    return "n/a" if v is None else f"{v:.3f}"
-
-
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
     runs = summary["runs"]
     lines = [f"# How often does a second committee meet issue 11's ranking lines? ({summary['dataset']})", "",
@@ -197,8 +194,8 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
     verdict = {True: "met", False: "missed"}
     for r in runs:
         rows = r["rows"]
-        cells = [" / ".join(_f3(rows[x].get(k)) for x in ("default", "committee5", "committee5_b")) for k in LINES]
-        cells.append(" / ".join(_f3(r["auroc_ood_of_error"][x]) for x in ("default", "committee5", "committee5_b")))
+        cells = [" / ".join(fu._f3(rows[x].get(k)) for x in ("default", "committee5", "committee5_b")) for k in LINES]
+        cells.append(" / ".join(fu._f3(r["auroc_ood_of_error"][x]) for x in ("default", "committee5", "committee5_b")))
         missed = {c: ", ".join(k for k in LINES if not r[c][k]["met"]) for c in ("b_vs_a", "a_vs_b", "default_vs_a", "default_vs_b")}
         checks = [verdict[r[c]["all"]] + (f" ({missed[c]})" if missed[c] else "") for c in missed]
         gap = r["bootstrap_b_minus_a"]["spearman_frame_in_domain"]

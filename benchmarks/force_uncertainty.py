@@ -463,13 +463,20 @@ TARGETS = {  # issue 11, default row: key -> (slack below committee5, lowest, hi
 }  # fmt: skip
 
 
+def target_bounds(key: str, committee_value: float | None) -> tuple[float | None, float | None]:
+    """Issue 11's ``(lowest, highest)`` for ``key`` (TARGETS): the floor or committee5 - slack,
+    whichever is higher; None where the target has no such side."""
+    slack, low, high = TARGETS[key]
+    ref = None if slack is None or committee_value is None else committee_value - slack
+    return max((x for x in (low, ref) if x is not None), default=None), high
+
+
 def acceptance(entry: dict[str, Any]) -> list[str]:
     """Issue 11's targets for the default row, each 'met' or 'missed by' how much."""
     d, c = entry.get(entry["default"], {}), entry.get("committee5", {})
     out = []
-    for key, (slack, low, high) in TARGETS.items():
-        ref = None if slack is None or c.get(key) is None else c[key] - slack
-        low, v = max((x for x in (low, ref) if x is not None), default=None), d.get(key)
+    for key in TARGETS:
+        (low, high), v = target_bounds(key, c.get(key)), d.get(key)
         miss = None if v is None else max(0.0, low - v if low is not None else 0.0, v - high if high is not None else 0.0)
         result = "n/a" if miss is None else f"missed by {miss:.2g}" if miss > 0 else "met"
         out.append(f"- {key} = {_f3(v)}, target [{_f3(low)}, {_f3(high)}]: {result}")
