@@ -177,6 +177,32 @@ def floor_settings(settings: argparse.Namespace) -> dict[str, Any]:
             "seed": settings.seed, "budget_minutes": settings.budget_minutes, "overrides": settings.overrides}  # fmt: skip
 
 
+def committee_b_row(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
+    """Committee B's row on ``run``'s frames (force_uncertainty.row_metrics), or None if not evaluated."""
+    if not (run / "committee_floor.jsonl").is_file():
+        return None
+    floor = fu.Steps(run / "committee_floor.jsonl", floor_settings(run_settings(run, args)))
+    b = floor.get(f"eval:{args.dataset}:committee5_b")
+    return None if b is None else fu.row_metrics(b["in"], b.get("ood"), None)
+
+
+def step_commands(runs: list[Path], args: argparse.Namespace, stem: str) -> list[str]:
+    """Every command recorded in the runs' ``RUN/<stem>.jsonl``, in order, each once."""
+    commands: list[str] = []
+    for run in (r for r in runs if (r / f"{stem}.jsonl").is_file()):
+        steps = fu.Steps(run / f"{stem}.jsonl", floor_settings(run_settings(run, args)))
+        commands += [c for c in steps.commands if c and c not in commands]
+    return commands
+
+
+def write_results(summary: dict[str, Any], out: Path, stem: str, markdown: Any) -> None:
+    """``OUT/<stem>.json`` and ``OUT/<stem>.md`` (``markdown(summary, path)``), atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / f"{stem}.json", json.dumps(summary, indent=1))
+    markdown(summary, out / f"{stem}.md")
+    log.info("results: %s", out / f"{stem}.md")
+
+
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
     runs = summary["runs"]
     lines = [f"# How often does a second committee meet issue 11's ranking lines? ({summary['dataset']})", "",
@@ -242,17 +268,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if args.members is not None:
         return None  # a partial training command: the summary comes with the command over all runs
     summaries = [s for s in (run_summary(run, args) for run in runs) if s is not None]
-    commands = []
-    for run in (r for r in runs if (r / "committee_floor.jsonl").is_file()):
-        floor = fu.Steps(run / "committee_floor.jsonl", floor_settings(run_settings(run, args)))
-        commands += [c for c in floor.commands if c and c not in commands]
     summary = {"dataset": args.dataset, "offset": args.offset, "updated": time.strftime("%Y-%m-%d %H:%M"),
-               "commands": commands, "runs": summaries,
+               "commands": step_commands(runs, args, "committee_floor"), "runs": summaries,
                "status": "complete" if len(summaries) == len(runs) else "partial"}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "committee_floor.json", json.dumps(summary, indent=1))
-    write_markdown(summary, args.out / "committee_floor.md")
-    log.info("results: %s", args.out / "committee_floor.md")
+    write_results(summary, args.out, "committee_floor", write_markdown)
     return summary
 
 

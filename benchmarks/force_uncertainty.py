@@ -251,7 +251,12 @@ def load_frames(path: Path | None, model: Any, split: dict[str, Any], limit: int
 def frame_values(model: Any, data: StructureDataset, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Per-frame score, error and max |F_pred|; std/RMSE (per component) and force MAE."""
     unc = {"force_magnitude": "none", "committee5": "exact"}.get(mode, mode)
-    pred = predict(model, data, uncertainty=unc, n_samples=args.n_samples, batch_size=8, seed=args.seed)
+    return prediction_values(predict(model, data, uncertainty=unc, n_samples=args.n_samples, batch_size=8,
+                                     seed=args.seed), mode)  # fmt: skip
+
+
+def prediction_values(pred: Any, mode: str) -> dict[str, Any]:
+    """:func:`frame_values` of predictions already made (``mode``: the row, which picks the score)."""
     table = frame_table(pred)
     score = {"force_magnitude": "forces_pred_max_norm", "energy": "energy_epistemic_std"}.get(mode, "forces_max_std")
     err, var = pred.forces_pred - pred.forces_true, pred.forces_epistemic_var  # (n_atoms, 3) each
