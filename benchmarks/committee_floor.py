@@ -32,6 +32,7 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,28 @@ def floor_settings(settings: argparse.Namespace) -> dict[str, Any]:
             "seed": settings.seed, "budget_minutes": settings.budget_minutes, "overrides": settings.overrides}  # fmt: skip
 
 
+def run_folders(args: argparse.Namespace) -> list[Path]:
+    """``--runs``, or with ``--quick`` the one quick run (made once)."""
+    return [quick_run(args)] if args.quick else list(args.runs)
+
+
+def each_run(args: argparse.Namespace, argv: list[str] | None, stem: str, runs: list[Path],
+             extra: dict[str, Any] | None = None) -> Iterator[tuple[Path, argparse.Namespace, fu.Steps, dict[str, Any]]]:  # fmt: skip
+    """The loop of the scripts built on finished runs (this one, trained_factor, distance_aware,
+    member_llpr): torch threads and logging set, then per run its settings, its ``RUN/<stem>.jsonl``
+    steps (settings plus ``extra``; this command noted) and its data split (files in a temporary
+    folder that lives while the caller works on the run)."""
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    command = shlex.join(["python", f"benchmarks/{stem}.py", *(sys.argv[1:] if argv is None else argv)])
+    with tempfile.TemporaryDirectory(prefix=f"mlip_unc_{stem}_") as work:
+        for run in runs:
+            settings = run_settings(run, args)
+            steps = fu.Steps(run / f"{stem}.jsonl", {**floor_settings(settings), **(extra or {}), "command": command})
+            steps.note_command(command)
+            yield run, settings, steps, fu.dataset_split(args.dataset, settings, Path(work))
+
+
 def committee_b_row(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     """Committee B's row on ``run``'s frames (force_uncertainty.row_metrics), or None if not evaluated."""
     if not (run / "committee_floor.jsonl").is_file():
@@ -251,20 +274,12 @@ def quick_run(args: argparse.Namespace) -> Path:
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    command = shlex.join(["python", "benchmarks/committee_floor.py", *(sys.argv[1:] if argv is None else argv)])
-    runs = [quick_run(args)] if args.quick else args.runs
-    with tempfile.TemporaryDirectory(prefix="mlip_unc_cf_") as work:
-        for run in runs:
-            settings = run_settings(run, args)
-            steps = fu.Steps(run / "committee_floor.jsonl", {**floor_settings(settings), "command": command})
-            steps.note_command(command)
-            split = fu.dataset_split(args.dataset, settings, Path(work))
-            folder = train_members(run, settings, steps, args, split)
-            steps = fu.Steps(run / "committee_floor.jsonl", floor_settings(settings))  # read again: another
-            if all(steps.get(f"member:{args.dataset}:{k}") for k in range(MEMBERS)):  # process may train members
-                evaluate(run, settings, steps, args, split, folder)
+    runs = run_folders(args)
+    for run, settings, steps, split in each_run(args, argv, "committee_floor", runs):
+        folder = train_members(run, settings, steps, args, split)
+        steps = fu.Steps(run / "committee_floor.jsonl", floor_settings(settings))  # read again: another
+        if all(steps.get(f"member:{args.dataset}:{k}") for k in range(MEMBERS)):  # process may train members
+            evaluate(run, settings, steps, args, split, folder)
     if args.members is not None:
         return None  # a partial training command: the summary comes with the command over all runs
     summaries = [s for s in (run_summary(run, args) for run in runs) if s is not None]

@@ -34,15 +34,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import committee_floor as cf
@@ -53,6 +50,7 @@ from mlip_unc.atomic import atomic_write_text
 from mlip_unc.models.committee import load_potential
 from mlip_unc.train.evaluate import predict
 from mlip_unc.train.potential_data import prepare_data
+from mlip_unc.uncertainty import density
 
 log = logging.getLogger("distance_aware")
 ROWS = ("lowrank", "distance_aware")
@@ -87,32 +85,7 @@ def fit_scale(err: np.ndarray, var: np.ndarray, noise: np.ndarray, d2: np.ndarra
             "valid_nll": nll[best], "valid_nll_c0": nll[0]}  # fmt: skip
 
 
-class Reference:
-    """The training atoms' latents per element, standardised once (as density.latent_knn_distance)."""
-
-    def __init__(self, z: torch.Tensor, types: np.ndarray, k: int) -> None:
-        self.k, self.sets = k, {}
-        for element in np.unique(types):
-            zt = z[torch.as_tensor(np.flatnonzero(types == element))].double()
-            mean = zt.mean(0)
-            std = zt.std(0) if zt.shape[0] > 1 else torch.ones_like(mean)
-            std = torch.where(std < 1e-12, torch.ones_like(std), std)
-            self.sets[int(element)] = (mean, std, (zt - mean) / std)
-
-    def distances(self, z: torch.Tensor, types: np.ndarray) -> np.ndarray:
-        """``(n_atoms,)`` mean distance to the k nearest training atoms of the same element (inf: unseen)."""
-        out = np.full(z.shape[0], np.inf)
-        for element in np.unique(types):
-            if int(element) not in self.sets:
-                continue
-            mean, std, zt = self.sets[int(element)]
-            q = np.flatnonzero(types == element)
-            d = torch.cdist((z[torch.as_tensor(q)].double() - mean) / std, zt)
-            out[q] = torch.topk(d, min(self.k, zt.shape[0]), dim=1, largest=False).values.mean(1).numpy()
-        return out
-
-
-def with_distance(model: Any, data: Any, ref: Reference, seed: int) -> tuple[Any, np.ndarray]:
+def with_distance(model: Any, data: Any, ref: density.AtomLatentReference, seed: int) -> tuple[Any, np.ndarray]:
     """Lowrank predictions on ``data`` and each atom's latent distance to ``ref`` (same atom order)."""
     pred = predict(model, data, uncertainty="lowrank", batch_size=8, seed=seed)
     z, types, _ = fu.node_latents(model, data)
@@ -131,7 +104,7 @@ def evaluate(run: Path, settings: argparse.Namespace, steps: fu.Steps, args: arg
     model = load_potential(folder / "model.pt")
     data = prepare_data(fu.train_config(split, settings, folder, 1))  # the run's training / validation split
     z_train, t_train, _ = fu.node_latents(model, data.train)
-    ref = Reference(z_train, t_train, fu.KNN_K)
+    ref = density.AtomLatentReference(z_train, t_train, fu.KNN_K)  # prepared once for every query
     sets = {p: fu.load_frames(split[k], model, split, None) for p, k in (("in", "test"), ("ood", "ood"))}
     sets = {p: d for p, d in sets.items() if d is not None}
     if not steps.get(f"eval:{name}"):
@@ -217,16 +190,9 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    command = shlex.join(["python", "benchmarks/distance_aware.py", *(sys.argv[1:] if argv is None else argv)])
-    runs = [cf.quick_run(args)] if args.quick else args.runs
-    with tempfile.TemporaryDirectory(prefix="mlip_unc_da_") as work:
-        for run in runs:
-            settings = cf.run_settings(run, args)
-            steps = fu.Steps(run / "distance_aware.jsonl", {**cf.floor_settings(settings), "command": command})
-            steps.note_command(command)
-            evaluate(run, settings, steps, args, fu.dataset_split(args.dataset, settings, Path(work)))
+    runs = cf.run_folders(args)
+    for run, settings, steps, split in cf.each_run(args, argv, "distance_aware", runs):
+        evaluate(run, settings, steps, args, split)
     summaries = [s for s in (run_summary(run, args) for run in runs) if s is not None]
     summary = {"dataset": args.dataset, "updated": time.strftime("%Y-%m-%d %H:%M"),
                "commands": cf.step_commands(runs, args, "distance_aware"), "runs": summaries,

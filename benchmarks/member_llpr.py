@@ -23,15 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shlex
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import committee_floor as cf
@@ -75,10 +72,11 @@ def evaluate(run: Path, settings: argparse.Namespace, steps: fu.Steps, args: arg
         return
     config = fu.train_config(split, settings, member_folder(run, args, 0).parent, 5)  # the committee's config
     data = prepare_data(config)  # the members' training / validation split
-    rank = config.model.posterior_rank
+    rank, sets = config.model.posterior_rank, None
     for k in todo:
         model, summary = tf.llpr_model(member_folder(run, args, k), rank, config, data)
-        sets = {p: fu.load_frames(split[key], model, split, None) for p, key in (("in", "test"), ("ood", "ood"))}
+        if sets is None:  # the members share cutoff, elements and dtype: the frames are read once
+            sets = {p: fu.load_frames(split[key], model, split, None) for p, key in (("in", "test"), ("ood", "ood"))}
         record = {p: fu.frame_values(model, d, "lowrank", ev) for p, d in sets.items() if d is not None}
         graphs = sets["in"].graphs[:20]
         calls = {m: (lambda g, m=m: model(g, compute_forces=True, uncertainty=m)) for m in ("none", "lowrank")}
@@ -154,16 +152,9 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    command = shlex.join(["python", "benchmarks/member_llpr.py", *(sys.argv[1:] if argv is None else argv)])
-    runs = [cf.quick_run(args)] if args.quick else args.runs
-    with tempfile.TemporaryDirectory(prefix="mlip_unc_ml_") as work:
-        for run in runs:
-            settings = cf.run_settings(run, args)
-            steps = fu.Steps(run / "member_llpr.jsonl", {**cf.floor_settings(settings), "command": command})
-            steps.note_command(command)
-            evaluate(run, settings, steps, args, fu.dataset_split(args.dataset, settings, Path(work)))
+    runs = cf.run_folders(args)
+    for run, settings, steps, split in cf.each_run(args, argv, "member_llpr", runs):
+        evaluate(run, settings, steps, args, split)
     summaries = [s for s in (run_summary(run, args) for run in runs) if s is not None]
     summary = {"dataset": args.dataset, "committee": args.committee, "updated": time.strftime("%Y-%m-%d %H:%M"),
                "commands": cf.step_commands(runs, args, "member_llpr"), "runs": summaries,

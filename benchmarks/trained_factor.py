@@ -36,9 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -295,21 +293,11 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    command = shlex.join(["python", "benchmarks/trained_factor.py", *(sys.argv[1:] if argv is None else argv)])
-    runs = [cf.quick_run(args)] if args.quick else args.runs
-    with tempfile.TemporaryDirectory(prefix="mlip_unc_tf_") as work:
-        for run in runs:
-            settings = cf.run_settings(run, args)
-            steps = fu.Steps(run / "trained_factor.jsonl", {**step_settings(settings, args), "command": command})
-            steps.note_command(command)
-            split = fu.dataset_split(args.dataset, settings, Path(work))
-            folder = train_model(run, settings, steps, args, split)
-            if not args.train_only:
-                evaluate(run, settings, steps, args, split, folder)
-    if args.train_only:
-        return None
+    runs = cf.run_folders(args)
+    for run, settings, steps, split in cf.each_run(args, argv, "trained_factor", runs, {"rank": args.rank}):
+        folder = train_model(run, settings, steps, args, split)
+        if not args.train_only:
+            evaluate(run, settings, steps, args, split, folder)
     summaries = [s for s in (run_summary(run, args) for run in runs) if s is not None]
     summary = {"dataset": args.dataset, "rank": args.rank, "updated": time.strftime("%Y-%m-%d %H:%M"),
                "commands": cf.step_commands(runs, args, "trained_factor"), "runs": summaries,

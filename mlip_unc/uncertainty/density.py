@@ -25,6 +25,8 @@ from torch import Tensor
 from mlip_unc.uncertainty.calibration import ArrayLike, NanPolicy, spearman_corr
 
 __all__ = [
+    "LatentReference",
+    "AtomLatentReference",
     "latent_knn_distance",
     "atom_latent_knn_distance",
     "tanimoto_max_similarity",
@@ -41,7 +43,43 @@ def _as_matrix(x: Tensor | np.ndarray, name: str) -> Tensor:
     return t
 
 
-@torch.no_grad()
+class LatentReference:
+    """Training latents prepared once (standardised) for repeated kNN queries.
+
+    ``distances(z_query)`` is :func:`latent_knn_distance` of the query against these latents:
+    mean Euclidean distance to the ``k`` nearest, both sets shifted and scaled per coordinate by
+    the training set's mean and std (``standardise``; coordinates with std < 1e-12 only
+    shifted), in the dtype both inputs promote to.
+    """
+
+    def __init__(self, z_train: Tensor | np.ndarray, k: int = 10, standardise: bool = True) -> None:
+        zt = _as_matrix(z_train, "z_train")
+        if not 1 <= k <= zt.shape[0]:
+            raise ValueError(f"k must be in [1, n_train={zt.shape[0]}], got {k}")
+        self.k, self.standardise = k, standardise
+        mean = zt.mean(dim=0) if standardise else torch.zeros_like(zt[0])
+        std = zt.std(dim=0) if standardise and zt.shape[0] > 1 else torch.ones_like(mean)
+        self.mean, self.std = mean, torch.where(std < 1e-12, torch.ones_like(std), std)  # (d,) each
+        self.z = (zt - self.mean) / self.std  # (n_t, d)
+
+    @torch.no_grad()
+    def distances(self, z_query: Tensor | np.ndarray, *, chunk_size: int = 2048) -> np.ndarray:
+        """``(n_q,)`` mean distance of each query latent ``(n_q, d)`` to its k nearest; larger = less supported."""
+        zq = _as_matrix(z_query, "z_query")
+        if zq.shape[1] != self.z.shape[1]:
+            raise ValueError(f"latent sizes differ: {zq.shape[1]} vs {self.z.shape[1]}")
+        dtype = torch.promote_types(zq.dtype, self.z.dtype)
+        zt = self.z.to(dtype)
+        zq = (zq.to(dtype=dtype, device=zt.device) - self.mean.to(dtype)) / self.std.to(dtype)
+        out = []
+        for start in range(0, zq.shape[0], chunk_size):
+            d = torch.cdist(zq[start : start + chunk_size], zt)  # (chunk, n_t)
+            out.append(torch.topk(d, self.k, dim=1, largest=False).values.mean(dim=1))
+        if not out:
+            return np.zeros(0)
+        return torch.cat(out).cpu().double().numpy()
+
+
 def latent_knn_distance(
     z_query: Tensor | np.ndarray,
     z_train: Tensor | np.ndarray,
@@ -56,29 +94,41 @@ def latent_knn_distance(
     shifted and scaled per coordinate by the training set's mean and std (coordinates with
     std < 1e-12 are only shifted). Distances are computed with ``torch.cdist`` in chunks of
     ``chunk_size`` queries, so memory is ``O(chunk_size * n_train)``. A query identical to a
-    training point has that point at distance 0 (no self-exclusion).
+    training point has that point at distance 0 (no self-exclusion). For many queries against
+    one training set, prepare it once: :class:`LatentReference`.
 
     Shapes: z_query (n_q, d), z_train (n_t, d) -> (n_q,). Larger = less supported.
     """
-    zq, zt = _as_matrix(z_query, "z_query"), _as_matrix(z_train, "z_train")
-    if zq.shape[1] != zt.shape[1]:
-        raise ValueError(f"latent sizes differ: {zq.shape[1]} vs {zt.shape[1]}")
-    if not 1 <= k <= zt.shape[0]:
-        raise ValueError(f"k must be in [1, n_train={zt.shape[0]}], got {k}")
-    dtype = torch.promote_types(zq.dtype, zt.dtype)
-    zq, zt = zq.to(dtype=dtype, device=zt.device), zt.to(dtype)
-    if standardise:
-        mean = zt.mean(dim=0)
-        std = zt.std(dim=0) if zt.shape[0] > 1 else torch.ones_like(mean)
-        std = torch.where(std < 1e-12, torch.ones_like(std), std)
-        zq, zt = (zq - mean) / std, (zt - mean) / std
-    out = []
-    for start in range(0, zq.shape[0], chunk_size):
-        d = torch.cdist(zq[start : start + chunk_size], zt)  # (chunk, n_t)
-        out.append(torch.topk(d, k, dim=1, largest=False).values.mean(dim=1))
-    if not out:
-        return np.zeros(0)
-    return torch.cat(out).cpu().double().numpy()
+    return LatentReference(z_train, k, standardise).distances(z_query, chunk_size=chunk_size)
+
+
+class AtomLatentReference:
+    """Training atoms' latents per element, each element a :class:`LatentReference` (k capped at
+    that element's count); ``distances`` is :func:`atom_latent_knn_distance` against them."""
+
+    def __init__(self, z_train: Tensor | np.ndarray, type_train: Tensor | np.ndarray, k: int = 10) -> None:
+        zt, tt = _as_matrix(z_train, "z_train"), _types(type_train)
+        if tt.shape[0] != zt.shape[0]:
+            raise ValueError(f"one type per latent: {tt.shape[0]} types for {zt.shape[0]} training latents")
+        self.elements = {int(e): LatentReference(zt[torch.as_tensor(np.flatnonzero(tt == e))],
+                                                 k=min(k, int(np.sum(tt == e)))) for e in np.unique(tt)}  # fmt: skip
+
+    def distances(self, z_query: Tensor | np.ndarray, type_query: Tensor | np.ndarray) -> np.ndarray:
+        """``(n_q,)`` per-atom distance among atoms of the same element; ``inf`` for an element
+        absent from training (no support at all)."""
+        zq, tq = _as_matrix(z_query, "z_query"), _types(type_query)
+        if tq.shape[0] != zq.shape[0]:
+            raise ValueError(f"one type per latent: {tq.shape[0]} types for {zq.shape[0]} query latents")
+        out = np.full(zq.shape[0], np.inf)
+        for element in np.unique(tq):
+            if (ref := self.elements.get(int(element))) is not None:
+                q = np.flatnonzero(tq == element)
+                out[q] = ref.distances(zq[torch.as_tensor(q)])
+        return out
+
+
+def _types(types: Tensor | np.ndarray) -> np.ndarray:
+    return np.asarray(types.detach().cpu() if isinstance(types, Tensor) else types).reshape(-1)
 
 
 def atom_latent_knn_distance(
@@ -92,21 +142,12 @@ def atom_latent_knn_distance(
 
     Each query atom's :func:`latent_knn_distance` (standardised by that element's training
     atoms) to the training atoms of its own type; ``k`` is capped at that element's count. An
-    element absent from training gives ``inf`` (no support at all).
+    element absent from training gives ``inf`` (no support at all). For many queries against
+    one training set, prepare it once: :class:`AtomLatentReference`.
 
     Shapes: z_query (n_q, d), type_query (n_q,), z_train (n_t, d), type_train (n_t,) -> (n_q,).
     """
-    zq, zt = _as_matrix(z_query, "z_query"), _as_matrix(z_train, "z_train")
-    tq, tt = (np.asarray(t.detach().cpu() if isinstance(t, Tensor) else t).reshape(-1) for t in (type_query, type_train))
-    if tq.shape[0] != zq.shape[0] or tt.shape[0] != zt.shape[0]:
-        raise ValueError(f"one type per latent: {tq.shape[0]} types for {zq.shape[0]} query latents, "
-                         f"{tt.shape[0]} for {zt.shape[0]} training latents")  # fmt: skip
-    out = np.full(zq.shape[0], np.inf)
-    for element in np.unique(tq):
-        q, t = np.flatnonzero(tq == element), np.flatnonzero(tt == element)
-        if t.size:
-            out[q] = latent_knn_distance(zq[torch.as_tensor(q)], zt[torch.as_tensor(t)], k=min(k, t.size))
-    return out
+    return AtomLatentReference(z_train, type_train, k).distances(z_query, type_query)
 
 
 def tanimoto_max_similarity(

@@ -4,10 +4,8 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from benchmark_scripts import load_benchmark
 
-from mlip_unc.uncertainty import density
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +25,6 @@ def test_scale_fit_finds_a_distance_term_and_refuses_a_useless_one(bench):
     fit = bench.fit_scale(plain, var, noise, d2)
     assert fit["c"] * d2.max() <= 0.05 * 0.011  # the term adds at most 5 % of the variance anywhere
     assert fit["valid_nll"] <= fit["valid_nll_c0"]
-
-
-def test_reference_distances_match_the_density_module(bench):
-    gen = torch.Generator().manual_seed(0)
-    z_train, z = torch.randn(60, 5, generator=gen), torch.randn(9, 5, generator=gen)
-    t_train, t = np.repeat([0, 1, 2], 20), np.array([0, 1, 2, 0, 1, 2, 0, 1, 3])  # type 3 never seen
-    got = bench.Reference(z_train, t_train, k=4).distances(z, t)
-    want = density.atom_latent_knn_distance(z, t, z_train, t_train, k=4)
-    np.testing.assert_allclose(got, want, rtol=1e-6)  # the density module keeps float32 inputs in float32
-    assert np.isinf(got[-1])
 
 
 def test_quick_run_recomputes_the_default_row_and_resumes(bench, tmp_path):

@@ -96,3 +96,16 @@ def test_structural_calibration() -> None:
     proxy = np.array([0.1, 0.5, 0.3, 2.0, np.nan])
     assert den.structural_calibration(proxy * 3 + 1, proxy) == pytest.approx(1.0)
     assert den.structural_calibration(-proxy, proxy) == pytest.approx(-1.0)
+
+
+def test_prepared_references_match_the_one_shot_functions() -> None:
+    gen = torch.Generator().manual_seed(0)
+    z_train, z = torch.randn(60, 5, generator=gen), torch.randn(9, 5, generator=gen)
+    t_train, t = np.repeat([0, 1, 2], 20), np.array([0, 1, 2, 0, 1, 2, 0, 1, 3])  # type 3 never seen
+    ref = den.AtomLatentReference(z_train, t_train, k=4)
+    got = ref.distances(z, t)
+    want = den.atom_latent_knn_distance(z, t, z_train, t_train, k=4)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert np.isinf(got[-1])
+    np.testing.assert_allclose(ref.distances(z[:3], t[:3]), got[:3], rtol=1e-12)  # the reference is reused unchanged
+    np.testing.assert_allclose(den.LatentReference(z_train, k=3).distances(z), den.latent_knn_distance(z, z_train, k=3))
