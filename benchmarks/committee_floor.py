@@ -200,6 +200,14 @@ def each_run(args: argparse.Namespace, argv: list[str] | None, stem: str, runs: 
             yield run, settings, steps, fu.dataset_split(args.dataset, settings, Path(work))
 
 
+BASELINES = ("force_magnitude", "latent_distance")  # the run's own baseline rows, shown beside every new row
+
+
+def baseline_rows(entry: dict[str, Any]) -> dict[str, Any]:
+    """The run's |F_pred| and latent-distance rows (force_uncertainty.json, same frames)."""
+    return {k: entry[k] for k in BASELINES if k in entry}
+
+
 def committee_b_row(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     """Committee B's row on ``run``'s frames (force_uncertainty.row_metrics), or None if not evaluated."""
     if not (run / "committee_floor.jsonl").is_file():

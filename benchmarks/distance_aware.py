@@ -143,7 +143,7 @@ def run_summary(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     entry = json.loads((run / "force_uncertainty.json").read_text())[name]
     ms = cost["ms"]
-    rows = {"default": entry[entry["default"]], "committee5": entry["committee5"]}
+    rows = {"default": entry[entry["default"]], "committee5": entry["committee5"], **cf.baseline_rows(entry)}
     for row in ROWS:
         rows[row] = fu.row_metrics(rec[row]["in"], rec[row].get("ood"), ms[row] / ms["plain"])
     if (b := cf.committee_b_row(run, args)) is not None:
@@ -162,13 +162,14 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
              ("Per run of benchmarks/force_uncertainty.py, its single model: lowrank = the shipped default mode "
               "(recomputed here), distance_aware = lowrank variance + c d^2 per atom and component, d the atom's "
               "latent distance to the training atoms of its element, c fitted by the validation frames' force NLL "
-              "(benchmarks/distance_aware.py docstring). Lines (issue 11): in-domain Spearman >= committee - 0.05; "
+              "(benchmarks/distance_aware.py docstring); force_magnitude (|F_pred|) and latent_distance are the run's "
+              "own baseline rows on the same frames. Lines (issue 11): in-domain Spearman >= committee - 0.05; "
               "partial Spearman given |F_pred| >= committee - 0.05 and >= 0.3; OOD AUROC >= committee - 0.03; "
               "0.5 <= std/RMSE <= 2; cost <= 2x plain E+F (timed here, 20 in-domain frames)."), "",
              "| run | seed | row | in-domain | partial | AUROC OOD | std/RMSE | cost ratio | ranking lines vs A "
              "| ranking lines vs B |", "|---" * 10 + "|"]  # fmt: skip
     for r in runs:
-        for row in ("default", "committee5", "committee5_b", *ROWS):
+        for row in ("default", "committee5", "committee5_b", *cf.BASELINES, *ROWS):
             if row not in r["rows"]:
                 continue
             v, checks = r["rows"][row], []

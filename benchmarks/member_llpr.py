@@ -108,6 +108,7 @@ def run_summary(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     default = entry[entry["default"]]
     return {"run": str(run), "seed": settings.seed, "committee": args.committee, "references": refs,
             "default": default, "default_lines": {ref: cf.lines_met(default, refs[ref]) for ref in refs},
+            "baselines": cf.baseline_rows(entry),
             "members": members}  # fmt: skip
 
 
@@ -119,7 +120,8 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
              ("Each row: one MAP member of the run's committee " + summary["committee"].upper() + " with the "
               "shipped posterior (full, the config's basis and rank) fitted post hoc; its lowrank mode on the run's "
               "frames. Lines (issue 11) against committee B (independent of A's members) and committee A; the "
-              "run's default single model (Bayes-by-Backprop head, same posterior) first."), "",
+              "run's default single model (Bayes-by-Backprop head, same posterior) first, then the run's own "
+              "baseline rows on the same frames (force_magnitude = |F_pred|, latent_distance)."), "",
              "| run | seed | row | in-domain | partial | AUROC OOD | std/RMSE | cost ratio | F MAE (meV/A) "
              "| lines vs B | lines vs A |", "|---" * 11 + "|"]  # fmt: skip
 
@@ -130,6 +132,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
 
     for r in summary["runs"]:
         items = [("default (BBB)", r["default"], r["default_lines"])]
+        items += [(name, row, {}) for name, row in r.get("baselines", {}).items()]
         items += [(f"member {k}", m["row"], m["lines"]) for k, m in sorted(r["members"].items(), key=lambda x: int(x[0]))]
         for label, row, got in items:
             cells = [f3(row.get(k)) for k in (*keys3, "std_over_rmse", "cost_ratio")] + [f"{row['force_mae_meV_A']:.1f}"]

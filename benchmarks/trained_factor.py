@@ -236,7 +236,7 @@ def run_summary(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     entry = json.loads((run / "force_uncertainty.json").read_text())[name]
     cost = steps.get(f"cost:{name}")["cost_ratio"]
-    rows = {"default": entry[entry["default"]], "committee5": entry["committee5"]}
+    rows = {"default": entry[entry["default"]], "committee5": entry["committee5"], **cf.baseline_rows(entry)}
     rows.update({row: fu.row_metrics(steps.get(f"eval:{name}:{row}")["in"], steps.get(f"eval:{name}:{row}").get("ood"),
                                      cost if row == "trained_factor" else None) for row in ROWS})  # fmt: skip
     if (b := cf.committee_b_row(run, args)) is not None:
@@ -256,7 +256,7 @@ def step_settings(settings: argparse.Namespace, args: argparse.Namespace) -> dic
 
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
     runs, f3 = summary["runs"], fu._f3
-    cols = [c for c in ("default", "committee5", "committee5_b", *ROWS)]
+    cols = ("default", "committee5", "committee5_b", *cf.BASELINES, *ROWS)
     lines = [f"# A low-rank factor trained end to end (shallow ensemble), {summary['dataset']}", "",
              f"Commands: {'; '.join(f'`{c}`' for c in summary['commands'])} (updated {summary['updated']}; "
              f"status {summary['status']}).", "",
@@ -264,7 +264,8 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
               "benchmarks/committee_floor.py where trained, and a model of the same config, data, seed and budget "
               f"with a MAP head and a rank-{summary['rank']} factor trained with the predictive NLL "
               "(trained_factor; benchmarks/trained_factor.py docstring), with the shipped last-layer posterior "
-              "fitted post hoc on that same model beside it (trained_factor_llpr). Lines (issue 11): in-domain "
+              "fitted post hoc on that same model beside it (trained_factor_llpr); force_magnitude (|F_pred|) and "
+              "latent_distance are the run's own baseline rows on the same frames. Lines (issue 11): in-domain "
               "Spearman >= committee - 0.05; partial Spearman given |F_pred| >= committee - 0.05 and >= 0.3; OOD "
               "AUROC >= committee - 0.03."), "",
              "| run | seed | row | in-domain | partial | AUROC OOD | std/RMSE | cost ratio | F MAE (meV/A) "
