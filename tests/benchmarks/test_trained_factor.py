@@ -27,9 +27,11 @@ def test_quick_run_rows_lines_and_resume(bench, quick):
     run = out / "run"
     (r,) = summary["runs"]
     assert summary["status"] == "complete" and r["rank"] == 4
-    assert set(r["rows"]) == {"default", "committee5", "trained_factor", "trained_factor_llpr"}
-    committee_a = json.loads((run / "force_uncertainty.json").read_text())["cu_emt"]["committee5"]
-    assert r["rows"]["committee5"] == committee_a
+    assert set(r["rows"]) == {"default", "committee5", "force_magnitude", "latent_distance", "trained_factor",
+                              "trained_factor_llpr"}
+    entry = json.loads((run / "force_uncertainty.json").read_text())["cu_emt"]
+    for row in ("committee5", "force_magnitude", "latent_distance"):  # the run's own rows, same frames
+        assert r["rows"][row] == entry[row]
     assert r["rows"]["trained_factor"]["cost_ratio"] == pytest.approx(r["cost_ms"]["lowrank"] / r["cost_ms"]["none"])
     for key, lines in r["lines"].items():
         assert lines["all"] == all(lines[k]["met"] for k in bench.cf.LINES), key
