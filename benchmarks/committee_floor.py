@@ -226,6 +226,21 @@ def step_commands(runs: list[Path], args: argparse.Namespace, stem: str) -> list
     return commands
 
 
+def summarise_runs(args: argparse.Namespace, runs: list[Path], stem: str, run_summary: Any, markdown: Any,
+                   complete: Any = None, **extra: Any) -> dict[str, Any]:
+    """The summary of a script built on finished runs: ``run_summary(run, args)`` of each run (None
+    while unfinished), the commands of their step files and the status (``complete`` also asks
+    ``complete(summary)`` of each run), written to ``OUT/<stem>.{json,md}``; ``extra`` keys follow
+    ``dataset``."""
+    summaries = [s for s in (run_summary(run, args) for run in runs) if s is not None]
+    done = len(summaries) == len(runs) and (complete is None or all(complete(s) for s in summaries))
+    summary = {"dataset": args.dataset, **extra, "updated": time.strftime("%Y-%m-%d %H:%M"),
+               "commands": step_commands(runs, args, stem), "runs": summaries,
+               "status": "complete" if done else "partial"}  # fmt: skip
+    write_results(summary, args.out, stem, markdown)
+    return summary
+
+
 def write_results(summary: dict[str, Any], out: Path, stem: str, markdown: Any) -> None:
     """``OUT/<stem>.json`` and ``OUT/<stem>.md`` (``markdown(summary, path)``), atomically."""
     out.mkdir(parents=True, exist_ok=True)
@@ -290,12 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             evaluate(run, settings, steps, args, split, folder)
     if args.members is not None:
         return None  # a partial training command: the summary comes with the command over all runs
-    summaries = [s for s in (run_summary(run, args) for run in runs) if s is not None]
-    summary = {"dataset": args.dataset, "offset": args.offset, "updated": time.strftime("%Y-%m-%d %H:%M"),
-               "commands": step_commands(runs, args, "committee_floor"), "runs": summaries,
-               "status": "complete" if len(summaries) == len(runs) else "partial"}  # fmt: skip
-    write_results(summary, args.out, "committee_floor", write_markdown)
-    return summary
+    return summarise_runs(args, runs, "committee_floor", run_summary, write_markdown, offset=args.offset)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -194,12 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     runs = cf.run_folders(args)
     for run, settings, steps, split in cf.each_run(args, argv, "distance_aware", runs):
         evaluate(run, settings, steps, args, split)
-    summaries = [s for s in (run_summary(run, args) for run in runs) if s is not None]
-    summary = {"dataset": args.dataset, "updated": time.strftime("%Y-%m-%d %H:%M"),
-               "commands": cf.step_commands(runs, args, "distance_aware"), "runs": summaries,
-               "status": "complete" if len(summaries) == len(runs) else "partial"}  # fmt: skip
-    cf.write_results(summary, args.out, "distance_aware", write_markdown)
-    return summary
+    return cf.summarise_runs(args, runs, "distance_aware", run_summary, write_markdown)
 
 
 if __name__ == "__main__":

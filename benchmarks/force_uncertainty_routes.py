@@ -10,9 +10,11 @@ that run's in-domain and OOD frames:
   1e-14 grid floor) at rank 4, 8, 16 and exact, each with the cost timed in that script, and the
   other rank-4 subspaces (not timed; the same r + 1 products as rank 4);
 - ``committee_floor.json`` (``--committee-floor``): committee B, trained with other seeds;
-- ``trained_factor.json``, ``distance_aware.json``, ``member_llpr.json`` (``--results``): the
-  trained factor and the posterior fitted on it, the distance term, and the posterior on every MAP
-  member of committee A (one instance per member).
+- ``trained_factor.json``, ``distance_aware.json``, ``member_llpr.json``,
+  ``readout_input_posterior.json`` (``--results``): the trained factor and the posterior fitted on
+  it, the distance term, the posterior on every MAP member of committee A (one instance per
+  member), and the posterior over the readout's input features (alone or with the latent's; not
+  timed: a rank r costs the r + 1 products of the shipped rank r).
 
 Each instance is then held against issue 11's lines (force_uncertainty.TARGETS: in-domain
 Spearman, partial Spearman given |F_pred|, OOD AUROC against the committee; std/RMSE; cost) with
@@ -59,6 +61,9 @@ ROUTES: dict[str, tuple[str, str]] = {
     "trained factor + LLPR": ("trained_factor.json", "the shipped posterior fitted on that model"),
     "distance aware": ("distance_aware.json", "lowrank variance + c d^2, c fitted on validation"),
     "MAP members + LLPR": ("member_llpr.json", "the shipped posterior on each MAP member of committee A"),
+    "readout input x, rank 4": ("readout_input_posterior.json", "the posterior over the readout's input features"),
+    "z + x, rank 4": ("readout_input_posterior.json", "one posterior over the latent and the readout's input"),
+    "z + x, exact": ("readout_input_posterior.json", "the same, every direction (513 products, not timed; the exact z alone costs 46-53x)"),
     "force_magnitude": ("force_uncertainty.json", "|F_pred| alone (baseline)"),
     "latent_distance": ("force_uncertainty.json", "latent kNN distance to the training atoms (baseline)"),
     "committee A": ("force_uncertainty.json", "the run's 5-member MAP committee (reference)"),
@@ -112,6 +117,10 @@ def run_instances(run: Path, key: str, dataset: str, summaries: dict[str, dict[s
         yield "distance aware", "", da["distance_aware"]
     for k, member in sorted(summaries["member_llpr"].get(key, {}).get("members", {}).items(), key=lambda x: int(x[0])):
         yield "MAP members + LLPR", f"member {k}", member["row"]
+    for row in summaries["readout_input_posterior"].get(key, {}).get("rows", []):
+        route = {("x", 4): "readout input x, rank 4", ("z+x", 4): "z + x, rank 4", ("z+x", "exact"): "z + x, exact"}
+        if (row["features"], row["rank"]) in route:
+            yield route[(row["features"], row["rank"])], "", {**row, "cost_ratio": None}
     b = summaries["committee_floor"].get(key, {}).get("rows", {}).get("committee5_b")
     if b is not None:
         yield "committee B", "", b
@@ -133,7 +142,7 @@ def lines(row: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, bo
 
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     summaries = {stem: _by_run(_read(args.results / stem / f"{stem}.json"))
-                 for stem in ("trained_factor", "distance_aware", "member_llpr", "committee_floor")}  # fmt: skip
+                 for stem in ("trained_factor", "distance_aware", "member_llpr", "readout_input_posterior", "committee_floor")}  # fmt: skip
     runs = []
     for run in args.runs:
         key = str(run)

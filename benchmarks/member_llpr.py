@@ -25,7 +25,6 @@ import json
 import logging
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -158,13 +157,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     runs = cf.run_folders(args)
     for run, settings, steps, split in cf.each_run(args, argv, "member_llpr", runs):
         evaluate(run, settings, steps, args, split)
-    summaries = [s for s in (run_summary(run, args) for run in runs) if s is not None]
-    summary = {"dataset": args.dataset, "committee": args.committee, "updated": time.strftime("%Y-%m-%d %H:%M"),
-               "commands": cf.step_commands(runs, args, "member_llpr"), "runs": summaries,
-               "status": "complete" if len(summaries) == len(runs) and all(
-                   len(s["members"]) == 5 for s in summaries) else "partial"}  # fmt: skip
-    cf.write_results(summary, args.out, "member_llpr", write_markdown)
-    return summary
+    return cf.summarise_runs(args, runs, "member_llpr", run_summary, write_markdown,
+                             complete=lambda s: len(s["members"]) == cf.MEMBERS, committee=args.committee)
 
 
 if __name__ == "__main__":

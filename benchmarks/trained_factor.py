@@ -37,7 +37,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -299,12 +298,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         folder = train_model(run, settings, steps, args, split)
         if not args.train_only:
             evaluate(run, settings, steps, args, split, folder)
-    summaries = [s for s in (run_summary(run, args) for run in runs) if s is not None]
-    summary = {"dataset": args.dataset, "rank": args.rank, "updated": time.strftime("%Y-%m-%d %H:%M"),
-               "commands": cf.step_commands(runs, args, "trained_factor"), "runs": summaries,
-               "status": "complete" if len(summaries) == len(runs) else "partial"}  # fmt: skip
-    cf.write_results(summary, args.out, "trained_factor", write_markdown)
-    return summary
+    return cf.summarise_runs(args, runs, "trained_factor", run_summary, write_markdown, rank=args.rank)
 
 
 if __name__ == "__main__":
