@@ -132,6 +132,13 @@ def lines_met(row: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def verdict(got: dict[str, Any] | None) -> str:
+    """A :func:`lines_met` result as a table cell: ``met``, ``missed <lines>``, or empty (no reference)."""
+    if got is None:
+        return ""
+    return "met" if got["all"] else "missed " + ", ".join(k for k in LINES if not got[k]["met"])
+
+
 def run_summary(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     """One run's rows (default single model, committee A, committee B) and the lines between them."""
     name = args.dataset
@@ -239,6 +246,16 @@ def summarise_runs(args: argparse.Namespace, runs: list[Path], stem: str, run_su
                "status": "complete" if done else "partial"}  # fmt: skip
     write_results(summary, args.out, stem, markdown)
     return summary
+
+
+def score_runs(args: argparse.Namespace, argv: list[str] | None, stem: str, evaluate: Any, run_summary: Any,
+               markdown: Any, **kwargs: Any) -> dict[str, Any]:
+    """The whole of a post hoc script on finished runs: ``evaluate(run, settings, steps, args, split)``
+    on each (:func:`each_run`), then :func:`summarise_runs` (``kwargs`` passed on)."""
+    runs = run_folders(args)
+    for run, settings, steps, split in each_run(args, argv, stem, runs):
+        evaluate(run, settings, steps, args, split)
+    return summarise_runs(args, runs, stem, run_summary, markdown, **kwargs)
 
 
 def write_results(summary: dict[str, Any], out: Path, stem: str, markdown: Any) -> None:

@@ -173,9 +173,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
                 continue
             v, checks = r["rows"][row], []
             for ref in ("committee5", "committee5_b"):
-                got = r["lines"].get(f"{row}_vs_{ref}")
-                missed = [k for k in cf.LINES if got and not got[k]["met"]]
-                checks.append("" if got is None else "met" if got["all"] else "missed " + ", ".join(missed))
+                checks.append(cf.verdict(r["lines"].get(f"{row}_vs_{ref}")))
             cells = [f3(v.get(k)) for k in ("spearman_frame_in_domain", "partial_spearman_given_force", "auroc_ood",
                                               "std_over_rmse", "cost_ratio")]  # fmt: skip
             lines.append(f"| {r['run']} | {r['seed']} | {row} | " + " | ".join(cells + checks) + " |")
@@ -189,11 +187,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    args = parse_args(argv)
-    runs = cf.run_folders(args)
-    for run, settings, steps, split in cf.each_run(args, argv, "distance_aware", runs):
-        evaluate(run, settings, steps, args, split)
-    return cf.summarise_runs(args, runs, "distance_aware", run_summary, write_markdown)
+    return cf.score_runs(parse_args(argv), argv, "distance_aware", evaluate, run_summary, write_markdown)
 
 
 if __name__ == "__main__":

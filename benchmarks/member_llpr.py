@@ -124,11 +124,6 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
              "| run | seed | row | in-domain | partial | AUROC OOD | std/RMSE | cost ratio | F MAE (meV/A) "
              "| lines vs B | lines vs A |", "|---" * 11 + "|"]  # fmt: skip
 
-    def verdict(got: dict[str, Any] | None) -> str:
-        if got is None:
-            return ""
-        return "met" if got["all"] else "missed " + ", ".join(k for k in cf.LINES if not got[k]["met"])
-
     for r in summary["runs"]:
         items = [("default (BBB)", r["default"], r["default_lines"])]
         items += [(name, row, {}) for name, row in r.get("baselines", {}).items()]
@@ -136,7 +131,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
         for label, row, got in items:
             cells = [f3(row.get(k)) for k in (*keys3, "std_over_rmse", "cost_ratio")] + [f"{row['force_mae_meV_A']:.1f}"]
             lines.append(f"| {r['run']} | {r['seed']} | {label} | " + " | ".join(cells) + " | "
-                         + " | ".join(verdict(got.get(ref)) for ref in ("committee5_b", "committee5")) + " |")  # fmt: skip
+                         + " | ".join(cf.verdict(got.get(ref)) for ref in ("committee5_b", "committee5")) + " |")  # fmt: skip
     lines += ["", "Summary over every member scored (count meeting all three ranking lines; mean of each line):"]
     for ref in ("committee5_b", "committee5"):
         members = [m for r in summary["runs"] for m in r["members"].values() if ref in m["lines"]]
@@ -154,11 +149,8 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
-    runs = cf.run_folders(args)
-    for run, settings, steps, split in cf.each_run(args, argv, "member_llpr", runs):
-        evaluate(run, settings, steps, args, split)
-    return cf.summarise_runs(args, runs, "member_llpr", run_summary, write_markdown,
-                             complete=lambda s: len(s["members"]) == cf.MEMBERS, committee=args.committee)
+    return cf.score_runs(args, argv, "member_llpr", evaluate, run_summary, write_markdown,
+                         complete=lambda s: len(s["members"]) == cf.MEMBERS, committee=args.committee)
 
 
 if __name__ == "__main__":

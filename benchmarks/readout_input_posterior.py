@@ -206,15 +206,12 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
              "| run | seed | features | rank | width | valid NLL | in-domain | partial | AUROC OOD | std/RMSE "
              "| ranking lines vs A | ranking lines vs B |", "|---" * 12 + "|"]  # fmt: skip
 
-    def verdict(got: dict[str, Any] | None) -> str:
-        return "" if got is None else "met" if got["all"] else "missed " + ", ".join(k for k in cf.LINES if not got[k]["met"])
-
     for r in summary["runs"]:
         d = r["default"]
         lines.append(f"| {r['run']} | {r['seed']} | default (shipped lowrank) | 4 | | | {f3(d['spearman_frame_in_domain'])} | "
                      f"{f3(d['partial_spearman_given_force'])} | {f3(d['auroc_ood'])} | {f3(d.get('std_over_rmse'))} | "
-                     f"{verdict(cf.lines_met(d, r['references']['committee5']))} | "
-                     f"{verdict(cf.lines_met(d, r['references']['committee5_b'])) if 'committee5_b' in r['references'] else ''} |")
+                     f"{cf.verdict(cf.lines_met(d, r['references']['committee5']))} | "
+                     f"{cf.verdict(cf.lines_met(d, r['references']['committee5_b'])) if 'committee5_b' in r['references'] else ''} |")
         for name, ref in r["references"].items():
             lines.append(f"| {r['run']} | {r['seed']} | {name} | | | | {f3(ref['spearman_frame_in_domain'])} | "
                          f"{f3(ref['partial_spearman_given_force'])} | {f3(ref['auroc_ood'])} | {f3(ref.get('std_over_rmse'))} | | |")
@@ -222,7 +219,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
             lines.append(f"| {r['run']} | {r['seed']} | {row['features']} | {row['rank']} | {row['width']} | "
                          f"{row['valid_nll_forces']:.4f} | {f3(row['spearman_frame_in_domain'])} | "
                          f"{f3(row['partial_spearman_given_force'])} | {f3(row['auroc_ood'])} | {f3(row['std_over_rmse'])} | "
-                         f"{verdict(row['lines'].get('committee5'))} | {verdict(row['lines'].get('committee5_b'))} |")
+                         f"{cf.verdict(row['lines'].get('committee5'))} | {cf.verdict(row['lines'].get('committee5_b'))} |")
     lines += ["", "Means over runs (in-domain / partial / OOD AUROC; runs meeting the three ranking lines against A, B):"]
     for which in FEATURES:
         for rank in (*RANKS[:-1], "exact"):
@@ -236,11 +233,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    args = parse_args(argv)
-    runs = cf.run_folders(args)
-    for run, settings, steps, split in cf.each_run(args, argv, "readout_input_posterior", runs):
-        evaluate(run, settings, steps, args, split)
-    return cf.summarise_runs(args, runs, "readout_input_posterior", run_summary, write_markdown)
+    return cf.score_runs(parse_args(argv), argv, "readout_input_posterior", evaluate, run_summary, write_markdown)
 
 
 if __name__ == "__main__":

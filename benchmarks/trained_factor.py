@@ -276,9 +276,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
             v = r["rows"][row]
             checks = []
             for ref in ("committee5", "committee5_b"):
-                got = r["lines"].get(f"{row}_vs_{ref}")
-                missed = [k for k in cf.LINES if got and not got[k]["met"]]
-                checks.append("" if got is None else "met" if got["all"] else "missed " + ", ".join(missed))
+                checks.append(cf.verdict(r["lines"].get(f"{row}_vs_{ref}")))
             cells = [f3(v.get(k)) for k in ("spearman_frame_in_domain", "partial_spearman_given_force", "auroc_ood",
                                               "std_over_rmse", "cost_ratio")] + [f"{v['force_mae_meV_A']:.1f}"]  # fmt: skip
             lines.append(f"| {r['run']} | {r['seed']} | {row} | " + " | ".join(cells + checks) + " |")
