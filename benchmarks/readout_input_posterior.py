@@ -202,6 +202,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
               "docstring): z = the shipped latent's per-element features (recomputed here; the default row is the run's "
               "own lowrank row), x = the readout's input (the interaction layers' scalars), z+x = both in one posterior. "
               "A rank r costs the same r + 1 vector-Jacobian products whatever the features (rank 4: the default's cost). "
+              "force_magnitude (|F_pred|) and latent_distance are the run's own baseline rows on the same frames. "
               "Lines: issue 11's three ranking lines against committee A (the run's committee5) and B."), "",
              "| run | seed | features | rank | width | valid NLL | in-domain | partial | AUROC OOD | std/RMSE "
              "| ranking lines vs A | ranking lines vs B |", "|---" * 12 + "|"]  # fmt: skip
@@ -212,7 +213,7 @@ def write_markdown(summary: dict[str, Any], path: Path) -> None:
                      f"{f3(d['partial_spearman_given_force'])} | {f3(d['auroc_ood'])} | {f3(d.get('std_over_rmse'))} | "
                      f"{cf.verdict(cf.lines_met(d, r['references']['committee5']))} | "
                      f"{cf.verdict(cf.lines_met(d, r['references']['committee5_b'])) if 'committee5_b' in r['references'] else ''} |")
-        for name, ref in r["references"].items():
+        for name, ref in {**r["references"], **r["baselines"]}.items():  # committees, then |F_pred| and latent distance
             lines.append(f"| {r['run']} | {r['seed']} | {name} | | | | {f3(ref['spearman_frame_in_domain'])} | "
                          f"{f3(ref['partial_spearman_given_force'])} | {f3(ref['auroc_ood'])} | {f3(ref.get('std_over_rmse'))} | | |")
         for row in r["rows"]:
