@@ -94,50 +94,127 @@ DATASETS = ("ethanol", "3BPA", "solvent_xtb", "Si", "Ge", "Li")
 MLEARN = ("Si", "Ge", "Li")
 ROWS = ("native", "gin", "mace_backbone", "mace_torch")
 MACE_ROWS = ("mace_backbone", "mace_torch")
-COLUMNS = ("energy_mae_meV_atom", "force_mae_meV_A", "stress_mae_GPa", "train_minutes", "parameters")
+COLUMNS = (
+    "energy_mae_meV_atom",
+    "force_mae_meV_A",
+    "stress_mae_GPa",
+    "train_minutes",
+    "parameters",
+)
 SETTINGS = ("quick", "budget_minutes", "split_seed", "overrides")  # a resumed run must match these
-KEEP = {"energy_mae_meV_atom": "energy_mae_meV_atom", "energy_rmse_meV_atom": "energy_rmse_meV_atom",
-        "forces_mae_meV_A": "force_mae_meV_A", "forces_rmse_meV_A": "force_rmse_meV_A",
-        "stress_mae_GPa": "stress_mae_GPa", "stress_rmse_GPa": "stress_rmse_GPa", "n_frames": "n_frames"}  # fmt: skip
-MACE_MODEL = {"num_channels": 32, "max_L": 1, "max_ell": 3, "correlation": 3, "num_interactions": 2,
-              "num_radial_basis": 8}  # fmt: skip
+KEEP = {
+    "energy_mae_meV_atom": "energy_mae_meV_atom",
+    "energy_rmse_meV_atom": "energy_rmse_meV_atom",
+    "forces_mae_meV_A": "force_mae_meV_A",
+    "forces_rmse_meV_A": "force_rmse_meV_A",
+    "stress_mae_GPa": "stress_mae_GPa",
+    "stress_rmse_GPa": "stress_rmse_GPa",
+    "n_frames": "n_frames",
+}
+MACE_MODEL = {
+    "num_channels": 32,
+    "max_L": 1,
+    "max_ell": 3,
+    "correlation": 3,
+    "num_interactions": 2,
+    "num_radial_basis": 8,
+}
 QUICK_MODELS = {  # --quick: model sections small enough for 10 s
-    "native": {"backbone": "equivariant", "latent_dim": 8, "backbone_kwargs": {
-        "channels": 8, "l_max": 1, "num_layers": 1, "num_basis": 4, "radial_hidden": 8, "readout_hidden": [8]}},
-    "mace_backbone": {"backbone": "mace", "latent_dim": 8, "backbone_kwargs": {
-        "channels": 8, "max_L": 0, "l_max": 1, "num_layers": 2, "correlation": 2, "num_basis": 4,
-        "radial_mlp": [8], "readout_hidden": [8]}},
-}  # fmt: skip
-QUICK_MACE = {"num_channels": 8, "max_L": 0, "max_ell": 1, "correlation": 2, "num_interactions": 2,
-              "num_radial_basis": 4}  # fmt: skip
+    "native": {
+        "backbone": "equivariant",
+        "latent_dim": 8,
+        "backbone_kwargs": {
+            "channels": 8,
+            "l_max": 1,
+            "num_layers": 1,
+            "num_basis": 4,
+            "radial_hidden": 8,
+            "readout_hidden": [8],
+        },
+    },
+    "mace_backbone": {
+        "backbone": "mace",
+        "latent_dim": 8,
+        "backbone_kwargs": {
+            "channels": 8,
+            "max_L": 0,
+            "l_max": 1,
+            "num_layers": 2,
+            "correlation": 2,
+            "num_basis": 4,
+            "radial_mlp": [8],
+            "readout_hidden": [8],
+        },
+    },
+}
+QUICK_MACE = {
+    "num_channels": 8,
+    "max_L": 0,
+    "max_ell": 1,
+    "correlation": 2,
+    "num_interactions": 2,
+    "num_radial_basis": 4,
+}
 
 
 # ================================================================ arguments and data
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data")
+    p.add_argument(
+        "--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data"
+    )
     p.add_argument("--datasets", default=",".join(DATASETS))
     p.add_argument("--rows", default=",".join(ROWS))
-    p.add_argument("--budget-minutes", type=float, default=None, help="wall time per row (10; quick: 1/6)")
-    for flag, default, text in (("--threads", 1, "torch threads (mace_torch: OMP/MKL threads)"),
-                                ("--seed", 0, "seed of the first repeat"), ("--repeat", 1, "seeds seed..seed+k-1"),
-                                ("--split-seed", 0, "seed of the 3BPA split (fixed across repeats)")):  # fmt: skip
+    p.add_argument(
+        "--budget-minutes", type=float, default=None, help="wall time per row (10; quick: 1/6)"
+    )
+    for flag, default, text in (
+        ("--threads", 1, "torch threads (mace_torch: OMP/MKL threads)"),
+        ("--seed", 0, "seed of the first repeat"),
+        ("--repeat", 1, "seeds seed..seed+k-1"),
+        ("--split-seed", 0, "seed of the 3BPA split (fixed across repeats)"),
+    ):
         p.add_argument(flag, type=int, default=default, help=text)
-    p.add_argument("--set", dest="overrides", action="append", default=[], help="config override, our rows")
-    p.add_argument("--variant", default="", help="label of our rows' runs whose config differs from earlier runs in "
-                   "the same results (e.g. a changed default in configs/); shown as 'row [label]', its own row")
-    p.add_argument("--keep-mace-model", action="store_true", help="copy mace_torch's .model (~4 MB) to checkpoints")
-    p.add_argument("--mace-stage-two", type=float, default=None, metavar="FRACTION",
-                   help="mace_torch with mace's own stage two from this fraction of the budget (our mlearn "
-                        "configs' loss.stage_two_start: 0.75); its runs are labelled [stage2]")  # fmt: skip
-    p.add_argument("--mace-arch", choices=("fixed", "backbone"), default="fixed",
-                   help="mace_torch's model: 'fixed' (MACE_MODEL) or 'backbone', the architecture and batch size of "
-                        "the mace_backbone row's config (configs/<set>_mace.yaml); runs labelled [arch_backbone]")  # fmt: skip
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="config override, our rows"
+    )
+    p.add_argument(
+        "--variant",
+        default="",
+        help="label of our rows' runs whose config differs from earlier runs in "
+        "the same results (e.g. a changed default in configs/); shown as 'row [label]', its own row",
+    )
+    p.add_argument(
+        "--keep-mace-model",
+        action="store_true",
+        help="copy mace_torch's .model (~4 MB) to checkpoints",
+    )
+    p.add_argument(
+        "--mace-stage-two",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="mace_torch with mace's own stage two from this fraction of the budget (our mlearn "
+        "configs' loss.stage_two_start: 0.75); its runs are labelled [stage2]",
+    )
+    p.add_argument(
+        "--mace-arch",
+        choices=("fixed", "backbone"),
+        default="fixed",
+        help="mace_torch's model: 'fixed' (MACE_MODEL) or 'backbone', the architecture and batch size of "
+        "the mace_backbone row's config (configs/<set>_mace.yaml); runs labelled [arch_backbone]",
+    )
     p.add_argument("--quick", action="store_true", help="tiny EMT Cu data made here; needs --out")
     p.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS})")
     args = p.parse_args(argv)
     names = {d.lower(): d for d in DATASETS}
-    args.datasets = ["cu_emt"] if args.quick else [names.get(d.strip().lower(), d.strip()) for d in args.datasets.split(",") if d.strip()]
+    args.datasets = (
+        ["cu_emt"]
+        if args.quick
+        else [
+            names.get(d.strip().lower(), d.strip()) for d in args.datasets.split(",") if d.strip()
+        ]
+    )
     if bad := [d for d in args.datasets if d not in (*DATASETS, "cu_emt")]:
         p.error(f"unknown dataset(s) {bad}; choose from {DATASETS}")
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
@@ -146,10 +223,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick and args.out is None:
         p.error("--quick writes to the folder given by --out")
     if args.mace_stage_two is not None and not 0.0 < args.mace_stage_two < 1.0:
-        p.error(f"--mace-stage-two is a fraction of the budget in (0, 1), got {args.mace_stage_two}")
+        p.error(
+            f"--mace-stage-two is a fraction of the budget in (0, 1), got {args.mace_stage_two}"
+        )
     args.out = args.out or RESULTS
     args.budget_minutes = args.budget_minutes or (10.0 / 60.0 if args.quick else 10.0)
-    args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
+    args.data_root = args.data_root or Path(
+        os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data"
+    )
     return args
 
 
@@ -158,35 +239,76 @@ def dataset_spec(name: str, args: argparse.Namespace, work: Path) -> dict[str, A
     stress_key, overrides}``: files and label keys of one dataset (3BPA and cu_emt files are
     written to ``work`` by :func:`force_uncertainty.dataset_split`)."""
     s = args.data_root / "structures"
-    spec: dict[str, Any] = {"set": name.lower(), "energy_key": "energy", "forces_key": "forces", "stress_key": None,
-                            "overrides": []}  # fmt: skip
+    spec: dict[str, Any] = {
+        "set": name.lower(),
+        "energy_key": "energy",
+        "forces_key": "forces",
+        "stress_key": None,
+        "overrides": [],
+    }
     if name in ("cu_emt", "3BPA"):
-        split = fu.dataset_split(name.lower(), argparse.Namespace(data_root=args.data_root, seed=args.split_seed), work)
-        tests = {"test": split["test"]} if name == "cu_emt" else {"test_300K": split["test"], "mixedT": split["ood"]}
-        spec.update(train=split["train"], tests=tests, stress_key="stress" if name == "cu_emt" else None)
+        split = fu.dataset_split(
+            name.lower(), argparse.Namespace(data_root=args.data_root, seed=args.split_seed), work
+        )
+        tests = (
+            {"test": split["test"]}
+            if name == "cu_emt"
+            else {"test_300K": split["test"], "mixedT": split["ood"]}
+        )
+        spec.update(
+            train=split["train"], tests=tests, stress_key="stress" if name == "cu_emt" else None
+        )
     elif name == "ethanol":
-        spec.update(train=s / "ethanol" / "train.xyz", tests={"test_MD": s / "ethanol" / "test_MD.xyz"})
+        spec.update(
+            train=s / "ethanol" / "train.xyz", tests={"test_MD": s / "ethanol" / "test_MD.xyz"}
+        )
     elif name == "solvent_xtb":
         root = s / "solvent_xtb"
-        spec.update(train=root / "solvent_xtb_train_200.xyz", tests={"test": root / "solvent_xtb_test.xyz"},
-                    energy_key="energy_xtb", forces_key="forces_xtb")  # fmt: skip
+        spec.update(
+            train=root / "solvent_xtb_train_200.xyz",
+            tests={"test": root / "solvent_xtb_test.xyz"},
+            energy_key="energy_xtb",
+            forces_key="forces_xtb",
+        )
     else:  # mlearn: the JSON files themselves (stress converted by mlip_unc.data.json_reader)
         root = s / "mlearn" / name
-        spec.update(set="mlearn", train=root / "training.json", tests={"test": root / "test.json"}, stress_key="stress")
-    keys = {"energy_key": spec["energy_key"], "forces_key": spec["forces_key"], "stress_key": spec["stress_key"]}
-    spec["overrides"] = [f"data.train={spec['train']}", "data.test=null", *(f"data.{k}={v}" for k, v in keys.items()
-                         if v is not None)]  # fmt: skip
+        spec.update(
+            set="mlearn",
+            train=root / "training.json",
+            tests={"test": root / "test.json"},
+            stress_key="stress",
+        )
+    keys = {
+        "energy_key": spec["energy_key"],
+        "forces_key": spec["forces_key"],
+        "stress_key": spec["stress_key"],
+    }
+    spec["overrides"] = [
+        f"data.train={spec['train']}",
+        "data.test=null",
+        *(f"data.{k}={v}" for k, v in keys.items() if v is not None),
+    ]
     return spec
 
 
-def row_config(spec: dict[str, Any], row: str, args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+def row_config(
+    spec: dict[str, Any], row: str, args: argparse.Namespace
+) -> tuple[dict[str, Any], str]:
     """The raw config of ``row`` on this dataset and a note of where it came from."""
     if args.quick:
         raw = yaml.safe_load((CONFIGS / "tiny_emt.yaml").read_text())
         if row in QUICK_MODELS:
             raw["model"] = copy.deepcopy(QUICK_MODELS[row])
-        return raw, f"configs/tiny_emt.yaml{' + quick model of ' + row if row in QUICK_MODELS else ''}"
-    suffix = {"native": "equivariant", "gin": "gin", "mace_backbone": "mace", "mace_torch": "equivariant"}[row]
+        return (
+            raw,
+            f"configs/tiny_emt.yaml{' + quick model of ' + row if row in QUICK_MODELS else ''}",
+        )
+    suffix = {
+        "native": "equivariant",
+        "gin": "gin",
+        "mace_backbone": "mace",
+        "mace_torch": "equivariant",
+    }[row]
     own = CONFIGS / f"{spec['set']}_{suffix}.yaml"
     if own.is_file():
         return yaml.safe_load(own.read_text()), str(own.relative_to(REPO))
@@ -198,8 +320,13 @@ def row_config(spec: dict[str, Any], row: str, args: argparse.Namespace) -> tupl
 
 def read_frames(path: Path, spec: dict[str, Any]) -> list:
     """Structures of ``path`` without the one-atom (reference) frames, labels under ``spec``'s keys."""
-    frames = read_structures(path, energy_key=spec["energy_key"], forces_key=spec["forces_key"],
-                             stress_key=spec["stress_key"], require_forces=False)  # fmt: skip
+    frames = read_structures(
+        path,
+        energy_key=spec["energy_key"],
+        forces_key=spec["forces_key"],
+        stress_key=spec["stress_key"],
+        require_forces=False,
+    )
     return [a for a in frames if len(a) > 1]
 
 
@@ -219,12 +346,16 @@ def truth(frames: list, spec: dict[str, Any]) -> dict[str, np.ndarray]:
     f = [frame_forces(a, spec["forces_key"]) for a in frames]
     s = [frame_stress(a, spec["stress_key"]) if spec["stress_key"] else None for a in frames]
     return {
-        "energy": np.array([np.nan if v is None else v for v in e]), "has_energy": np.array([v is not None for v in e]),
-        "forces": np.concatenate([np.zeros((len(a), 3)) if v is None else v for a, v in zip(frames, f)]),
+        "energy": np.array([np.nan if v is None else v for v in e]),
+        "has_energy": np.array([v is not None for v in e]),
+        "forces": np.concatenate(
+            [np.zeros((len(a), 3)) if v is None else v for a, v in zip(frames, f, strict=False)]
+        ),
         "has_forces": np.array([v is not None for v in f]),
-        "stress": np.stack([np.zeros((3, 3)) if v is None else v for v in s]), "has_stress": np.array([v is not None for v in s]),
+        "stress": np.stack([np.zeros((3, 3)) if v is None else v for v in s]),
+        "has_stress": np.array([v is not None for v in s]),
         "periodic": np.array([bool(a.pbc.any()) and a.cell.volume > 0 for a in frames]),
-    }  # fmt: skip
+    }
 
 
 def metrics(pred: Predictions) -> dict[str, Any]:
@@ -233,16 +364,26 @@ def metrics(pred: Predictions) -> dict[str, Any]:
 
 
 # ================================================================ our rows
-def run_ours(name: str, row: str, seed: int, spec: dict[str, Any], args: argparse.Namespace, work: Path) -> dict:
+def run_ours(
+    name: str, row: str, seed: int, spec: dict[str, Any], args: argparse.Namespace, work: Path
+) -> dict:
     """Train one of our rows for the budget, evaluate it on every test file of ``spec``."""
     raw, source = row_config(spec, row, args)
     tag = f"_{args.variant}" if args.variant else ""
     out = args.out / "checkpoints" / "accuracy" / f"{name}_{row}{tag}_seed{seed}"
     path = work / f"{name}_{row}.yaml"
     path.write_text(yaml.safe_dump(raw))
-    overrides = [f"data_root={args.data_root}", f"out={out}", f"seed={seed}", f"train.max_minutes={args.budget_minutes}",
-                 "train.progress=false", "train.resume=false", "train.overwrite=true", *spec["overrides"],
-                 *args.overrides]  # fmt: skip
+    overrides = [
+        f"data_root={args.data_root}",
+        f"out={out}",
+        f"seed={seed}",
+        f"train.max_minutes={args.budget_minutes}",
+        "train.progress=false",
+        "train.resume=false",
+        "train.overwrite=true",
+        *spec["overrides"],
+        *args.overrides,
+    ]
     config = load_potential_config(path, overrides)
     load = os.getloadavg()[0]
     result = run_training(config)[0]
@@ -252,17 +393,32 @@ def run_ours(name: str, row: str, seed: int, spec: dict[str, Any], args: argpars
     tests = {}
     for label, test in spec["tests"].items():
         frames = read_frames(Path(test), spec)
-        data = StructureDataset.from_atoms(frames, model.r_max, TypeMap.from_list(model.type_map),
-                                           energy_key=spec["energy_key"], forces_key=spec["forces_key"],
-                                           stress_key=spec["stress_key"], dtype=model.dtype)  # fmt: skip
+        data = StructureDataset.from_atoms(
+            frames,
+            model.r_max,
+            TypeMap.from_list(model.type_map),
+            energy_key=spec["energy_key"],
+            forces_key=spec["forces_key"],
+            stress_key=spec["stress_key"],
+            dtype=model.dtype,
+        )
         pred = evaluate_potential(model, data, uncertainty="none", batch_size=16).predictions
         t = truth(frames, spec)  # float64 labels (the graphs hold them in the model's dtype)
         pred.energy_true, pred.forces_true, pred.stress_true = t["energy"], t["forces"], t["stress"]
         tests[label] = metrics(pred)
-    return {"train_minutes": result.train_minutes, "parameters": sum(p.numel() for p in model.parameters()),
-            "epochs": len(result.history), "best_epoch": result.best_epoch, "stop_reason": result.stop_reason,
-            "config": source, "checkpoint": str(out.relative_to(args.out)), "load_avg": [load, os.getloadavg()[0]],
-            "loss": config.loss.model_dump(mode="json"), "variant": args.variant, "tests": tests}  # fmt: skip
+    return {
+        "train_minutes": result.train_minutes,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "epochs": len(result.history),
+        "best_epoch": result.best_epoch,
+        "stop_reason": result.stop_reason,
+        "config": source,
+        "checkpoint": str(out.relative_to(args.out)),
+        "load_avg": [load, os.getloadavg()[0]],
+        "loss": config.loss.model_dump(mode="json"),
+        "variant": args.variant,
+        "tests": tests,
+    }
 
 
 # ================================================================ mace-torch's own MACE
@@ -285,20 +441,64 @@ def _write_mace_xyz(frames: list, spec: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _mace_command(spec: dict[str, Any], cfg: Any, seed: int, work: Path, args: argparse.Namespace) -> list[str]:
+def _mace_command(
+    spec: dict[str, Any], cfg: Any, seed: int, work: Path, args: argparse.Namespace
+) -> list[str]:
     frames = read_frames(Path(spec["train"]), spec)
-    e0 = isolated_energies([spec["train"], *([cfg.data.isolated_atoms] if cfg.data.isolated_atoms else [])], spec)
+    e0 = isolated_energies(
+        [spec["train"], *([cfg.data.isolated_atoms] if cfg.data.isolated_atoms else [])], spec
+    )
     elements = sorted({int(z) for a in frames for z in a.numbers})
-    e0s = "{" + ", ".join(f"{z}: {e0[z]!r}" for z in elements) + "}" if all(z in e0 for z in elements) else "average"
+    e0s = (
+        "{" + ", ".join(f"{z}: {e0[z]!r}" for z in elements) + "}"
+        if all(z in e0 for z in elements)
+        else "average"
+    )
     model, batch_size = peer_model(spec, cfg, args)
-    cmd = [str(Path(sys.executable).parent / "mace_run_train"), "--name", "mace", "--seed", str(seed),
-           "--work_dir", str(work), "--train_file", str(_write_mace_xyz(frames, spec, work / "train.xyz")),
-           "--valid_fraction", str(cfg.data.valid_fraction or 0.05), "--E0s", e0s, "--model", "MACE",
-           *(x for k, v in model.items() for x in (f"--{k}", str(v))), "--r_max", str(cfg.data.r_max),
-           "--batch_size", str(batch_size), "--valid_batch_size", "16", "--lr", "0.01", "--ema",
-           "--ema_decay", "0.99", "--max_num_epochs", "1000000", "--eval_interval", "1", "--device", "cpu",
-           "--default_dtype", cfg.dtype.value, "--energy_key", "REF_energy", "--forces_key", "REF_forces",
-           "--save_cpu", "--num_workers", "0"]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).parent / "mace_run_train"),
+        "--name",
+        "mace",
+        "--seed",
+        str(seed),
+        "--work_dir",
+        str(work),
+        "--train_file",
+        str(_write_mace_xyz(frames, spec, work / "train.xyz")),
+        "--valid_fraction",
+        str(cfg.data.valid_fraction or 0.05),
+        "--E0s",
+        e0s,
+        "--model",
+        "MACE",
+        *(x for k, v in model.items() for x in (f"--{k}", str(v))),
+        "--r_max",
+        str(cfg.data.r_max),
+        "--batch_size",
+        str(batch_size),
+        "--valid_batch_size",
+        "16",
+        "--lr",
+        "0.01",
+        "--ema",
+        "--ema_decay",
+        "0.99",
+        "--max_num_epochs",
+        "1000000",
+        "--eval_interval",
+        "1",
+        "--device",
+        "cpu",
+        "--default_dtype",
+        cfg.dtype.value,
+        "--energy_key",
+        "REF_energy",
+        "--forces_key",
+        "REF_forces",
+        "--save_cpu",
+        "--num_workers",
+        "0",
+    ]
     if spec["stress_key"]:
         cmd += ["--stress_key", "REF_stress", "--loss", "stress", "--compute_stress", "True"]
     cmd += ["--error_table", "PerAtomMAEstressvirials" if spec["stress_key"] else "PerAtomMAE"]
@@ -318,7 +518,12 @@ def _stop_after_epoch(proc: subprocess.Popen, log_path: Path, work: Path) -> Non
         files = [*work.rglob(f"*_epoch-{epoch}.pt"), *work.rglob(f"*_epoch-{epoch}_swa.pt")]
         size = files[0].stat().st_size if files else None
         time.sleep(0.5)
-        if files and files[0].is_file() and files[0].stat().st_size == size or proc.poll() is not None:
+        if (
+            files
+            and files[0].is_file()
+            and files[0].stat().st_size == size
+            or proc.poll() is not None
+        ):
             break
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
@@ -335,7 +540,9 @@ def _run_mace(cmd: list[str], log_path: Path, budget_s: float | None, env: dict[
     peer gets its partial epoch, up to one epoch more than the budget). Returns the seconds
     from "Started training" to that last validation line (0 when never reached)."""
     with log_path.open("a") as handle:
-        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent)
+        proc = subprocess.Popen(
+            cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent
+        )
         started, seen = None, 0
         while proc.poll() is None:
             time.sleep(0.5)
@@ -350,28 +557,44 @@ def _run_mace(cmd: list[str], log_path: Path, budget_s: float | None, env: dict[
                 _stop_after_epoch(proc, log_path, log_path.parent)
                 return seconds
         if proc.returncode != 0:
-            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}; see {log_path}: "
-                               f"{log_path.read_text(errors='replace')[-1500:]}")  # fmt: skip
+            raise RuntimeError(
+                f"{cmd[0]} exited with {proc.returncode}; see {log_path}: "
+                f"{log_path.read_text(errors='replace')[-1500:]}"
+            )
     return 0.0 if started is None else time.monotonic() - started
 
 
-def run_mace_torch(name: str, seed: int, spec: dict[str, Any], args: argparse.Namespace, work: Path) -> dict:
+def run_mace_torch(
+    name: str, seed: int, spec: dict[str, Any], args: argparse.Namespace, work: Path
+) -> dict:
     from mace.calculators import MACECalculator
 
     raw, source = row_config(spec, "mace_torch", args)
     (work / "cfg.yaml").write_text(yaml.safe_dump(raw))
-    cfg = load_potential_config(work / "cfg.yaml", [f"data_root={args.data_root}", *spec["overrides"]])
+    cfg = load_potential_config(
+        work / "cfg.yaml", [f"data_root={args.data_root}", *spec["overrides"]]
+    )
     mace_work = work / f"mace_{name}_{seed}"
     shutil.rmtree(mace_work, ignore_errors=True)
     mace_work.mkdir(parents=True)
     cmd = _mace_command(spec, cfg, seed, mace_work, args)
     threads = str(args.threads)
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "PYTHONUNBUFFERED": "1",
+    }
     log_path, log_two = mace_work / "mace_run_train.log", mace_work / "mace_run_train_stage_two.log"
     load = os.getloadavg()[0]
     two_start, variant = args.mace_stage_two, peer_variant(args)
     stage_two = two_start is not None
-    out = args.out / "checkpoints" / "accuracy" / f"{name}_mace_torch{'_' + variant if variant else ''}_seed{seed}"
+    out = (
+        args.out
+        / "checkpoints"
+        / "accuracy"
+        / f"{name}_mace_torch{'_' + variant if variant else ''}_seed{seed}"
+    )
     out.mkdir(parents=True, exist_ok=True)
     budget_s = 60.0 * args.budget_minutes
     # With a stage two, it is out of reach in the first call: the optimizer state then holds SWALR's swa_lr,
@@ -380,7 +603,9 @@ def run_mace_torch(name: str, seed: int, spec: dict[str, Any], args: argparse.Na
     (out / "command.txt").write_text(shlex.join(first) + "\n")
     try:
         seconds = _run_mace(first, log_path, budget_s * (two_start or 1.0), env)
-        if stage_two:  # restart from the kept stage-one checkpoint with mace's stage two from its epoch
+        if (
+            stage_two
+        ):  # restart from the kept stage-one checkpoint with mace's stage two from its epoch
             start = _last_epoch(mace_work, swa=False, budget=args.budget_minutes)
             second = [*cmd, "--restart_latest", "--stage_two", "--start_swa", str(start)]
             (out / "command.txt").write_text(shlex.join(first) + "\n" + shlex.join(second) + "\n")
@@ -390,24 +615,43 @@ def run_mace_torch(name: str, seed: int, spec: dict[str, Any], args: argparse.Na
             if log_file.is_file():
                 shutil.copy2(log_file, out / log_file.name)
     epoch = _last_epoch(mace_work, swa=stage_two, budget=args.budget_minutes)
-    final = [*cmd, "--restart_latest", "--max_num_epochs", str(epoch)]  # load, train no further, save .model
+    final = [
+        *cmd,
+        "--restart_latest",
+        "--max_num_epochs",
+        str(epoch),
+    ]  # load, train no further, save .model
     if stage_two:  # mace keeps stage two only when it starts before max_num_epochs
         final += ["--stage_two", "--start_swa", str(max(epoch - 1, 0))]
     _run_mace(final, log_path, None, env)
     model_name = "mace_stagetwo.model" if stage_two else "mace.model"
-    model_file = next(p for p in (mace_work / model_name, *mace_work.rglob(model_name)) if p.is_file())
+    model_file = next(
+        p for p in (mace_work / model_name, *mace_work.rglob(model_name)) if p.is_file()
+    )
     calc = MACECalculator(model_paths=str(model_file), device="cpu", default_dtype=cfg.dtype.value)
-    tests = {label: metrics(calculator_predictions(calc, read_frames(Path(test), spec), spec)) for label, test in spec["tests"].items()}
+    tests = {
+        label: metrics(calculator_predictions(calc, read_frames(Path(test), spec), spec))
+        for label, test in spec["tests"].items()
+    }
     if args.keep_mace_model:
         shutil.copy2(model_file, out / "mace.model")
     shutil.copy2(log_path, out / "mace_run_train.log")
-    n_epochs = len(set(_epochs_logged(log_path))) + (len(set(_epochs_logged(log_two))) if stage_two else 0)
-    return {"train_minutes": seconds / 60.0, "parameters": sum(p.numel() for p in calc.models[0].parameters()),
-            "epochs": n_epochs, "best_epoch": epoch, "stop_reason": "time" if seconds else "finished",
-            "config": f"mace_run_train (r_max, batch size, valid fraction, dtype of {source})",
-            "checkpoint": str(out.relative_to(args.out)), "load_avg": [load, os.getloadavg()[0]], "tests": tests,
-            "mace_model": _flags(cmd, (*MACE_MODEL, "radial_MLP", "batch_size")),
-            **({"variant": variant, "stage_two_start": two_start} if variant else {})}  # fmt: skip
+    n_epochs = len(set(_epochs_logged(log_path))) + (
+        len(set(_epochs_logged(log_two))) if stage_two else 0
+    )
+    return {
+        "train_minutes": seconds / 60.0,
+        "parameters": sum(p.numel() for p in calc.models[0].parameters()),
+        "epochs": n_epochs,
+        "best_epoch": epoch,
+        "stop_reason": "time" if seconds else "finished",
+        "config": f"mace_run_train (r_max, batch size, valid fraction, dtype of {source})",
+        "checkpoint": str(out.relative_to(args.out)),
+        "load_avg": [load, os.getloadavg()[0]],
+        "tests": tests,
+        "mace_model": _flags(cmd, (*MACE_MODEL, "radial_MLP", "batch_size")),
+        **({"variant": variant, "stage_two_start": two_start} if variant else {}),
+    }
 
 
 def _flags(cmd: list[str], names: tuple[str, ...]) -> dict[str, str]:
@@ -418,16 +662,26 @@ def _flags(cmd: list[str], names: tuple[str, ...]) -> dict[str, str]:
 def peer_variant(args: argparse.Namespace) -> str:
     """The label of this invocation's mace_torch runs: ``stage2`` with ``--mace-stage-two``,
     ``arch_backbone`` with ``--mace-arch backbone``, joined by ``+``."""
-    parts = ["stage2"] * (args.mace_stage_two is not None) + ["arch_backbone"] * (args.mace_arch == "backbone")
+    parts = ["stage2"] * (args.mace_stage_two is not None) + ["arch_backbone"] * (
+        args.mace_arch == "backbone"
+    )
     return "+".join(parts)
 
 
 #: mace_run_train's flag for each key of our MACE backbone's backbone_kwargs
-BACKBONE_TO_MACE = {"channels": "num_channels", "max_L": "max_L", "l_max": "max_ell", "correlation": "correlation",
-                    "num_layers": "num_interactions", "num_basis": "num_radial_basis"}  # fmt: skip
+BACKBONE_TO_MACE = {
+    "channels": "num_channels",
+    "max_L": "max_L",
+    "l_max": "max_ell",
+    "correlation": "correlation",
+    "num_layers": "num_interactions",
+    "num_basis": "num_radial_basis",
+}
 
 
-def peer_model(spec: dict[str, Any], cfg: Any, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+def peer_model(
+    spec: dict[str, Any], cfg: Any, args: argparse.Namespace
+) -> tuple[dict[str, Any], int]:
     """mace_torch's model flags and batch size: MACE_MODEL and the native config's batch size, or
     (``--mace-arch backbone``) those of the mace_backbone row's config."""
     if args.quick:
@@ -438,7 +692,9 @@ def peer_model(spec: dict[str, Any], cfg: Any, args: argparse.Namespace) -> tupl
     kwargs = raw["model"]["backbone_kwargs"]
     model = {flag: kwargs[key] for key, flag in BACKBONE_TO_MACE.items() if key in kwargs}
     if missing := set(MACE_MODEL) - set(model):
-        raise ValueError(f"{source}: backbone_kwargs lack {sorted(missing)} for mace_torch --mace-arch backbone")
+        raise ValueError(
+            f"{source}: backbone_kwargs lack {sorted(missing)} for mace_torch --mace-arch backbone"
+        )
     if "radial_mlp" in kwargs:
         model["radial_MLP"] = "[" + ", ".join(str(int(v)) for v in kwargs["radial_mlp"]) + "]"
     return model, int(raw.get("train", {}).get("batch_size", cfg.train.batch_size))
@@ -453,7 +709,9 @@ def _last_epoch(work: Path, *, swa: bool, budget: float) -> int:
     """The epoch of mace's newest checkpoint in ``work`` (``swa``: of stage two, ``*_swa.pt``)."""
     files = [p for p in work.rglob("*_epoch-*.pt") if p.name.endswith("_swa.pt") == swa]
     if not files:
-        raise RuntimeError(f"mace_run_train saved no {'stage-two ' if swa else ''}checkpoint in {budget} min; see {work}")
+        raise RuntimeError(
+            f"mace_run_train saved no {'stage-two ' if swa else ''}checkpoint in {budget} min; see {work}"
+        )
     return max(int(re.findall(r"epoch-(\d+)", p.name)[-1]) for p in files)
 
 
@@ -461,23 +719,40 @@ def calculator_predictions(calc: Any, frames: list, spec: dict[str, Any]) -> Pre
     """Predictions of an ASE calculator (mace's, a published model's) on ``frames`` (stress for periodic ones), our labels."""
     t = truth(frames, spec)
     energy, forces, stress = [], [], []
-    for atoms, periodic in zip(frames, t["periodic"]):
+    for atoms, periodic in zip(frames, t["periodic"], strict=False):
         a = atoms.copy()
         a.calc = calc
         energy.append(a.get_potential_energy())
         forces.append(a.get_forces())
         voigt = a.get_stress() if periodic else np.zeros(6)  # ASE Voigt xx yy zz yz xz xy
-        stress.append(np.array([[voigt[0], voigt[5], voigt[4]], [voigt[5], voigt[1], voigt[3]],
-                                [voigt[4], voigt[3], voigt[2]]]))  # fmt: skip
+        stress.append(
+            np.array(
+                [
+                    [voigt[0], voigt[5], voigt[4]],
+                    [voigt[5], voigt[1], voigt[3]],
+                    [voigt[4], voigt[3], voigt[2]],
+                ]
+            )
+        )
     n = np.array([len(a) for a in frames])
     forces_pred = np.concatenate(forces)
     return Predictions(
-        frame_index=np.arange(len(frames)), num_atoms=n, has_energy=t["has_energy"], has_forces=t["has_forces"],
-        energy_true=t["energy"], energy_pred=np.array(energy), energy_noise_var=np.zeros(len(frames)),
-        atom_frame=np.repeat(np.arange(len(frames)), n), forces_true=t["forces"], forces_pred=forces_pred,
-        forces_noise_var=np.zeros_like(forces_pred), periodic=t["periodic"], has_stress=t["has_stress"],
-        stress_true=t["stress"], stress_pred=np.stack(stress),
-    )  # fmt: skip
+        frame_index=np.arange(len(frames)),
+        num_atoms=n,
+        has_energy=t["has_energy"],
+        has_forces=t["has_forces"],
+        energy_true=t["energy"],
+        energy_pred=np.array(energy),
+        energy_noise_var=np.zeros(len(frames)),
+        atom_frame=np.repeat(np.arange(len(frames)), n),
+        forces_true=t["forces"],
+        forces_pred=forces_pred,
+        forces_noise_var=np.zeros_like(forces_pred),
+        periodic=t["periodic"],
+        has_stress=t["has_stress"],
+        stress_true=t["stress"],
+        stress_pred=np.stack(stress),
+    )
 
 
 # ================================================================ bookkeeping
@@ -490,7 +765,9 @@ class Runs:
         self.records = [json.loads(line) for line in lines if line.strip()]
         old = next((r for r in self.records if r["kind"] == "settings"), None)
         if old is not None and {k: old[k] for k in SETTINGS} != {k: settings[k] for k in SETTINGS}:
-            raise SystemExit(f"{path} was made with {old}; use another --out or delete it to start over")
+            raise SystemExit(
+                f"{path} was made with {old}; use another --out or delete it to start over"
+            )
         if old is None:
             self.add({"kind": "settings", **{k: settings[k] for k in SETTINGS}})
 
@@ -504,8 +781,13 @@ class Runs:
         return [r for r in self.records if r["kind"] == "run"]
 
     def done(self, dataset: str, row: str, seed: int, variant: str = "") -> bool:
-        return any(r["dataset"] == dataset and r["row"] == row and r["seed"] == seed and r.get("variant", "") == variant
-                   for r in self.runs())  # fmt: skip
+        return any(
+            r["dataset"] == dataset
+            and r["row"] == row
+            and r["seed"] == seed
+            and r.get("variant", "") == variant
+            for r in self.runs()
+        )
 
 
 def mace_missing() -> str | None:
@@ -535,21 +817,37 @@ def assemble(runs: Runs, meta: dict[str, Any]) -> dict[str, Any]:
         labels = list(rec["tests"])
         for k, label in enumerate(labels):
             name = rec["dataset"] if k == 0 else f"{rec['dataset']}_{label}"
-            one = {"seed": rec["seed"], **{c: rec["tests"][label].get(c) for c in COLUMNS[:3]},
-                   **{c: rec[c] for c in COLUMNS[3:]}, "test": label, "n_frames": rec["tests"][label].get("n_frames"),
-                   "epochs": rec.get("epochs"), "stop_reason": rec.get("stop_reason"), "load_avg": rec.get("load_avg"),
-                   "checkpoint": rec.get("checkpoint"), "config": rec.get("config"), "loss": rec.get("loss"),
-                   "variant": rec.get("variant", ""), "stage_two_start": rec.get("stage_two_start"),
-                   **({"mace_model": rec["mace_model"]} if rec.get("mace_model") else {})}  # fmt: skip
-            row = rec["row"] + (f" [{one['variant']}]" if one["variant"] else "")  # another config: its own row
+            one = {
+                "seed": rec["seed"],
+                **{c: rec["tests"][label].get(c) for c in COLUMNS[:3]},
+                **{c: rec[c] for c in COLUMNS[3:]},
+                "test": label,
+                "n_frames": rec["tests"][label].get("n_frames"),
+                "epochs": rec.get("epochs"),
+                "stop_reason": rec.get("stop_reason"),
+                "load_avg": rec.get("load_avg"),
+                "checkpoint": rec.get("checkpoint"),
+                "config": rec.get("config"),
+                "loss": rec.get("loss"),
+                "variant": rec.get("variant", ""),
+                "stage_two_start": rec.get("stage_two_start"),
+                **({"mace_model": rec["mace_model"]} if rec.get("mace_model") else {}),
+            }
+            row = rec["row"] + (
+                f" [{one['variant']}]" if one["variant"] else ""
+            )  # another config: its own row
             results.setdefault(name, {}).setdefault(row, {"runs": []})["runs"].append(one)
     for name, rows in results.items():
         if name == "meta":
             continue
         for row, entry in rows.items():
             stats = {c: summary([r[c] for r in entry["runs"]]) for c in COLUMNS}
-            rows[row] = {**{c: m for c, (m, _) in stats.items()}, "n": len(entry["runs"]),
-                         "spread": {c: s for c, (_, s) in stats.items()}, "runs": entry["runs"]}  # fmt: skip
+            rows[row] = {
+                **{c: m for c, (m, _) in stats.items()},
+                "n": len(entry["runs"]),
+                "spread": {c: s for c, (_, s) in stats.items()},
+                "runs": entry["runs"],
+            }
         results[name] = {r: rows[r] for r in (*ROWS, *sorted(set(rows) - set(ROWS))) if r in rows}
     return results
 
@@ -559,30 +857,60 @@ def acceptance(results: dict[str, Any]) -> list[str]:
     lines = []
     for name in ("ethanol", "3BPA"):
         rows = results.get(name, {})
-        ours = {r: v["force_mae_meV_A"] for r, v in rows.items() if not is_peer(r) and v["force_mae_meV_A"] is not None}
+        ours = {
+            r: v["force_mae_meV_A"]
+            for r, v in rows.items()
+            if not is_peer(r) and v["force_mae_meV_A"] is not None
+        }
         ref = (rows.get("mace_torch") or {}).get("force_mae_meV_A")
         if not ours or ref is None:
             lines.append(f"- {name}: best of our rows F-MAE <= mace_torch: n/a (runs missing)")
             continue
         best = min(ours, key=ours.get)
-        verdict = "met" if ours[best] <= ref else f"missed by {ours[best] - ref:.1f} meV/A ({ours[best] / ref:.2f}x)"
-        lines.append(f"- {name}: best of our rows F-MAE ({best}) {ours[best]:.1f} vs mace_torch {ref:.1f} meV/A: {verdict}")
-        peer = {r["seed"]: r["force_mae_meV_A"] for r in rows["mace_torch"].get("runs", []) if r["force_mae_meV_A"] is not None}
-        for row, v in rows.items():  # the same run: each seed's mace_torch ran in the same invocation
+        verdict = (
+            "met"
+            if ours[best] <= ref
+            else f"missed by {ours[best] - ref:.1f} meV/A ({ours[best] / ref:.2f}x)"
+        )
+        lines.append(
+            f"- {name}: best of our rows F-MAE ({best}) {ours[best]:.1f} vs mace_torch {ref:.1f} meV/A: {verdict}"
+        )
+        peer = {
+            r["seed"]: r["force_mae_meV_A"]
+            for r in rows["mace_torch"].get("runs", [])
+            if r["force_mae_meV_A"] is not None
+        }
+        for (
+            row,
+            v,
+        ) in rows.items():  # the same run: each seed's mace_torch ran in the same invocation
             for r in v.get("runs", []) if not is_peer(row) else []:
                 if r["force_mae_meV_A"] is not None and r["seed"] in peer:
                     f, g = r["force_mae_meV_A"], peer[r["seed"]]
-                    lines.append(f"  - same run (seed {r['seed']}): {row} {f:.1f} vs mace_torch {g:.1f} meV/A "
-                                 f"({f / g:.2f}x): {'met' if f <= g else 'missed'}")  # fmt: skip
-    current = [(n, f"{row} [{variant}]") for n in MLEARN for row, variant in CURRENT_MLEARN.items()
-               if f"{row} [{variant}]" in results.get(n, {})]  # fmt: skip
+                    lines.append(
+                        f"  - same run (seed {r['seed']}): {row} {f:.1f} vs mace_torch {g:.1f} meV/A "
+                        f"({f / g:.2f}x): {'met' if f <= g else 'missed'}"
+                    )
+    current = [
+        (n, f"{row} [{variant}]")
+        for n in MLEARN
+        for row, variant in CURRENT_MLEARN.items()
+        if f"{row} [{variant}]" in results.get(n, {})
+    ]
     if current:
         verdicts = [(n, r, results[n][r]["energy_mae_meV_atom"]) for n, r in current]
-        lines.append("- mlearn, this project's rows as configs/ holds them now (CURRENT_MLEARN), mean E MAE <= 10 "
-                     "meV/atom: " + "; ".join(f"{n} {r} {_f(e)}: {'met' if e is not None and e <= 10 else 'missed'}"
-                                              for n, r, e in verdicts))  # fmt: skip
-        lines.append("- every run's row (earlier configs included; mace_torch = mace-torch's own recipe, reported "
-                     "beside ours):")
+        lines.append(
+            "- mlearn, this project's rows as configs/ holds them now (CURRENT_MLEARN), mean E MAE <= 10 "
+            "meV/atom: "
+            + "; ".join(
+                f"{n} {r} {_f(e)}: {'met' if e is not None and e <= 10 else 'missed'}"
+                for n, r, e in verdicts
+            )
+        )
+        lines.append(
+            "- every run's row (earlier configs included; mace_torch = mace-torch's own recipe, reported "
+            "beside ours):"
+        )
     for name in MLEARN:
         for row, v in results.get(name, {}).items():
             e = v["energy_mae_meV_atom"]
@@ -607,12 +935,14 @@ PUBLISHED: dict[str, dict[str, tuple[float, float]]] = {
 PUBLISHED_SOURCE = (
     "Zuo et al., J. Phys. Chem. A 2020, 124, 731, GAP and MTP columns as quoted by ACEpotentials.jl "
     "(Witt et al., J. Chem. Phys. 159, 164101 (2023)) in examples/zuobench/error_table.jl of ACEsuit/ACEpotentials.jl "
-    "at commit 12b4422, to two decimals (forces to 0.01 eV/Å); same mlearn training/test split")
+    "at commit 12b4422, to two decimals (forces to 0.01 eV/Å); same mlearn training/test split"
+)
 PUBLISHED_NOT_FOUND = (
     "not found: the stored copies of the paper (arXiv:1906.08888 on ar5iv; the J. Phys. Chem. A PDF; a slideshare copy) could only be "
     "read up to the abstract; materialsvirtuallab/mlearn at 10c427a (README.md, mvl_models/README.md, the notebooks) "
     "has no table of test errors; ACEpotentials.jl quotes only GAP and MTP; no number is shown rather "
-    "than one from memory")
+    "than one from memory"
+)
 
 
 def _f(value: Any, spread: Any = None) -> str:
@@ -670,36 +1000,46 @@ _MLEARN_NOTE = (
     "configs/mlearn_mace.yaml), [lmax2_bs2] (Si, seed 2: also `train.batch_size: 2`) and [maxL0_lmax2_bs2] (seeds 2 and "
     "3 on Si, Ge and Li: also `max_L: 0`, invariant messages) ran beside the 3BPA force_uncertainty_angular run (one "
     "other one-thread job) or two at a time, otherwise the [stage2] MACE-backbone config; [maxL0_lmax2_bs2] is the "
-    "MACE-backbone row's config from then on (about 30 epochs in the 10 minutes against 12-14).")
+    "MACE-backbone row's config from then on (about 30 epochs in the 10 minutes against 12-14)."
+)
 
 #: What the JSON cannot say about a dataset's runs (written by hand, dated).
 RUN_NOTES = {
-    "ethanol": ("Note (2026-12-04): mace_backbone [ew0.01] (configs/ethanol_mace.yaml after its energy weight went from 1 "
-                "to 0.01, benchmarks/results/energy_weight_probe_mace.md) and the second mace_torch run (seed 1) ran in "
-                "one invocation beside one other job (chemprop); for the first minutes of the mace_backbone run a "
-                "third process (a probe, a unit test) shared the 2 cores (1-min load average 2.5 at its start). It got "
-                "13 epochs in its 10 minutes (the weight-1 run of 2026-12-03: 16), mace_torch 19 (before: 18). "
-                "Note (2026-12-05, tenth session): native [angular] (seed 6, a probe, beside the 3BPA native [angular] "
-                "run) ran configs/ethanol_equivariant.yaml with `angular_l_max: 2, angular_channels: 8` added to its "
-                "backbone_kwargs for this run only (the bond-angle power spectrum; the file was then restored: the "
-                "ethanol force-uncertainty results were measured without it). No mace_torch run in that invocation."),
-    "3BPA": ("Note (2026-12-05, tenth session): native [angular] (seed 6) ran configs/3bpa_equivariant.yaml as it is "
-             "from then on (bond angles, `angular_l_max: 2, angular_channels: 8`; its per-element posterior is not "
-             "used here: model.posterior=diagonal), beside the ethanol probe; no mace_torch run in that invocation. "
-             "The unmarked native row (seed 0, 2026-12-03) ran the config of that day (no EMA warm-up, no angles)."),
-    "Si": ("Note (2026-12-03): the Si native and mace_backbone runs shared the 2 cores with about ten other processes "
-           "(1-min load average 6-12) at equal scheduling priority and got 10 and 1 epochs in their 10 minutes; from "
-           "14:54 every later run of this invocation (Si gin and mace_torch, Ge, Li) ran at a raised priority "
-           "(autogroup nice -15) and got most of one core, as the ethanol and 3BPA runs did on a quiet machine. "
-           "The two starved runs are kept (seed 0); each got a second run on a quiet machine (seed 1, load average "
-           "1-3): native 63 epochs, E 15.7 meV/atom, F 176 meV/A; mace_backbone 6 epochs, E 41.0, F 277. Their "
-           "mean +- std mixes the two conditions; the per-run values are in accuracy.json. " + _MLEARN_NOTE),
+    "ethanol": (
+        "Note (2026-12-04): mace_backbone [ew0.01] (configs/ethanol_mace.yaml after its energy weight went from 1 "
+        "to 0.01, benchmarks/results/energy_weight_probe_mace.md) and the second mace_torch run (seed 1) ran in "
+        "one invocation beside one other job (chemprop); for the first minutes of the mace_backbone run a "
+        "third process (a probe, a unit test) shared the 2 cores (1-min load average 2.5 at its start). It got "
+        "13 epochs in its 10 minutes (the weight-1 run of 2026-12-03: 16), mace_torch 19 (before: 18). "
+        "Note (2026-12-05, tenth session): native [angular] (seed 6, a probe, beside the 3BPA native [angular] "
+        "run) ran configs/ethanol_equivariant.yaml with `angular_l_max: 2, angular_channels: 8` added to its "
+        "backbone_kwargs for this run only (the bond-angle power spectrum; the file was then restored: the "
+        "ethanol force-uncertainty results were measured without it). No mace_torch run in that invocation."
+    ),
+    "3BPA": (
+        "Note (2026-12-05, tenth session): native [angular] (seed 6) ran configs/3bpa_equivariant.yaml as it is "
+        "from then on (bond angles, `angular_l_max: 2, angular_channels: 8`; its per-element posterior is not "
+        "used here: model.posterior=diagonal), beside the ethanol probe; no mace_torch run in that invocation. "
+        "The unmarked native row (seed 0, 2026-12-03) ran the config of that day (no EMA warm-up, no angles)."
+    ),
+    "Si": (
+        "Note (2026-12-03): the Si native and mace_backbone runs shared the 2 cores with about ten other processes "
+        "(1-min load average 6-12) at equal scheduling priority and got 10 and 1 epochs in their 10 minutes; from "
+        "14:54 every later run of this invocation (Si gin and mace_torch, Ge, Li) ran at a raised priority "
+        "(autogroup nice -15) and got most of one core, as the ethanol and 3BPA runs did on a quiet machine. "
+        "The two starved runs are kept (seed 0); each got a second run on a quiet machine (seed 1, load average "
+        "1-3): native 63 epochs, E 15.7 meV/atom, F 176 meV/A; mace_backbone 6 epochs, E 41.0, F 277. Their "
+        "mean +- std mixes the two conditions; the per-run values are in accuracy.json. "
+        + _MLEARN_NOTE
+    ),
     "Ge": _MLEARN_NOTE,
     "Li": _MLEARN_NOTE,
-    "solvent_xtb": ("Note (2026-12-04): the [emawarm_refit] runs (seed 2) came after the per-atom energy counting "
-                    "of configs/solvent_xtb_equivariant.yaml, the EMA warm-up and the offset refit; the unmarked rows "
-                    "predate all three. The mace_backbone [emawarm_refit] run shared the 2 cores with the test suite "
-                    "(a third process) for about its last 4 minutes (33 epochs)."),
+    "solvent_xtb": (
+        "Note (2026-12-04): the [emawarm_refit] runs (seed 2) came after the per-atom energy counting "
+        "of configs/solvent_xtb_equivariant.yaml, the EMA warm-up and the offset refit; the unmarked rows "
+        "predate all three. The mace_backbone [emawarm_refit] run shared the 2 cores with the test suite "
+        "(a third process) for about its last 4 minutes (33 epochs)."
+    ),
 }
 
 
@@ -709,18 +1049,27 @@ def evaluated_published(name: str, path: Path) -> list[str]:
         return []
     rows = json.loads(path.read_text()).get(name, {})
     cols = ("energy_mae_meV_atom", "force_mae_meV_A", "stress_mae_GPa")
-    return ["", ("The same paper's published SNAP and qSNAP (LAMMPS) and NNP (benchmarks/n2p2.py) potentials, run here on this test set "
-                 "(benchmarks/mlearn_published.py, [mlearn_published.md](mlearn_published.md); not quoted numbers):"), "",
-            "| model | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) |", "|---|---|---|---|",
-            *(f"| {m} | " + " | ".join(_f(r.get(c)) for c in cols) + " |" for m, r in rows.items())]  # fmt: skip
+    return [
+        "",
+        (
+            "The same paper's published SNAP and qSNAP (LAMMPS) and NNP (benchmarks/n2p2.py) potentials, run here on this test set "
+            "(benchmarks/mlearn_published.py, [mlearn_published.md](mlearn_published.md); not quoted numbers):"
+        ),
+        "",
+        "| model | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) |",
+        "|---|---|---|---|",
+        *(f"| {m} | " + " | ".join(_f(r.get(c)) for c in cols) + " |" for m, r in rows.items()),
+    ]
 
 
 def _peer_variant_note(row: str, run: dict[str, Any]) -> str:
     """What a labelled mace_torch row ran, for the page."""
     parts = []
     if run.get("stage_two_start") is not None:
-        parts.append(f"then mace's own stage two from {run['stage_two_start']} of the budget (the second command of "
-                     "its folder's command.txt)")  # fmt: skip
+        parts.append(
+            f"then mace's own stage two from {run['stage_two_start']} of the budget (the second command of "
+            "its folder's command.txt)"
+        )
     if "arch_backbone" in run.get("variant", ""):
         flags = ", ".join(f"{k} {v}" for k, v in run.get("mace_model", {}).items())
         parts.append(f"with the mace_backbone row's architecture and batch size ({flags})")
@@ -729,52 +1078,104 @@ def _peer_variant_note(row: str, run: dict[str, Any]) -> str:
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     meta = results["meta"]
-    lines = ["# Accuracy: this project's potentials vs mace-torch's MACE at equal wall time", "",
-             "Commands (each run once; a repeated command only resumes):",
-             *("- `{}` {}".format(*c.split("  ", 1)) for c in meta["commands"]), "",
-             (f"Budget {meta['budget_minutes']:g} min of training wall time per row and run (shared 2-core CPU, "
-             f"{meta['threads']} thread(s) each; the 1-min load average at the start and end of each run is in the "
-             f"JSON); seeds {meta['seeds']}; status: {meta['status']}; updated {meta['updated']}."), "",
-             ("Columns: energy MAE per atom (meV/atom), force MAE per component (meV/Å), stress MAE over the 6 Voigt "
-             "components of periodic frames (GPa), training minutes, trainable parameters; mean ± std over runs when "
-             "n > 1 (every run is listed in accuracy.json). Test sets: ethanol test_MD (1000), 3BPA the 100 "
-             "train_300K frames not trained on, 3BPA_mixedT train_mixedT less its frames also in train_300K (same "
-             "models), solvent_xtb test, mlearn test.json."), "",
-             "mace_torch: " + meta["mace_torch_method"], ""]  # fmt: skip
+    lines = [
+        "# Accuracy: this project's potentials vs mace-torch's MACE at equal wall time",
+        "",
+        "Commands (each run once; a repeated command only resumes):",
+        *("- `{}` {}".format(*c.split("  ", 1)) for c in meta["commands"]),
+        "",
+        (
+            f"Budget {meta['budget_minutes']:g} min of training wall time per row and run (shared 2-core CPU, "
+            f"{meta['threads']} thread(s) each; the 1-min load average at the start and end of each run is in the "
+            f"JSON); seeds {meta['seeds']}; status: {meta['status']}; updated {meta['updated']}."
+        ),
+        "",
+        (
+            "Columns: energy MAE per atom (meV/atom), force MAE per component (meV/Å), stress MAE over the 6 Voigt "
+            "components of periodic frames (GPa), training minutes, trainable parameters; mean ± std over runs when "
+            "n > 1 (every run is listed in accuracy.json). Test sets: ethanol test_MD (1000), 3BPA the 100 "
+            "train_300K frames not trained on, 3BPA_mixedT train_mixedT less its frames also in train_300K (same "
+            "models), solvent_xtb test, mlearn test.json."
+        ),
+        "",
+        "mace_torch: " + meta["mace_torch_method"],
+        "",
+    ]
     if meta["overrides"]:
-        lines += [f"Overrides of our rows: {meta['overrides']}."
-                  + (" model.posterior=diagonal skips the fit of the full last-layer posterior after training, which "
-                     "leaves the mean predictions unchanged (mlip_unc/train/posterior.py) and took tens of minutes per "
-                     "MACE-backbone run on this machine." if "model.posterior=diagonal" in meta["overrides"] else ""), ""]
+        lines += [
+            f"Overrides of our rows: {meta['overrides']}."
+            + (
+                " model.posterior=diagonal skips the fit of the full last-layer posterior after training, which "
+                "leaves the mean predictions unchanged (mlip_unc/train/posterior.py) and took tens of minutes per "
+                "MACE-backbone run on this machine."
+                if "model.posterior=diagonal" in meta["overrides"]
+                else ""
+            ),
+            "",
+        ]
     for name, rows in ((n, r) for n, r in results.items() if n != "meta"):
-        lines += [f"## {name}", "", ("| row | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) | train min | parameters "
-                  "| n | epochs |"), "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            f"## {name}",
+            "",
+            (
+                "| row | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) | train min | parameters "
+                "| n | epochs |"
+            ),
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for row, v in rows.items():
-            cells = [_f(v[c], v["spread"][c]) for c in COLUMNS[:4]] + [f"{v['parameters']:.0f}" if v["parameters"] else "n/a"]
-            epochs = ", ".join(str(r.get("epochs")) for r in v["runs"])  # one per run: the CPU a run got shows here
+            cells = [_f(v[c], v["spread"][c]) for c in COLUMNS[:4]] + [
+                f"{v['parameters']:.0f}" if v["parameters"] else "n/a"
+            ]
+            epochs = ", ".join(
+                str(r.get("epochs")) for r in v["runs"]
+            )  # one per run: the CPU a run got shows here
             lines.append(f"| {row} | " + " | ".join(cells) + f" | {v['n']} | {epochs} |")
         variants = [(row, v["runs"][0]) for row, v in rows.items() if v["runs"][0].get("variant")]
         if variants:
-            lines += ["", *(_peer_variant_note(row, r) if is_peer(row) else f"{row}: config `{r['config']}`, loss section "
-                            f"{r['loss']} (the unmarked row ran an earlier config)" for row, r in variants)]  # fmt: skip
+            lines += [
+                "",
+                *(
+                    _peer_variant_note(row, r)
+                    if is_peer(row)
+                    else f"{row}: config `{r['config']}`, loss section "
+                    f"{r['loss']} (the unmarked row ran an earlier config)"
+                    for row, r in variants
+                ),
+            ]
         if RUN_NOTES.get(name):
             lines += ["", RUN_NOTES[name]]
         if name in MLEARN:
             if PUBLISHED.get(name):
-                lines += ["", f"Published ({PUBLISHED_SOURCE}): energy MAE (meV/atom), force MAE (eV/Å):", "",
-                          "| model | E MAE (meV/atom) | F MAE (eV/Å) |", "|---|---|---|",
-                          *(f"| {m} | {e:g} | {f:g} |" for m, (e, f) in PUBLISHED[name].items()),
-                          "", f"NNP, SNAP and qSNAP of the same table (and any stress errors): {PUBLISHED_NOT_FOUND}."]  # fmt: skip
+                lines += [
+                    "",
+                    f"Published ({PUBLISHED_SOURCE}): energy MAE (meV/atom), force MAE (eV/Å):",
+                    "",
+                    "| model | E MAE (meV/atom) | F MAE (eV/Å) |",
+                    "|---|---|---|",
+                    *(f"| {m} | {e:g} | {f:g} |" for m, (e, f) in PUBLISHED[name].items()),
+                    "",
+                    f"NNP, SNAP and qSNAP of the same table (and any stress errors): {PUBLISHED_NOT_FOUND}.",
+                ]
                 lines += evaluated_published(name, path.parent / "mlearn_published.json")
             else:
-                lines += ["", ("Published table of Zuo et al., J. Phys. Chem. A 2020, 124, 731 (GAP, MTP, NNP, SNAP, "
-                          f"qSNAP): {PUBLISHED_NOT_FOUND}.")]  # fmt: skip
+                lines += [
+                    "",
+                    (
+                        "Published table of Zuo et al., J. Phys. Chem. A 2020, 124, 731 (GAP, MTP, NNP, SNAP, "
+                        f"qSNAP): {PUBLISHED_NOT_FOUND}."
+                    ),
+                ]
         lines.append("")
     lines += ["## Acceptance (issue 12), computed from accuracy.json", "", *acceptance(results), ""]
     if meta["skipped"]:
         lines += ["Skipped rows:", *(f"- {k}: {v}" for k, v in meta["skipped"].items()), ""]
     if meta["failed"]:
-        lines += ["Failed runs (retried on the next call):", *(f"- {k}: {v}" for k, v in meta["failed"].items()), ""]
+        lines += [
+            "Failed runs (retried on the next call):",
+            *(f"- {k}: {v}" for k, v in meta["failed"].items()),
+            "",
+        ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -789,18 +1190,34 @@ def plot(results: dict[str, Any], path: Path) -> None:
     if not names:
         return
     rows = [r for r in ROWS if any(r in results[n] for n in names)]
-    rows += sorted({r for n in names for r in results[n] if r not in ROWS and isinstance(results[n][r], dict)
-                    and "force_mae_meV_A" in results[n][r]})  # variant rows, 'row [label]'  # fmt: skip
+    rows += sorted(
+        {
+            r
+            for n in names
+            for r in results[n]
+            if r not in ROWS
+            and isinstance(results[n][r], dict)
+            and "force_mae_meV_A" in results[n][r]
+        }
+    )  # variant rows, 'row [label]'
     if not any((results[n].get(r) or {}).get("force_mae_meV_A") for n in names for r in rows):
         return  # nothing to draw on a log axis
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.2))
     width = 0.8 / len(rows)
     for j, row in enumerate(rows):
-        have = [(i, n) for i, n in enumerate(names) if (results[n].get(row) or {}).get("force_mae_meV_A")]
+        have = [
+            (i, n)
+            for i, n in enumerate(names)
+            if (results[n].get(row) or {}).get("force_mae_meV_A")
+        ]
         xs = [i + (j - (len(rows) - 1) / 2) * width for i, _ in have]
         ax.bar(xs, [results[n][row]["force_mae_meV_A"] for _, n in have], width, label=row)
-        for x, (_, n) in zip(xs, have):
-            values = [r["force_mae_meV_A"] for r in results[n][row]["runs"] if r["force_mae_meV_A"] is not None]
+        for x, (_, n) in zip(xs, have, strict=False):
+            values = [
+                r["force_mae_meV_A"]
+                for r in results[n][row]["runs"]
+                if r["force_mae_meV_A"] is not None
+            ]
             ax.plot([x] * len(values), values, "k.", ms=3)
     ax.set(xticks=range(len(names)), xticklabels=names, yscale="log", ylabel="force MAE (meV/Å)")
     ax.legend(fontsize=7)
@@ -811,9 +1228,17 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 def save(runs: Runs, meta: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     results = assemble(runs, meta)
-    meta.update(updated=time.strftime("%Y-%m-%d %H:%M"), seeds=sorted({r["seed"] for r in runs.runs()}),
-                commands=list(dict.fromkeys(f"{r['command']}  (python: {r['python']})" for r in runs.records
-                                            if r["kind"] == "invocation")))  # fmt: skip
+    meta.update(
+        updated=time.strftime("%Y-%m-%d %H:%M"),
+        seeds=sorted({r["seed"] for r in runs.runs()}),
+        commands=list(
+            dict.fromkeys(
+                f"{r['command']}  (python: {r['python']})"
+                for r in runs.records
+                if r["kind"] == "invocation"
+            )
+        ),
+    )
     atomic_write_text(args.out / "accuracy.json", json.dumps(fu._clean(results), indent=1))
     write_markdown(results, args.out / "accuracy.md")
     plot(results, args.out / "accuracy.png")
@@ -825,20 +1250,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["python", "benchmarks/accuracy.py", *(sys.argv[1:] if argv is None else argv)])
-    runs = Runs(args.out / "accuracy.jsonl", {"quick": args.quick, "budget_minutes": args.budget_minutes,
-                                                "split_seed": args.split_seed, "overrides": args.overrides})  # fmt: skip
+    command = shlex.join(
+        ["python", "benchmarks/accuracy.py", *(sys.argv[1:] if argv is None else argv)]
+    )
+    runs = Runs(
+        args.out / "accuracy.jsonl",
+        {
+            "quick": args.quick,
+            "budget_minutes": args.budget_minutes,
+            "split_seed": args.split_seed,
+            "overrides": args.overrides,
+        },
+    )
     missing = mace_missing() if any(r in MACE_ROWS for r in args.rows) else None
-    runs.add({"kind": "invocation", "command": command, "python": sys.executable, "mace_missing": missing,
-              "datasets": args.datasets, "rows": args.rows})  # fmt: skip
+    runs.add(
+        {
+            "kind": "invocation",
+            "command": command,
+            "python": sys.executable,
+            "mace_missing": missing,
+            "datasets": args.datasets,
+            "rows": args.rows,
+        }
+    )
     meta: dict[str, Any] = {
-        "budget_minutes": args.budget_minutes, "threads": args.threads, "split_seed": args.split_seed,
-        "quick": args.quick, "overrides": args.overrides, "started": time.strftime("%Y-%m-%d %H:%M"),
-        "status": "partial", "skipped": {}, "failed": {}, "data_root": None if args.quick else str(args.data_root),
-        "mace_torch_method": __doc__.split("- ``mace_torch``: ")[1].split("\n\n")[0].replace("\n  ", " ").strip(),
-        "published": {"source": PUBLISHED_SOURCE, "not_found": PUBLISHED_NOT_FOUND, "columns": ["energy_mae_meV_atom", "force_mae_eV_A"],
-                      "values": PUBLISHED},
-    }  # fmt: skip
+        "budget_minutes": args.budget_minutes,
+        "threads": args.threads,
+        "split_seed": args.split_seed,
+        "quick": args.quick,
+        "overrides": args.overrides,
+        "started": time.strftime("%Y-%m-%d %H:%M"),
+        "status": "partial",
+        "skipped": {},
+        "failed": {},
+        "data_root": None if args.quick else str(args.data_root),
+        "mace_torch_method": __doc__.split("- ``mace_torch``: ")[1]
+        .split("\n\n")[0]
+        .replace("\n  ", " ")
+        .strip(),
+        "published": {
+            "source": PUBLISHED_SOURCE,
+            "not_found": PUBLISHED_NOT_FOUND,
+            "columns": ["energy_mae_meV_atom", "force_mae_eV_A"],
+            "values": PUBLISHED,
+        },
+    }
     seeds = [args.seed + k for k in range(args.repeat)]
     with tempfile.TemporaryDirectory(prefix="mlip_unc_acc_") as tmp:
         work = Path(tmp)
@@ -850,16 +1306,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         meta["skipped"][f"{name}/{row}"] = missing
                     continue
                 for seed in seeds:
-                    variant = peer_variant(args) if row == "mace_torch" else args.variant  # the peer's: --mace-stage-two
+                    variant = (
+                        peer_variant(args) if row == "mace_torch" else args.variant
+                    )  # the peer's: --mace-stage-two
                     if runs.done(name, row, seed, variant):
                         continue
                     log.info("[%s] %s seed %d: %.3g min", name, row, seed, args.budget_minutes)
                     try:
-                        rec = (run_mace_torch(name, seed, spec, args, work) if row == "mace_torch"
-                               else run_ours(name, row, seed, spec, args, work))  # fmt: skip
+                        rec = (
+                            run_mace_torch(name, seed, spec, args, work)
+                            if row == "mace_torch"
+                            else run_ours(name, row, seed, spec, args, work)
+                        )
                     except Exception as err:  # noqa: BLE001  one failed row must not end a long run
-                        log.error("[%s] %s seed %d failed:\n%s", name, row, seed, traceback.format_exc())
-                        meta["failed"][f"{name}/{row}/seed{seed}"] = f"{type(err).__name__}: {str(err)[:300]}"
+                        log.error(
+                            "[%s] %s seed %d failed:\n%s", name, row, seed, traceback.format_exc()
+                        )
+                        meta["failed"][f"{name}/{row}/seed{seed}"] = (
+                            f"{type(err).__name__}: {str(err)[:300]}"
+                        )
                         continue
                     runs.add({"kind": "run", "dataset": name, "row": row, "seed": seed, **rec})
                     save(runs, meta, args)

@@ -48,22 +48,42 @@ from mlip_unc.train.potential_data import prepare_data
 from mlip_unc.uncertainty import diagnostics as diag
 
 log = logging.getLogger("committee_floor")
-LINES = ("spearman_frame_in_domain", "partial_spearman_given_force", "auroc_ood")  # issue 11's ranking lines
+LINES = (
+    "spearman_frame_in_domain",
+    "partial_spearman_given_force",
+    "auroc_ood",
+)  # issue 11's ranking lines
 MEMBERS = 5
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", nargs="*", type=Path, default=[], help="force_uncertainty.py --out folders")
+    p.add_argument(
+        "--runs", nargs="*", type=Path, default=[], help="force_uncertainty.py --out folders"
+    )
     p.add_argument("--dataset", default="3bpa")
-    p.add_argument("--offset", type=int, default=100, help="committee B's member seeds: run seed + offset + k")
-    p.add_argument("--members", default=None, help="train only these members (comma-separated), then stop")
-    p.add_argument("--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data")
+    p.add_argument(
+        "--offset", type=int, default=100, help="committee B's member seeds: run seed + offset + k"
+    )
+    p.add_argument(
+        "--members", default=None, help="train only these members (comma-separated), then stop"
+    )
+    p.add_argument(
+        "--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data"
+    )
     p.add_argument("--threads", type=int, default=1)
-    args = fu.parse_with_quick(p, argv, "a quick force_uncertainty run on tiny EMT Cu data made here, then this; needs --out")
+    args = fu.parse_with_quick(
+        p,
+        argv,
+        "a quick force_uncertainty run on tiny EMT Cu data made here, then this; needs --out",
+    )
     if args.quick:
         args.dataset = "cu_emt"
-    args.members = None if args.members is None else sorted({int(k) for k in args.members.split(",") if k.strip()})
+    args.members = (
+        None
+        if args.members is None
+        else sorted({int(k) for k in args.members.split(",") if k.strip()})
+    )
     if args.members and not set(args.members) <= set(range(MEMBERS)):
         p.error(f"--members: choose among 0..{MEMBERS - 1}")
     if not args.runs and not args.quick:
@@ -81,43 +101,79 @@ def run_settings(run: Path, args: argparse.Namespace) -> argparse.Namespace:
     """The run's own settings (seed, budget, overrides) as force_uncertainty's arguments, on this
     machine's data root."""
     s = run_records(run)["settings"]
-    return argparse.Namespace(seed=s["seed"], budget_minutes=s["budget_minutes"], overrides=list(s["overrides"]),
-                              quick=s["quick"], data_root=args.data_root, out=run)  # fmt: skip
+    return argparse.Namespace(
+        seed=s["seed"],
+        budget_minutes=s["budget_minutes"],
+        overrides=list(s["overrides"]),
+        quick=s["quick"],
+        data_root=args.data_root,
+        out=run,
+    )
 
 
-def train_members(run: Path, settings: argparse.Namespace, steps: fu.Steps, args: argparse.Namespace,
-                  split: dict[str, Any]) -> Path:  # fmt: skip
+def train_members(
+    run: Path,
+    settings: argparse.Namespace,
+    steps: fu.Steps,
+    args: argparse.Namespace,
+    split: dict[str, Any],
+) -> Path:
     """Committee B's members not yet trained (of ``--members``, else all), each recorded as a step."""
     name = args.dataset
     out = run / "checkpoints" / "force_uncertainty" / f"{name}_committee5_b"
     for k in range(MEMBERS):
-        if (done := steps.get(f"member:{name}:{k}")) and done["seed"] != settings.seed + args.offset + k:
-            raise SystemExit(f"{run}: committee B's member {k} was trained with seed {done['seed']}, not "
-                             f"{settings.seed + args.offset + k} (--offset {args.offset}); keep its offset")  # fmt: skip
+        if (done := steps.get(f"member:{name}:{k}")) and done[
+            "seed"
+        ] != settings.seed + args.offset + k:
+            raise SystemExit(
+                f"{run}: committee B's member {k} was trained with seed {done['seed']}, not "
+                f"{settings.seed + args.offset + k} (--offset {args.offset}); keep its offset"
+            )
     todo = [k for k in (args.members or range(MEMBERS)) if not steps.get(f"member:{name}:{k}")]
     if todo:
         config = fu.train_config(split, settings, out, MEMBERS)  # the run's committee config
-        data = prepare_data(config)  # the data and validation split of seed `settings.seed`, as committee A
+        data = prepare_data(
+            config
+        )  # the data and validation split of seed `settings.seed`, as committee A
         for k in todo:
             seed = settings.seed + args.offset + k
-            log.info("[%s] committee B member %d (seed %d), %.3g min", run, k, seed, settings.budget_minutes)
-            result = train_potential(config.updated(seed=seed, out=str(out / f"member_{k}")), data=data)
+            log.info(
+                "[%s] committee B member %d (seed %d), %.3g min",
+                run,
+                k,
+                seed,
+                settings.budget_minutes,
+            )
+            result = train_potential(
+                config.updated(seed=seed, out=str(out / f"member_{k}")), data=data
+            )
             for last in (out / f"member_{k}").rglob("last.pt"):
                 last.unlink()
             steps.add(f"member:{name}:{k}", {"seed": seed, "train_minutes": result.train_minutes})
     return out
 
 
-def evaluate(run: Path, settings: argparse.Namespace, steps: fu.Steps, args: argparse.Namespace,
-             split: dict[str, Any], folder: Path) -> None:  # fmt: skip
+def evaluate(
+    run: Path,
+    settings: argparse.Namespace,
+    steps: fu.Steps,
+    args: argparse.Namespace,
+    split: dict[str, Any],
+    folder: Path,
+) -> None:
     """Committee B on the run's in-domain and OOD frames, as the run's committee5 row."""
     name = args.dataset
     if steps.get(f"eval:{name}:committee5_b"):
         return
     committee = load_potential(folder)
-    sets = {p: fu.load_frames(split[k], committee, split, None) for p, k in (("in", "test"), ("ood", "ood"))}
+    sets = {
+        p: fu.load_frames(split[k], committee, split, None)
+        for p, k in (("in", "test"), ("ood", "ood"))
+    }
     ev = argparse.Namespace(n_samples=4, seed=settings.seed)
-    record = {p: fu.frame_values(committee, d, "committee5", ev) for p, d in sets.items() if d is not None}
+    record = {
+        p: fu.frame_values(committee, d, "committee5", ev) for p, d in sets.items() if d is not None
+    }
     steps.add(f"eval:{name}:committee5_b", record)
 
 
@@ -153,13 +209,21 @@ def run_summary(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     default = entry["default"]
     a = records[f"eval:{name}:committee5"]
-    rows = {"default": entry[default], "committee5": entry["committee5"],
-            "committee5_b": fu.row_metrics(b["in"], b.get("ood"), None)}  # fmt: skip
+    rows = {
+        "default": entry[default],
+        "committee5": entry["committee5"],
+        "committee5_b": fu.row_metrics(b["in"], b.get("ood"), None),
+    }
     seeds = [floor.get(f"member:{name}:{k}")["seed"] for k in range(MEMBERS)]
     frames = {"default": records[f"eval:{name}:{default}"], "committee5": a, "committee5_b": b}
     return {
-        "run": str(run), "seed": results["meta"]["seed"], "default_mode": default, "member_seeds_b": seeds,
-        "train_minutes_b": [floor.get(f"member:{name}:{k}")["train_minutes"] for k in range(MEMBERS)],
+        "run": str(run),
+        "seed": results["meta"]["seed"],
+        "default_mode": default,
+        "member_seeds_b": seeds,
+        "train_minutes_b": [
+            floor.get(f"member:{name}:{k}")["train_minutes"] for k in range(MEMBERS)
+        ],
         "rows": rows,
         "b_vs_a": lines_met(rows["committee5_b"], rows["committee5"]),
         "a_vs_b": lines_met(rows["committee5"], rows["committee5_b"]),
@@ -167,7 +231,7 @@ def run_summary(run: Path, args: argparse.Namespace) -> dict[str, Any] | None:
         "default_vs_b": lines_met(rows["default"], rows["committee5_b"]),
         "bootstrap_b_minus_a": fu.paired_gap(b["in"], a["in"], seed=results["meta"]["seed"]),
         "auroc_ood_of_error": {row: error_auroc(rec) for row, rec in frames.items()},
-    }  # fmt: skip
+    }
 
 
 def error_auroc(record: dict[str, Any]) -> float | None:
@@ -181,8 +245,14 @@ def error_auroc(record: dict[str, Any]) -> float | None:
 
 
 def floor_settings(settings: argparse.Namespace) -> dict[str, Any]:
-    return {"command": "", "started": time.strftime("%Y-%m-%d %H:%M"), "quick": settings.quick,
-            "seed": settings.seed, "budget_minutes": settings.budget_minutes, "overrides": settings.overrides}  # fmt: skip
+    return {
+        "command": "",
+        "started": time.strftime("%Y-%m-%d %H:%M"),
+        "quick": settings.quick,
+        "seed": settings.seed,
+        "budget_minutes": settings.budget_minutes,
+        "overrides": settings.overrides,
+    }
 
 
 def run_folders(args: argparse.Namespace) -> list[Path]:
@@ -190,24 +260,37 @@ def run_folders(args: argparse.Namespace) -> list[Path]:
     return [quick_run(args)] if args.quick else list(args.runs)
 
 
-def each_run(args: argparse.Namespace, argv: list[str] | None, stem: str, runs: list[Path],
-             extra: dict[str, Any] | None = None) -> Iterator[tuple[Path, argparse.Namespace, fu.Steps, dict[str, Any]]]:  # fmt: skip
+def each_run(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    stem: str,
+    runs: list[Path],
+    extra: dict[str, Any] | None = None,
+) -> Iterator[tuple[Path, argparse.Namespace, fu.Steps, dict[str, Any]]]:
     """The loop of the scripts built on finished runs (this one, trained_factor, distance_aware,
     member_llpr): torch threads and logging set, then per run its settings, its ``RUN/<stem>.jsonl``
     steps (settings plus ``extra``; this command noted) and its data split (files in a temporary
     folder that lives while the caller works on the run)."""
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    command = shlex.join(["python", f"benchmarks/{stem}.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(
+        ["python", f"benchmarks/{stem}.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     with tempfile.TemporaryDirectory(prefix=f"mlip_unc_{stem}_") as work:
         for run in runs:
             settings = run_settings(run, args)
-            steps = fu.Steps(run / f"{stem}.jsonl", {**floor_settings(settings), **(extra or {}), "command": command})
+            steps = fu.Steps(
+                run / f"{stem}.jsonl",
+                {**floor_settings(settings), **(extra or {}), "command": command},
+            )
             steps.note_command(command)
             yield run, settings, steps, fu.dataset_split(args.dataset, settings, Path(work))
 
 
-BASELINES = ("force_magnitude", "latent_distance")  # the run's own baseline rows, shown beside every new row
+BASELINES = (
+    "force_magnitude",
+    "latent_distance",
+)  # the run's own baseline rows, shown beside every new row
 
 
 def baseline_rows(entry: dict[str, Any]) -> dict[str, Any]:
@@ -233,23 +316,42 @@ def step_commands(runs: list[Path], args: argparse.Namespace, stem: str) -> list
     return commands
 
 
-def summarise_runs(args: argparse.Namespace, runs: list[Path], stem: str, run_summary: Any, markdown: Any,
-                   complete: Any = None, **extra: Any) -> dict[str, Any]:
+def summarise_runs(
+    args: argparse.Namespace,
+    runs: list[Path],
+    stem: str,
+    run_summary: Any,
+    markdown: Any,
+    complete: Any = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """The summary of a script built on finished runs: ``run_summary(run, args)`` of each run (None
     while unfinished), the commands of their step files and the status (``complete`` also asks
     ``complete(summary)`` of each run), written to ``OUT/<stem>.{json,md}``; ``extra`` keys follow
     ``dataset``."""
     summaries = [s for s in (run_summary(run, args) for run in runs) if s is not None]
     done = len(summaries) == len(runs) and (complete is None or all(complete(s) for s in summaries))
-    summary = {"dataset": args.dataset, **extra, "updated": time.strftime("%Y-%m-%d %H:%M"),
-               "commands": step_commands(runs, args, stem), "runs": summaries,
-               "status": "complete" if done else "partial"}  # fmt: skip
+    summary = {
+        "dataset": args.dataset,
+        **extra,
+        "updated": time.strftime("%Y-%m-%d %H:%M"),
+        "commands": step_commands(runs, args, stem),
+        "runs": summaries,
+        "status": "complete" if done else "partial",
+    }
     write_results(summary, args.out, stem, markdown)
     return summary
 
 
-def score_runs(args: argparse.Namespace, argv: list[str] | None, stem: str, evaluate: Any, run_summary: Any,
-               markdown: Any, **kwargs: Any) -> dict[str, Any]:
+def score_runs(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    stem: str,
+    evaluate: Any,
+    run_summary: Any,
+    markdown: Any,
+    **kwargs: Any,
+) -> dict[str, Any]:
     """The whole of a post hoc script on finished runs: ``evaluate(run, settings, steps, args, split)``
     on each (:func:`each_run`), then :func:`summarise_runs` (``kwargs`` passed on)."""
     runs = run_folders(args)
@@ -268,39 +370,70 @@ def write_results(summary: dict[str, Any], out: Path, stem: str, markdown: Any) 
 
 def write_markdown(summary: dict[str, Any], path: Path) -> None:
     runs = summary["runs"]
-    lines = [f"# How often does a second committee meet issue 11's ranking lines? ({summary['dataset']})", "",
-             f"Commands: {'; '.join(f'`{c}`' for c in summary['commands'])} (updated {summary['updated']}).", "",
-             ("Per run of benchmarks/force_uncertainty.py: committee A = the run's committee5; committee B = 5 more "
-              "MAP members trained with the run's config, data, validation split and budget, seeds run seed + "
-              f"{summary['offset']} + k; both evaluated on the run's frames. Lines (issue 11): in-domain Spearman >= "
-              "reference - 0.05; partial Spearman given |F_pred| >= reference - 0.05 and >= 0.3; OOD AUROC >= "
-              "reference - 0.03. 'met' = all three. The OOD AUROC of a row's own frame error (mean |F error| as "
-              "the score) is what its uncertainty would reach if it ranked frames exactly as their errors."), "",
-             "| run | seed | in-domain (default / A / B) | partial (default / A / B) | AUROC OOD (default / A / B) "
-             "| AUROC OOD of the row's own error (default / A / B) "
-             "| B vs A | A vs B | default vs A | default vs B | bootstrap B - A, in-domain (gap +- std) |",
-             "|---" * 11 + "|"]  # fmt: skip
+    lines = [
+        f"# How often does a second committee meet issue 11's ranking lines? ({summary['dataset']})",
+        "",
+        f"Commands: {'; '.join(f'`{c}`' for c in summary['commands'])} (updated {summary['updated']}).",
+        "",
+        (
+            "Per run of benchmarks/force_uncertainty.py: committee A = the run's committee5; committee B = 5 more "
+            "MAP members trained with the run's config, data, validation split and budget, seeds run seed + "
+            f"{summary['offset']} + k; both evaluated on the run's frames. Lines (issue 11): in-domain Spearman >= "
+            "reference - 0.05; partial Spearman given |F_pred| >= reference - 0.05 and >= 0.3; OOD AUROC >= "
+            "reference - 0.03. 'met' = all three. The OOD AUROC of a row's own frame error (mean |F error| as "
+            "the score) is what its uncertainty would reach if it ranked frames exactly as their errors."
+        ),
+        "",
+        "| run | seed | in-domain (default / A / B) | partial (default / A / B) | AUROC OOD (default / A / B) "
+        "| AUROC OOD of the row's own error (default / A / B) "
+        "| B vs A | A vs B | default vs A | default vs B | bootstrap B - A, in-domain (gap +- std) |",
+        "|---" * 11 + "|",
+    ]
     verdict = {True: "met", False: "missed"}
     for r in runs:
         rows = r["rows"]
-        cells = [" / ".join(fu._f3(rows[x].get(k)) for x in ("default", "committee5", "committee5_b")) for k in LINES]
-        cells.append(" / ".join(fu._f3(r["auroc_ood_of_error"][x]) for x in ("default", "committee5", "committee5_b")))
-        missed = {c: ", ".join(k for k in LINES if not r[c][k]["met"]) for c in ("b_vs_a", "a_vs_b", "default_vs_a", "default_vs_b")}
+        cells = [
+            " / ".join(fu._f3(rows[x].get(k)) for x in ("default", "committee5", "committee5_b"))
+            for k in LINES
+        ]
+        cells.append(
+            " / ".join(
+                fu._f3(r["auroc_ood_of_error"][x])
+                for x in ("default", "committee5", "committee5_b")
+            )
+        )
+        missed = {
+            c: ", ".join(k for k in LINES if not r[c][k]["met"])
+            for c in ("b_vs_a", "a_vs_b", "default_vs_a", "default_vs_b")
+        }
         checks = [verdict[r[c]["all"]] + (f" ({missed[c]})" if missed[c] else "") for c in missed]
         gap = r["bootstrap_b_minus_a"]["spearman_frame_in_domain"]
-        lines.append(f"| {r['run']} | {r['seed']} | " + " | ".join(cells + checks)
-                     + f" | {gap['gap']:+.3f} +- {gap['std']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {r['run']} | {r['seed']} | "
+            + " | ".join(cells + checks)
+            + f" | {gap['gap']:+.3f} +- {gap['std']:.3f} |"
+        )
     lines += ["", "Runs in which all three lines hold:"]
-    for c, text in (("b_vs_a", "committee B against committee A"), ("a_vs_b", "committee A against committee B"),
-                    ("default_vs_a", "the single model's default row against committee A (the issue's test)"),
-                    ("default_vs_b", "the single model's default row against committee B")):  # fmt: skip
+    for c, text in (
+        ("b_vs_a", "committee B against committee A"),
+        ("a_vs_b", "committee A against committee B"),
+        ("default_vs_a", "the single model's default row against committee A (the issue's test)"),
+        ("default_vs_b", "the single model's default row against committee B"),
+    ):
         lines.append(f"- {text}: {sum(r[c]['all'] for r in runs)} of {len(runs)}")
     lines += ["", "Per line, in how many runs it holds (B vs A; default vs A):"]
     for k in LINES:
-        lines.append(f"- {k}: {sum(r['b_vs_a'][k]['met'] for r in runs)} of {len(runs)}; "
-                     f"{sum(r['default_vs_a'][k]['met'] for r in runs)} of {len(runs)}")  # fmt: skip
-    lines += ["", "Committee B's training minutes per member: "
-              + "; ".join(f"seed {r['seed']}: {', '.join(f'{m:.2f}' for m in r['train_minutes_b'])}" for r in runs)]
+        lines.append(
+            f"- {k}: {sum(r['b_vs_a'][k]['met'] for r in runs)} of {len(runs)}; "
+            f"{sum(r['default_vs_a'][k]['met'] for r in runs)} of {len(runs)}"
+        )
+    lines += [
+        "",
+        "Committee B's training minutes per member: "
+        + "; ".join(
+            f"seed {r['seed']}: {', '.join(f'{m:.2f}' for m in r['train_minutes_b'])}" for r in runs
+        ),
+    ]
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
@@ -317,12 +450,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     runs = run_folders(args)
     for run, settings, steps, split in each_run(args, argv, "committee_floor", runs):
         folder = train_members(run, settings, steps, args, split)
-        steps = fu.Steps(run / "committee_floor.jsonl", floor_settings(settings))  # read again: another
-        if all(steps.get(f"member:{args.dataset}:{k}") for k in range(MEMBERS)):  # process may train members
+        steps = fu.Steps(
+            run / "committee_floor.jsonl", floor_settings(settings)
+        )  # read again: another
+        if all(
+            steps.get(f"member:{args.dataset}:{k}") for k in range(MEMBERS)
+        ):  # process may train members
             evaluate(run, settings, steps, args, split, folder)
     if args.members is not None:
         return None  # a partial training command: the summary comes with the command over all runs
-    return summarise_runs(args, runs, "committee_floor", run_summary, write_markdown, offset=args.offset)
+    return summarise_runs(
+        args, runs, "committee_floor", run_summary, write_markdown, offset=args.offset
+    )
 
 
 if __name__ == "__main__":

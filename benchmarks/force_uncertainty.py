@@ -34,9 +34,8 @@ from typing import Any
 
 import ase.io
 import numpy as np
-from scipy import stats
 import torch
-
+from scipy import stats
 from torch_geometric.loader import DataLoader
 
 from mlip_unc import keys
@@ -55,41 +54,79 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DATASETS = ("3bpa", "ethanol", "solvent_xtb")
 MODES = ("energy", "exact", "lowrank", "sampled")
-DISTANCES = ("latent_distance", "descriptor_distance")  # baseline rows: force_magnitude's frames, another score
+DISTANCES = (
+    "latent_distance",
+    "descriptor_distance",
+)  # baseline rows: force_magnitude's frames, another score
 KNN_K = 10  # nearest training atoms / frames of the distance baselines
-ROW_KEYS = ("auroc_ood", "spearman_frame_in_domain", "spearman_frame_pooled", "auroc_sigma_over_force",
-            "partial_spearman_given_force", "std_over_rmse", "cost_ratio", "force_mae_meV_A")  # fmt: skip
+ROW_KEYS = (
+    "auroc_ood",
+    "spearman_frame_in_domain",
+    "spearman_frame_pooled",
+    "auroc_sigma_over_force",
+    "partial_spearman_given_force",
+    "std_over_rmse",
+    "cost_ratio",
+    "force_mae_meV_A",
+)
 SETTINGS = ("quick", "seed", "budget_minutes", "overrides")  # a resumed run must match these
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data")
+    p.add_argument(
+        "--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data"
+    )
     p.add_argument("--datasets", default=",".join(DATASETS))
-    p.add_argument("--budget-minutes", type=float, default=None, help="wall time per model (10; quick: 1/6)")
-    p.add_argument("--default-mode", default="lowrank", help="the mode named 'default' in the results")
-    for flag, default, text in (("--threads", 1, "torch threads"), ("--seed", 0, "seed of weights and split"),
-                                ("--n-samples", 4, "draws of the sampled mode"), ("--timing-frames", 20, "frames timed"),
-                                ("--max-eval-frames", None, "cap each test set (checks only)")):  # fmt: skip
+    p.add_argument(
+        "--budget-minutes", type=float, default=None, help="wall time per model (10; quick: 1/6)"
+    )
+    p.add_argument(
+        "--default-mode", default="lowrank", help="the mode named 'default' in the results"
+    )
+    for flag, default, text in (
+        ("--threads", 1, "torch threads"),
+        ("--seed", 0, "seed of weights and split"),
+        ("--n-samples", 4, "draws of the sampled mode"),
+        ("--timing-frames", 20, "frames timed"),
+        ("--max-eval-frames", None, "cap each test set (checks only)"),
+    ):
         p.add_argument(flag, type=int, default=default, help=text)
-    p.add_argument("--set", dest="overrides", action="append", default=[], help="config override, both models")
-    p.add_argument("--refit", nargs="?", const="all", default=None, metavar="DATASETS",
-                   help="refit the single model's post-training fits (posterior, domain guard, levels) with this code "
-                   "and evaluate its modes again; training steps are kept; optionally only these (comma-separated) "
-                   "of --datasets")  # fmt: skip
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="config override, both models"
+    )
+    p.add_argument(
+        "--refit",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="DATASETS",
+        help="refit the single model's post-training fits (posterior, domain guard, levels) with this code "
+        "and evaluate its modes again; training steps are kept; optionally only these (comma-separated) "
+        "of --datasets",
+    )
     args = parse_with_quick(p, argv, "tiny EMT Cu data made here; needs --out")
-    args.datasets = ["cu_emt"] if args.quick else [d.strip().lower() for d in args.datasets.split(",") if d]
+    args.datasets = (
+        ["cu_emt"] if args.quick else [d.strip().lower() for d in args.datasets.split(",") if d]
+    )
     if bad := [d for d in args.datasets if d not in (*DATASETS, "cu_emt")]:
         p.error(f"unknown dataset(s) {bad}; choose from {DATASETS}")
     args.budget_minutes = args.budget_minutes or (10.0 / 60.0 if args.quick else 10.0)
-    args.refit = (set(args.datasets) if args.refit == "all" else
-                  {d.strip().lower() for d in args.refit.split(",") if d.strip()} if args.refit else set())  # fmt: skip
+    args.refit = (
+        set(args.datasets)
+        if args.refit == "all"
+        else {d.strip().lower() for d in args.refit.split(",") if d.strip()}
+        if args.refit
+        else set()
+    )
     if bad := args.refit - set(args.datasets):
         p.error(f"--refit {sorted(bad)}: not among --datasets {args.datasets}")
     return args
 
 
-def parse_with_quick(p: argparse.ArgumentParser, argv: list[str] | None, quick_help: str) -> argparse.Namespace:
+def parse_with_quick(
+    p: argparse.ArgumentParser, argv: list[str] | None, quick_help: str
+) -> argparse.Namespace:
     """Add ``--quick`` and ``--out``, parse, and resolve ``--out`` and ``--data-root`` (which ``p`` has)
     the same way in this script and in the ones built on it (--quick needs --out)."""
     p.add_argument("--quick", action="store_true", help=quick_help)
@@ -98,7 +135,9 @@ def parse_with_quick(p: argparse.ArgumentParser, argv: list[str] | None, quick_h
     if args.quick and args.out is None:
         p.error("--quick writes to the folder given by --out")
     args.out = args.out or RESULTS
-    args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
+    args.data_root = args.data_root or Path(
+        os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data"
+    )
     return args
 
 
@@ -109,7 +148,11 @@ def _write(frames: list, path: Path) -> Path:
 
 def _molecules(path: Path) -> list:
     """Frames of ``path`` without the one-atom reference frames."""
-    return [a for a in ase.io.read(path, index=":") if len(a) > 1 and a.info.get("config_type") != "IsolatedAtom"]
+    return [
+        a
+        for a in ase.io.read(path, index=":")
+        if len(a) > 1 and a.info.get("config_type") != "IsolatedAtom"
+    ]
 
 
 def dataset_split(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -119,42 +162,83 @@ def dataset_split(name: str, args: argparse.Namespace, work: Path) -> dict[str, 
     test_eth_meth; solvent_xtb: train_50 -> test (one-atom frames dropped), no OOD."""
     s = args.data_root / "structures"
     cfg = REPO / "configs" / f"{name}_equivariant.yaml"
-    split: dict[str, Any] = {"config": cfg, "overrides": [], "energy_key": "energy", "forces_key": "forces"}
+    split: dict[str, Any] = {
+        "config": cfg,
+        "overrides": [],
+        "energy_key": "energy",
+        "forces_key": "forces",
+    }
     if name == "cu_emt":
         from ase.build import bulk
         from ase.calculators.emt import EMT
 
-        frames = [bulk("Cu", "fcc", a=3.6 * (1.04 if k >= 16 else 1.0), cubic=True).repeat((2, 1, 1)) for k in range(22)]
-        for k, atoms in enumerate(frames):  # 16 in-domain (rattle 0.05 A), 6 OOD (0.2 A, 4 % stretched)
+        frames = [
+            bulk("Cu", "fcc", a=3.6 * (1.04 if k >= 16 else 1.0), cubic=True).repeat((2, 1, 1))
+            for k in range(22)
+        ]
+        for k, atoms in enumerate(
+            frames
+        ):  # 16 in-domain (rattle 0.05 A), 6 OOD (0.2 A, 4 % stretched)
             atoms.rattle(0.2 if k >= 16 else 0.05, seed=k)
             atoms.calc = EMT()
             atoms.get_stress()
-        split.update(config=REPO / "configs" / "tiny_emt.yaml", train=_write(frames[:10], work / "train.xyz"),
-                     test=_write(frames[10:16], work / "test.xyz"), ood=_write(frames[16:], work / "ood.xyz"))  # fmt: skip
+        split.update(
+            config=REPO / "configs" / "tiny_emt.yaml",
+            train=_write(frames[:10], work / "train.xyz"),
+            test=_write(frames[10:16], work / "test.xyz"),
+            ood=_write(frames[16:], work / "ood.xyz"),
+        )
     elif name == "3bpa":
         frames = ase.io.read(s / "3BPA" / "train_300K.xyz", index=":")
         saved = RESULTS / "checkpoints" / "3bpa_split.json"
         idx = json.loads(saved.read_text()) if saved.is_file() else {}
-        if idx.get("seed") != args.seed or (len(idx.get("train", [])), len(idx.get("test", []))) != (400, 100):
-            perm = np.random.default_rng(args.seed).permutation(len(frames))  # as benchmarks/potential.py
+        if idx.get("seed") != args.seed or (
+            len(idx.get("train", [])),
+            len(idx.get("test", [])),
+        ) != (400, 100):
+            perm = np.random.default_rng(args.seed).permutation(
+                len(frames)
+            )  # as benchmarks/potential.py
             idx = {"train": sorted(perm[:400].tolist()), "test": sorted(perm[400:500].tolist())}
         seen = {round(a.get_potential_energy(), 6) for a in frames}
-        mixed = [a for a in ase.io.read(s / "3BPA" / "train_mixedT.xyz", index=":")
-                 if round(a.get_potential_energy(), 6) not in seen]  # fmt: skip
-        split.update(train=_write([frames[k] for k in idx["train"]], work / "3bpa_train.xyz"),
-                     test=_write([frames[k] for k in idx["test"]], work / "3bpa_test.xyz"),
-                     ood=_write(mixed, work / "3bpa_ood.xyz"))  # fmt: skip
+        mixed = [
+            a
+            for a in ase.io.read(s / "3BPA" / "train_mixedT.xyz", index=":")
+            if round(a.get_potential_energy(), 6) not in seen
+        ]
+        split.update(
+            train=_write([frames[k] for k in idx["train"]], work / "3bpa_train.xyz"),
+            test=_write([frames[k] for k in idx["test"]], work / "3bpa_test.xyz"),
+            ood=_write(mixed, work / "3bpa_ood.xyz"),
+        )
     elif name == "ethanol":
-        methanol = [a for a in _molecules(s / "ethanol" / "test_eth_meth.xyz") if a.info.get("config_type") == "methanol"]
-        split.update(train=s / "ethanol" / "train.xyz", test=s / "ethanol" / "test_MD.xyz",
-                     ood=_write(methanol, work / "methanol.xyz"))  # fmt: skip
+        methanol = [
+            a
+            for a in _molecules(s / "ethanol" / "test_eth_meth.xyz")
+            if a.info.get("config_type") == "methanol"
+        ]
+        split.update(
+            train=s / "ethanol" / "train.xyz",
+            test=s / "ethanol" / "test_MD.xyz",
+            ood=_write(methanol, work / "methanol.xyz"),
+        )
     else:  # solvent_xtb: configs/solvent_xtb_equivariant.yaml; without it, the 3BPA architecture on its files
         root = s / "solvent_xtb"
         if not cfg.is_file():
             cfg = REPO / "configs" / "3bpa_equivariant.yaml"
-            split["overrides"] = ["data.isolated_atoms=null", "data.energy_key=energy_xtb", "data.forces_key=forces_xtb"]
-        split.update(config=cfg, train=root / "solvent_xtb_train_50.xyz", ood=None, energy_key="energy_xtb",
-                     forces_key="forces_xtb", test=_write(_molecules(root / "solvent_xtb_test.xyz"), work / "solv.xyz"))  # fmt: skip
+            split["overrides"] = [
+                "data.isolated_atoms=null",
+                "data.energy_key=energy_xtb",
+                "data.forces_key=forces_xtb",
+            ]
+        split.update(
+            config=cfg,
+            train=root / "solvent_xtb_train_50.xyz",
+            ood=None,
+            energy_key="energy_xtb",
+            forces_key="forces_xtb",
+            test=_write(_molecules(root / "solvent_xtb_test.xyz"), work / "solv.xyz"),
+        )
     return split
 
 
@@ -165,13 +249,20 @@ class Steps:
         self.path, lines = path, (path.read_text().splitlines() if path.is_file() else [])
         parsed = [json.loads(x) for x in lines if x.strip()]
         self.records = {r["step"]: {**r, "line": k} for k, r in enumerate(parsed)}
-        self.commands = list(dict.fromkeys(r["command"] for r in parsed if r["step"] == "settings"
-                                           or r["step"].startswith("invocation:")))  # every command, in file order
+        self.commands = list(
+            dict.fromkeys(
+                r["command"]
+                for r in parsed
+                if r["step"] == "settings" or r["step"].startswith("invocation:")
+            )
+        )  # every command, in file order
         self.lines = len(parsed)  # records in the file; the next one gets this "line"
         self.get = self.records.get  # step -> its record, or None
         old = self.records.get("settings")
         if old is not None and {k: old[k] for k in SETTINGS} != {k: settings[k] for k in SETTINGS}:
-            raise SystemExit(f"{path} was made with {old}; use another --out or delete it to start over")
+            raise SystemExit(
+                f"{path} was made with {old}; use another --out or delete it to start over"
+            )
         if old is None:
             self.add("settings", settings)
             self.commands.append(settings["command"])
@@ -183,10 +274,15 @@ class Steps:
             self.commands.append(command)
 
     def add(self, step: str, record: dict[str, Any]) -> None:
-        self.records[step] = _clean({"step": step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), **record})
+        self.records[step] = _clean(
+            {"step": step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), **record}
+        )
         with self.path.open("a") as handle:
             handle.write(json.dumps(self.records[step]) + "\n")
-        self.records[step]["line"], self.lines = self.lines, self.lines + 1  # order in the file: later = newer
+        self.records[step]["line"], self.lines = (
+            self.lines,
+            self.lines + 1,
+        )  # order in the file: later = newer
 
 
 def _clean(value: Any) -> Any:
@@ -200,7 +296,9 @@ def _clean(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def train(name: str, split: dict[str, Any], args: argparse.Namespace, steps: Steps, ensemble: int) -> Path:
+def train(
+    name: str, split: dict[str, Any], args: argparse.Namespace, steps: Steps, ensemble: int
+) -> Path:
     """Train the single model (``ensemble=1``) or the MAP committee once; the step records it."""
     tag = "single" if ensemble == 1 else f"committee{ensemble}"
     out = args.out / "checkpoints" / "force_uncertainty" / f"{name}_{tag}"
@@ -214,57 +312,103 @@ def train(name: str, split: dict[str, Any], args: argparse.Namespace, steps: Ste
     return out
 
 
-def train_config(split: dict[str, Any], args: argparse.Namespace, out: Path, ensemble: int) -> PotentialConfig:
+def train_config(
+    split: dict[str, Any], args: argparse.Namespace, out: Path, ensemble: int
+) -> PotentialConfig:
     """The config a model of this benchmark is trained with (the committee: ``ensemble`` MAP members)."""
-    overrides = [f"data_root={args.data_root}", f"data.train={split['train']}", "data.test=null", f"out={out}",
-                 f"seed={args.seed}", f"train.max_minutes={args.budget_minutes}", "train.progress=false",
-                 "train.resume=false", *split["overrides"], *args.overrides]  # fmt: skip
+    overrides = [
+        f"data_root={args.data_root}",
+        f"data.train={split['train']}",
+        "data.test=null",
+        f"out={out}",
+        f"seed={args.seed}",
+        f"train.max_minutes={args.budget_minutes}",
+        "train.progress=false",
+        "train.resume=false",
+        *split["overrides"],
+        *args.overrides,
+    ]
     if ensemble > 1:
         overrides += [f"train.ensemble={ensemble}", "model.head=map"]
     return load_potential_config(split["config"], overrides)
 
 
-def refit(name: str, split: dict[str, Any], args: argparse.Namespace, steps: Steps, out: Path) -> None:
+def refit(
+    name: str, split: dict[str, Any], args: argparse.Namespace, steps: Steps, out: Path
+) -> None:
     """``--refit``: the single model's post-training fits made again by this code (the weights are
     kept; the model section must equal the checkpoint's but for the posterior's rank and basis);
     its mode rows are then evaluated again."""
     config = train_config(split, args, out, 1)
-    saved = load_checkpoint(out / "model.pt", kind="potential")["metadata"]["training_config"]["model"]
+    saved = load_checkpoint(out / "model.pt", kind="potential")["metadata"]["training_config"][
+        "model"
+    ]
     post_training = ("posterior_rank", "posterior_basis")  # read by the fits this refit makes again
-    default = type(config.model)().model_dump(mode="json")  # keys added since training count at their defaults
-    now = {k: v for k, v in config.to_dict()["model"].items()
-           if k not in post_training and (k in saved or v != default.get(k))}  # fmt: skip
+    default = type(config.model)().model_dump(
+        mode="json"
+    )  # keys added since training count at their defaults
+    now = {
+        k: v
+        for k, v in config.to_dict()["model"].items()
+        if k not in post_training and (k in saved or v != default.get(k))
+    }
     if now != {k: v for k, v in saved.items() if k not in post_training}:
-        raise SystemExit(f"{name}: the model section changed since training ({saved} -> {now}); not refitted")
+        raise SystemExit(
+            f"{name}: the model section changed since training ({saved} -> {now}); not refitted"
+        )
     finalize_checkpoint(out / "model.pt", config, prepare_data(config))
     steps.add(f"refit:{name}", {"model": str(out / "model.pt")})
     log.info("[refit] %s: posterior, guard and levels fitted again", name)
 
 
-def load_frames(path: Path | None, model: Any, split: dict[str, Any], limit: int | None) -> StructureDataset | None:
+def load_frames(
+    path: Path | None, model: Any, split: dict[str, Any], limit: int | None
+) -> StructureDataset | None:
     m = model.members[0] if hasattr(model, "members") else model
-    return None if path is None else StructureDataset.from_files(
-        path, m.r_max, TypeMap.from_list(m.type_map), index=f":{limit or ''}", energy_key=split["energy_key"],
-        forces_key=split["forces_key"], dtype=m.dtype)  # fmt: skip
+    return (
+        None
+        if path is None
+        else StructureDataset.from_files(
+            path,
+            m.r_max,
+            TypeMap.from_list(m.type_map),
+            index=f":{limit or ''}",
+            energy_key=split["energy_key"],
+            forces_key=split["forces_key"],
+            dtype=m.dtype,
+        )
+    )
 
 
-def frame_values(model: Any, data: StructureDataset, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+def frame_values(
+    model: Any, data: StructureDataset, mode: str, args: argparse.Namespace
+) -> dict[str, Any]:
     """Per-frame score, error and max |F_pred|; std/RMSE (per component) and force MAE."""
     unc = {"force_magnitude": "none", "committee5": "exact"}.get(mode, mode)
-    return prediction_values(predict(model, data, uncertainty=unc, n_samples=args.n_samples, batch_size=8,
-                                     seed=args.seed), mode)  # fmt: skip
+    return prediction_values(
+        predict(
+            model, data, uncertainty=unc, n_samples=args.n_samples, batch_size=8, seed=args.seed
+        ),
+        mode,
+    )
 
 
 def prediction_values(pred: Any, mode: str) -> dict[str, Any]:
     """:func:`frame_values` of predictions already made (``mode``: the row, which picks the score)."""
     table = frame_table(pred)
-    score = {"force_magnitude": "forces_pred_max_norm", "energy": "energy_epistemic_std"}.get(mode, "forces_max_std")
+    score = {"force_magnitude": "forces_pred_max_norm", "energy": "energy_epistemic_std"}.get(
+        mode, "forces_max_std"
+    )
     err, var = pred.forces_pred - pred.forces_true, pred.forces_epistemic_var  # (n_atoms, 3) each
     return {
-        "score": table[score], "error": table["forces_mean_error"], "force": table["forces_pred_max_norm"],
-        "std_over_rmse": None if var is None or mode == "force_magnitude" else diag.std_over_rmse(var, err),
+        "score": table[score],
+        "error": table["forces_mean_error"],
+        "force": table["forces_pred_max_norm"],
+        "std_over_rmse": None
+        if var is None or mode == "force_magnitude"
+        else diag.std_over_rmse(var, err),
         "force_mae_meV_A": 1e3 * float(np.mean(np.abs(err))),
-    }  # fmt: skip
+    }
 
 
 @torch.no_grad()
@@ -282,12 +426,21 @@ def node_latents(model: Any, data: StructureDataset) -> tuple[torch.Tensor, np.n
 
 def descriptors(data: StructureDataset) -> np.ndarray:
     """Interatomic-distance histogram of each frame (n_frames, bins; periodic images counted)."""
-    return density.structure_descriptor([ase.Atoms(positions=g[keys.POSITIONS].double().numpy(), cell=(
-        g[keys.CELL].reshape(3, 3).double().numpy() if keys.CELL in g else None), pbc=(
-        g[keys.PBC].reshape(3).numpy() if keys.PBC in g else False)) for g in data.graphs])  # fmt: skip
+    return density.structure_descriptor(
+        [
+            ase.Atoms(
+                positions=g[keys.POSITIONS].double().numpy(),
+                cell=(g[keys.CELL].reshape(3, 3).double().numpy() if keys.CELL in g else None),
+                pbc=(g[keys.PBC].reshape(3).numpy() if keys.PBC in g else False),
+            )
+            for g in data.graphs
+        ]
+    )
 
 
-def distance_scores(model: Any, train: StructureDataset, sets: dict[str, StructureDataset]) -> dict[str, Any]:
+def distance_scores(
+    model: Any, train: StructureDataset, sets: dict[str, StructureDataset]
+) -> dict[str, Any]:
     """Frame scores from the distance to the training set (every frame of ``data.train``):
     latent_distance = max over atoms of the mean distance to the KNN_K nearest training atoms of
     the same element in the single model's per-atom latents (standardised per element);
@@ -302,15 +455,24 @@ def distance_scores(model: Any, train: StructureDataset, sets: dict[str, Structu
         out["latent_distance"][part] = np.full(len(data), -np.inf)
         np.maximum.at(out["latent_distance"][part], frame, atom)
         out["descriptor_distance"][part] = density.descriptor_knn_distance(
-            descriptors(data), d_train, k=min(KNN_K, len(d_train)))  # fmt: skip
+            descriptors(data), d_train, k=min(KNN_K, len(d_train))
+        )
     return out
 
 
-def row_metrics(ind: dict[str, Any], ood: dict[str, Any] | None, cost_ratio: float | None) -> dict[str, Any]:
+def row_metrics(
+    ind: dict[str, Any], ood: dict[str, Any] | None, cost_ratio: float | None
+) -> dict[str, Any]:
     """One result row (ROW_KEYS) from in-domain and OOD frame values (None: no OOD set)."""
-    args = [ind[k] for k in ("score", "error", "force")] + ([ood[k] for k in ("score", "error", "force")] if ood else [])
-    row = {**diag.frame_ranking(*args), "std_over_rmse": ind["std_over_rmse"], "cost_ratio": cost_ratio,
-           "force_mae_meV_A": ind["force_mae_meV_A"]}  # fmt: skip
+    args = [ind[k] for k in ("score", "error", "force")] + (
+        [ood[k] for k in ("score", "error", "force")] if ood else []
+    )
+    row = {
+        **diag.frame_ranking(*args),
+        "std_over_rmse": ind["std_over_rmse"],
+        "cost_ratio": cost_ratio,
+        "force_mae_meV_A": ind["force_mae_meV_A"],
+    }
     return _clean({k: row[k] for k in ROW_KEYS})
 
 
@@ -323,8 +485,9 @@ def _row_rank_corr(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return (rx * ry).sum(1) / np.sqrt((rx**2).sum(1) * (ry**2).sum(1))
 
 
-def paired_gap(single: dict[str, Any], committee: dict[str, Any], *, resamples: int = 1000,
-               seed: int = 0) -> dict[str, dict[str, float]]:
+def paired_gap(
+    single: dict[str, Any], committee: dict[str, Any], *, resamples: int = 1000, seed: int = 0
+) -> dict[str, dict[str, float]]:
     """How far the single model's in-domain Spearmans sit from the committee's, with the frames' noise.
 
     Both rows are resampled with the same frame indices (paired bootstrap over the in-domain frames;
@@ -333,28 +496,45 @@ def paired_gap(single: dict[str, Any], committee: dict[str, Any], *, resamples: 
     slack of that key). The resamples are ranked all at once (one matrix per row and quantity).
     """
     rng = np.random.default_rng(seed)
-    rows = [{k: np.asarray(v[k], float) for k in ("score", "error", "force")} for v in (single, committee)]
-    draws = rng.integers(0, rows[0]["score"].size, (resamples, rows[0]["score"].size))  # (resamples, n)
-    full = [(diag.spearman(v["score"], v["error"]), diag.partial_spearman(v["score"], v["error"], v["force"]))
-            for v in rows]  # fmt: skip
+    rows = [
+        {k: np.asarray(v[k], float) for k in ("score", "error", "force")}
+        for v in (single, committee)
+    ]
+    draws = rng.integers(
+        0, rows[0]["score"].size, (resamples, rows[0]["score"].size)
+    )  # (resamples, n)
+    full = [
+        (
+            diag.spearman(v["score"], v["error"]),
+            diag.partial_spearman(v["score"], v["error"], v["force"]),
+        )
+        for v in rows
+    ]
     boot = []
     for v in rows:
         s, e, f = (v[k][draws] for k in ("score", "error", "force"))  # (resamples, n) each
         r_se, r_sf, r_ef = _row_rank_corr(s, e), _row_rank_corr(s, f), _row_rank_corr(e, f)
         denom = (1.0 - r_sf**2) * (1.0 - r_ef**2)
         with np.errstate(invalid="ignore", divide="ignore"):
-            partial = np.where(denom > 1e-12, np.clip((r_se - r_sf * r_ef) / np.sqrt(denom), -1.0, 1.0), np.nan)
+            partial = np.where(
+                denom > 1e-12, np.clip((r_se - r_sf * r_ef) / np.sqrt(denom), -1.0, 1.0), np.nan
+            )
         boot.append((r_se, partial))
     out = {}
     for j, key in enumerate(("spearman_frame_in_domain", "partial_spearman_given_force")):
         gaps = boot[0][j] - boot[1][j]
         gaps = gaps[np.isfinite(gaps)]
-        out[key] = {"gap": float(full[0][j] - full[1][j]), "std": float(gaps.std()),
-                    "p_within_slack": float(np.mean(gaps >= -TARGETS[key][0]))}  # fmt: skip
+        out[key] = {
+            "gap": float(full[0][j] - full[1][j]),
+            "std": float(gaps.std()),
+            "p_within_slack": float(np.mean(gaps >= -TARGETS[key][0])),
+        }
     return out
 
 
-def offered_modes(model: Any, graph: Any, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+def offered_modes(
+    model: Any, graph: Any, args: argparse.Namespace
+) -> tuple[list[str], dict[str, str]]:
     """Modes the model runs on one frame, and why the others were skipped."""
     ok, skipped = [], {}
     for mode in MODES:
@@ -373,7 +553,9 @@ def time_calls(calls: dict[str, Any], graphs: list, repeats: int = 3) -> dict[st
     times: dict[str, list[float]] = {name: [] for name in calls}
     for graph in graphs:
         for name, call in calls.items():
-            times[name].append(1e3 * min(timeit.repeat(lambda: call(graph), number=1, repeat=repeats)))  # noqa: B023
+            times[name].append(
+                1e3 * min(timeit.repeat(lambda: call(graph), number=1, repeat=repeats))
+            )  # noqa: B023
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -388,14 +570,23 @@ def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -
     ood = load_frames(split["ood"], single, split, args.max_eval_frames)
     modes, skipped = offered_modes(single, test.graphs[0], args)
     if not steps.get(f"modes:{name}"):
-        steps.add(f"modes:{name}", {"offered": modes, "skipped": skipped, "n_test": len(test), "n_ood": len(ood or [])})
+        steps.add(
+            f"modes:{name}",
+            {"offered": modes, "skipped": skipped, "n_test": len(test), "n_ood": len(ood or [])},
+        )
     refitted = (steps.get(f"refit:{name}") or {}).get("line", -1)
     sets, distances = {p: d for p, d in (("in", test), ("ood", ood)) if d is not None}, None
     for row in [*modes, "committee5", "force_magnitude", *DISTANCES]:
-        if (done := steps.get(f"eval:{name}:{row}")) and not (row in modes and done["line"] < refitted):
+        if (done := steps.get(f"eval:{name}:{row}")) and not (
+            row in modes and done["line"] < refitted
+        ):
             continue
-        if row in DISTANCES:  # the single model's errors and |F_pred| (force_magnitude's record), another score
-            distances = distances or distance_scores(single, load_frames(split["train"], single, split, None), sets)
+        if (
+            row in DISTANCES
+        ):  # the single model's errors and |F_pred| (force_magnitude's record), another score
+            distances = distances or distance_scores(
+                single, load_frames(split["train"], single, split, None), sets
+            )
             plain = steps.get(f"eval:{name}:force_magnitude")
             record = {part: {**plain[part], "score": distances[row][part]} for part in sets}
         else:
@@ -403,47 +594,85 @@ def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -
             record = {part: frame_values(model, data, row, args) for part, data in sets.items()}
         steps.add(f"eval:{name}:{row}", record)
         log.info("[eval] %s %s done", name, row)
-    if (timed := steps.get(f"cost:{name}")) is None or timed["line"] < refitted:  # a refit may change the modes' cost
+    if (timed := steps.get(f"cost:{name}")) is None or timed[
+        "line"
+    ] < refitted:  # a refit may change the modes' cost
         gen = torch.Generator().manual_seed(args.seed)
-        calls = {m: (lambda g, m=m: single(g, compute_forces=True, uncertainty=m, n_samples=args.n_samples,
-                                            generator=gen)) for m in ("none", *modes)}  # fmt: skip
+        calls = {
+            m: (
+                lambda g, m=m: single(
+                    g, compute_forces=True, uncertainty=m, n_samples=args.n_samples, generator=gen
+                )
+            )
+            for m in ("none", *modes)
+        }
         calls["committee5"] = lambda g: committee(g, compute_forces=True, uncertainty="exact")
         graphs = test.graphs[: args.timing_frames]
         ms = {"plain" if k == "none" else k: v for k, v in time_calls(calls, graphs).items()}
-        steps.add(f"cost:{name}", {"ms": ms, "n_frames": len(graphs), "atoms": [int(g.num_atoms) for g in graphs]})
+        steps.add(
+            f"cost:{name}",
+            {"ms": ms, "n_frames": len(graphs), "atoms": [int(g.num_atoms) for g in graphs]},
+        )
 
 
 def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
     """The results JSON: ``{"meta": ..., dataset: {"default": name, name: row}}``."""
     settings = steps.get("settings") or {}
     meta = {k: settings.get(k) for k in ("command", "started", *SETTINGS, "threads", "data_root")}
-    meta.update(status=status, updated=time.strftime("%Y-%m-%d %H:%M"), default_mode=args.default_mode,
-                committee_budget_minutes_per_member=args.budget_minutes, skipped={}, train_minutes={},
-                cost_ms={}, notes=[], refitted={}, commands=steps.commands)  # fmt: skip
+    meta.update(
+        status=status,
+        updated=time.strftime("%Y-%m-%d %H:%M"),
+        default_mode=args.default_mode,
+        committee_budget_minutes_per_member=args.budget_minutes,
+        skipped={},
+        train_minutes={},
+        cost_ms={},
+        notes=[],
+        refitted={},
+        commands=steps.commands,
+    )
     results: dict[str, Any] = {"meta": meta}
     for name in args.datasets:
         cost = (steps.get(f"cost:{name}") or {}).get("ms") or {}
-        ratio = {**{k: v / cost["plain"] for k, v in cost.items()}, "force_magnitude": 1.0}  # plain E+F = 1
-        rows = {step.split(":", 2)[2]: row_metrics(rec["in"], rec.get("ood"), ratio.get(step.split(":", 2)[2]))
-                for step, rec in steps.records.items() if step.startswith(f"eval:{name}:")}  # fmt: skip
+        ratio = {
+            **{k: v / cost["plain"] for k, v in cost.items()},
+            "force_magnitude": 1.0,
+        }  # plain E+F = 1
+        rows = {
+            step.split(":", 2)[2]: row_metrics(
+                rec["in"], rec.get("ood"), ratio.get(step.split(":", 2)[2])
+            )
+            for step, rec in steps.records.items()
+            if step.startswith(f"eval:{name}:")
+        }
         if not rows:
             continue
-        default = next((m for m in (args.default_mode, "exact", "sampled", "energy") if m in rows), "committee5")
+        default = next(
+            (m for m in (args.default_mode, "exact", "sampled", "energy") if m in rows),
+            "committee5",
+        )
         if default != args.default_mode:
-            meta["notes"].append(f"{name}: default mode {args.default_mode!r} not offered; {default!r} reported as default")
+            meta["notes"].append(
+                f"{name}: default mode {args.default_mode!r} not offered; {default!r} reported as default"
+            )
         results[name] = {"default": default, **rows}
         meta["skipped"][name] = (steps.get(f"modes:{name}") or {}).get("skipped", {})
-        meta["train_minutes"][name] = {t: steps.get(f"train:{name}:{t}")["train_minutes"] for t in ("single", "committee5")}
+        meta["train_minutes"][name] = {
+            t: steps.get(f"train:{name}:{t}")["train_minutes"] for t in ("single", "committee5")
+        }
         meta["cost_ms"][name] = cost or None
         if refitted := steps.get(f"refit:{name}"):
             meta["refitted"][name] = refitted["time"]
         single_in, committee_in = (steps.get(f"eval:{name}:{r}") for r in (default, "committee5"))
         if single_in and committee_in and default != "committee5":
-            meta.setdefault("paired_bootstrap", {})[name] = paired_gap(single_in["in"], committee_in["in"],
-                                                                       seed=args.seed)  # fmt: skip
+            meta.setdefault("paired_bootstrap", {})[name] = paired_gap(
+                single_in["in"], committee_in["in"], seed=args.seed
+            )
         single = args.out / "checkpoints" / "force_uncertainty" / f"{name}_single" / "model.pt"
         if single.is_file():  # the single model's posterior as evaluated: full or not, rank, basis
-            meta.setdefault("posterior", {})[name] = load_checkpoint(single, kind="potential")["config"].get("posterior")
+            meta.setdefault("posterior", {})[name] = load_checkpoint(single, kind="potential")[
+                "config"
+            ].get("posterior")
     return results
 
 
@@ -463,9 +692,12 @@ def _f3(value: Any) -> str:
 
 
 TARGETS = {  # issue 11, default row: key -> (slack below committee5, lowest, highest)
-    "spearman_frame_in_domain": (0.05, None, None), "partial_spearman_given_force": (0.05, 0.3, None),
-    "auroc_ood": (0.03, None, None), "std_over_rmse": (None, 0.5, 2.0), "cost_ratio": (None, None, 2.0),
-}  # fmt: skip
+    "spearman_frame_in_domain": (0.05, None, None),
+    "partial_spearman_given_force": (0.05, 0.3, None),
+    "auroc_ood": (0.03, None, None),
+    "std_over_rmse": (None, 0.5, 2.0),
+    "cost_ratio": (None, None, 2.0),
+}
 
 
 def target_bounds(key: str, committee_value: float | None) -> tuple[float | None, float | None]:
@@ -482,7 +714,13 @@ def acceptance(entry: dict[str, Any]) -> list[str]:
     out = []
     for key in TARGETS:
         (low, high), v = target_bounds(key, c.get(key)), d.get(key)
-        miss = None if v is None else max(0.0, low - v if low is not None else 0.0, v - high if high is not None else 0.0)
+        miss = (
+            None
+            if v is None
+            else max(
+                0.0, low - v if low is not None else 0.0, v - high if high is not None else 0.0
+            )
+        )
         result = "n/a" if miss is None else f"missed by {miss:.2g}" if miss > 0 else "met"
         out.append(f"- {key} = {_f3(v)}, target [{_f3(low)}, {_f3(high)}]: {result}")
     return out
@@ -492,50 +730,100 @@ def gap_lines(gaps: dict[str, dict[str, float]] | None) -> list[str]:
     """The paired bootstrap of the Spearman gaps (paired_gap) as markdown lines."""
     if not gaps:
         return []
-    return ["", "Default - committee5 on the same in-domain frames, paired bootstrap (1000 resamples of the frames):",
-            *(f"- {k}: gap {g['gap']:+.3f}, bootstrap std {g['std']:.3f}; resamples within the slack "
-              f"(gap >= -{TARGETS[k][0]:g}): {100 * g['p_within_slack']:.0f} %" for k, g in gaps.items())]  # fmt: skip
+    return [
+        "",
+        "Default - committee5 on the same in-domain frames, paired bootstrap (1000 resamples of the frames):",
+        *(
+            f"- {k}: gap {g['gap']:+.3f}, bootstrap std {g['std']:.3f}; resamples within the slack "
+            f"(gap >= -{TARGETS[k][0]:g}): {100 * g['p_within_slack']:.0f} %"
+            for k, g in gaps.items()
+        ),
+    ]
 
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     meta = results["meta"]
     commands = meta.get("commands") or [meta["command"]]
-    lines = ["# Force uncertainty: modes vs a committee vs |F_pred|", "",
-             *([f"Command: `{commands[0]}`", ""] if len(commands) == 1 else [
-               ("Commands, in the order they ran (the step files of separate `--out` folders were appended to this "
-                "one and their checkpoints copied under it before the later commands):"), "", "```bash", *commands,
-               "```", ""]),
-             (f"Seed {meta['seed']}; {meta['threads']} torch thread(s); {meta['budget_minutes']:g} min per model and "
-             f"per committee member (wall time, shared CPU); started {meta['started']}, updated {meta['updated']}; "
-             f"status: {meta['status']}."), "",
-             ("Frame score = max over atoms of the force std sqrt(sum_c Var F_ac) (energy mode: the epistemic energy "
-             "std; force_magnitude: max over atoms of |F_pred|; latent_distance: max over atoms of the mean distance "
-             f"to the {KNN_K} nearest training atoms of the same element in the single model's per-atom latents, "
-             f"standardised per element; descriptor_distance: mean distance to the {KNN_K} nearest training frames in "
-             "an interatomic-distance histogram; training = every frame of data.train; the baselines are not timed "
-             "but |F_pred| = plain E+F); frame error = mean over atoms of |F_pred - F_true|. "
-             "auroc_ood: in-domain (0) vs OOD (1) frames by the score; auroc_sigma_over_force: the same with score / "
-             "max |F_pred|; partial_spearman_given_force: in-domain score vs error with the frame max |F_pred| "
-             "partialled out (ranks); std_over_rmse: sqrt(mean epistemic Var F) / RMSE per component, in-domain; "
-             "cost_ratio: median over frames of the best of 3 single-frame calls / plain E+F, interleaved "
-             "(committee5 = 5 members); force MAE per component, in-domain."), ""]  # fmt: skip
+    lines = [
+        "# Force uncertainty: modes vs a committee vs |F_pred|",
+        "",
+        *(
+            [f"Command: `{commands[0]}`", ""]
+            if len(commands) == 1
+            else [
+                (
+                    "Commands, in the order they ran (the step files of separate `--out` folders were appended to this "
+                    "one and their checkpoints copied under it before the later commands):"
+                ),
+                "",
+                "```bash",
+                *commands,
+                "```",
+                "",
+            ]
+        ),
+        (
+            f"Seed {meta['seed']}; {meta['threads']} torch thread(s); {meta['budget_minutes']:g} min per model and "
+            f"per committee member (wall time, shared CPU); started {meta['started']}, updated {meta['updated']}; "
+            f"status: {meta['status']}."
+        ),
+        "",
+        (
+            "Frame score = max over atoms of the force std sqrt(sum_c Var F_ac) (energy mode: the epistemic energy "
+            "std; force_magnitude: max over atoms of |F_pred|; latent_distance: max over atoms of the mean distance "
+            f"to the {KNN_K} nearest training atoms of the same element in the single model's per-atom latents, "
+            f"standardised per element; descriptor_distance: mean distance to the {KNN_K} nearest training frames in "
+            "an interatomic-distance histogram; training = every frame of data.train; the baselines are not timed "
+            "but |F_pred| = plain E+F); frame error = mean over atoms of |F_pred - F_true|. "
+            "auroc_ood: in-domain (0) vs OOD (1) frames by the score; auroc_sigma_over_force: the same with score / "
+            "max |F_pred|; partial_spearman_given_force: in-domain score vs error with the frame max |F_pred| "
+            "partialled out (ranks); std_over_rmse: sqrt(mean epistemic Var F) / RMSE per component, in-domain; "
+            "cost_ratio: median over frames of the best of 3 single-frame calls / plain E+F, interleaved "
+            "(committee5 = 5 members); force MAE per component, in-domain."
+        ),
+        "",
+    ]
     for name, entry in ((n, e) for n, e in results.items() if n != "meta"):
         cost = meta["cost_ms"].get(name) or {}
-        lines += [f"## {name} (default: {entry['default']})", "",
-                  "| row | " + " | ".join(ROW_KEYS) + " |", "|---" * (len(ROW_KEYS) + 1) + "|"]  # fmt: skip
-        lines += [f"| {row} | " + " | ".join(_f(r[k]) for k in ROW_KEYS) + " |"
-                  for row, r in entry.items() if row != "default"]  # fmt: skip
-        lines += ["", (f"Plain E+F: {_f(cost.get('plain'))} ms per frame (this set's in-domain frames); skipped "
-                  f"modes: {meta['skipped'].get(name) or 'none'}; training minutes: {meta['train_minutes'].get(name)}."),
-                  *([f"Single model's posterior: {_posterior_text(post)}."]
-                    if (post := meta.get("posterior", {}).get(name)) else []),
-                  *(["", f"The single model's posterior, domain guard and levels were fitted again (`--refit`) on "
-                     f"{meta['refitted'][name]}, by the code of that day; its mode rows were evaluated after that, "
-                     "and every row's cost was timed again (interleaved). Training and committee steps are from the "
-                     "first run."]
-                    if meta.get("refitted", {}).get(name) else []),  # fmt: skip
-                  "", f"Acceptance of the default row ({entry['default']}; committee5 - slack, issue 11):",
-                  *acceptance(entry), *gap_lines(meta.get("paired_bootstrap", {}).get(name)), ""]  # fmt: skip
+        lines += [
+            f"## {name} (default: {entry['default']})",
+            "",
+            "| row | " + " | ".join(ROW_KEYS) + " |",
+            "|---" * (len(ROW_KEYS) + 1) + "|",
+        ]
+        lines += [
+            f"| {row} | " + " | ".join(_f(r[k]) for k in ROW_KEYS) + " |"
+            for row, r in entry.items()
+            if row != "default"
+        ]
+        lines += [
+            "",
+            (
+                f"Plain E+F: {_f(cost.get('plain'))} ms per frame (this set's in-domain frames); skipped "
+                f"modes: {meta['skipped'].get(name) or 'none'}; training minutes: {meta['train_minutes'].get(name)}."
+            ),
+            *(
+                [f"Single model's posterior: {_posterior_text(post)}."]
+                if (post := meta.get("posterior", {}).get(name))
+                else []
+            ),
+            *(
+                [
+                    "",
+                    f"The single model's posterior, domain guard and levels were fitted again (`--refit`) on "
+                    f"{meta['refitted'][name]}, by the code of that day; its mode rows were evaluated after that, "
+                    "and every row's cost was timed again (interleaved). Training and committee steps are from the "
+                    "first run.",
+                ]
+                if meta.get("refitted", {}).get(name)
+                else []
+            ),
+            "",
+            f"Acceptance of the default row ({entry['default']}; committee5 - slack, issue 11):",
+            *acceptance(entry),
+            *gap_lines(meta.get("paired_bootstrap", {}).get(name)),
+            "",
+        ]
     lines += [f"Note: {n}" for n in meta["notes"]]
     path.write_text("\n".join(lines) + "\n")
 
@@ -552,18 +840,38 @@ def plot(steps: Steps, results: dict[str, Any], path: Path) -> None:
         return
     columns = max(len(results[n]) - 1 for n in names)
     with plt.rc_context({"font.size": 7}):
-        fig, axes = plt.subplots(len(names), columns, figsize=(2.6 * columns, 2.4 * len(names)), squeeze=False)
+        fig, axes = plt.subplots(
+            len(names), columns, figsize=(2.6 * columns, 2.4 * len(names)), squeeze=False
+        )
         for i, name in enumerate(names):
             for j, row in enumerate(r for r in results[name] if r != "default"):
                 ax, record = axes[i, j], steps.get(f"eval:{name}:{row}")
                 for part, colour in (("in", "tab:blue"), ("ood", "tab:orange")):
                     if record.get(part):
-                        x, y = (np.asarray(record[part][k], dtype=float) for k in ("score", "error"))
-                        ax.scatter(x, y, s=4, alpha=0.6, color=colour, label="in-domain" if part == "in" else "OOD")
-                ax.set(xscale="log", yscale="log", title=f"{name}: {row}", xlabel="frame score", ylabel="mean |F err| (eV/A)")
+                        x, y = (
+                            np.asarray(record[part][k], dtype=float) for k in ("score", "error")
+                        )
+                        ax.scatter(
+                            x,
+                            y,
+                            s=4,
+                            alpha=0.6,
+                            color=colour,
+                            label="in-domain" if part == "in" else "OOD",
+                        )
+                ax.set(
+                    xscale="log",
+                    yscale="log",
+                    title=f"{name}: {row}",
+                    xlabel="frame score",
+                    ylabel="mean |F err| (eV/A)",
+                )
                 for axis in (ax.xaxis, ax.yaxis):  # labels at 1, 2, 5 x 10^k only
-                    axis.set(major_locator=LogLocator(subs=(1, 2, 5)), major_formatter=FormatStrFormatter("%.2g"),
-                             minor_formatter=NullFormatter())  # fmt: skip
+                    axis.set(
+                        major_locator=LogLocator(subs=(1, 2, 5)),
+                        major_formatter=FormatStrFormatter("%.2g"),
+                        minor_formatter=NullFormatter(),
+                    )
             for j in range(len(results[name]) - 1, columns):
                 axes[i, j].axis("off")
         axes[0, 0].legend(fontsize=6)
@@ -587,10 +895,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["python", "benchmarks/force_uncertainty.py", *(sys.argv[1:] if argv is None else argv)])
-    settings = {"command": command, "started": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick,
-                "seed": args.seed, "budget_minutes": args.budget_minutes, "overrides": args.overrides,
-                "threads": args.threads, "data_root": None if args.quick else str(args.data_root)}  # fmt: skip
+    command = shlex.join(
+        ["python", "benchmarks/force_uncertainty.py", *(sys.argv[1:] if argv is None else argv)]
+    )
+    settings = {
+        "command": command,
+        "started": time.strftime("%Y-%m-%d %H:%M"),
+        "quick": args.quick,
+        "seed": args.seed,
+        "budget_minutes": args.budget_minutes,
+        "overrides": args.overrides,
+        "threads": args.threads,
+        "data_root": None if args.quick else str(args.data_root),
+    }
     steps = Steps(args.out / "force_uncertainty.jsonl", settings)
     steps.note_command(command)
     with tempfile.TemporaryDirectory(prefix="mlip_unc_fu_") as work:

@@ -45,9 +45,11 @@ def main(argv: list[str] | None = None) -> dict:
     task.model.load_state_dict(trained.state_dict())
     task.model.train()
     generator = torch.Generator().manual_seed(0)
-    loader = DataLoader(data.train.graphs, batch_size=config.train.batch_size, shuffle=True, generator=generator)
+    loader = DataLoader(
+        data.train.graphs, batch_size=config.train.batch_size, shuffle=True, generator=generator
+    )
     norms = []
-    for k, batch in zip(range(args.batches), loader):
+    for k, batch in zip(range(args.batches), loader, strict=False):
         step = Step(epoch=float(k) / len(loader), generator=torch.Generator().manual_seed(k))
         loss, _ = task.loss(batch, step)
         task.model.zero_grad()
@@ -55,14 +57,30 @@ def main(argv: list[str] | None = None) -> dict:
         grads = [q.grad.detach().reshape(-1) for q in task.model.parameters() if q.grad is not None]
         norms.append(float(torch.cat(grads).norm()))
     clip = config.train.grad_clip
-    result = {"command": shlex.join(["python", "benchmarks/grad_norm_probe.py", *(sys.argv[1:] if argv is None else argv)]),
-              "config": str(args.config), "model": str(args.model), "grad_clip": clip, "norms": norms,
-              "median": float(np.median(norms)), "min": min(norms), "max": max(norms),
-              "fraction_clipped": None if clip is None else float(np.mean([n > clip for n in norms]))}  # fmt: skip
-    text = (f"# Training-loss gradient norm\n\nCommand: `{result['command']}`\n\n{len(norms)} training batches: "
-            f"median {result['median']:.3g}, min {result['min']:.3g}, max {result['max']:.3g}; "
-            f"train.grad_clip of the config: {clip}"
-            + ("" if clip is None else f" (exceeded by {100 * result['fraction_clipped']:.0f} % of the batches)") + ".\n")  # fmt: skip
+    result = {
+        "command": shlex.join(
+            ["python", "benchmarks/grad_norm_probe.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "config": str(args.config),
+        "model": str(args.model),
+        "grad_clip": clip,
+        "norms": norms,
+        "median": float(np.median(norms)),
+        "min": min(norms),
+        "max": max(norms),
+        "fraction_clipped": None if clip is None else float(np.mean([n > clip for n in norms])),
+    }
+    text = (
+        f"# Training-loss gradient norm\n\nCommand: `{result['command']}`\n\n{len(norms)} training batches: "
+        f"median {result['median']:.3g}, min {result['min']:.3g}, max {result['max']:.3g}; "
+        f"train.grad_clip of the config: {clip}"
+        + (
+            ""
+            if clip is None
+            else f" (exceeded by {100 * result['fraction_clipped']:.0f} % of the batches)"
+        )
+        + ".\n"
+    )
     print(text)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -44,12 +44,21 @@ PARTS = ("test", "training")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data")
-    p.add_argument("--accuracy-dir", type=Path, default=RESULTS, help="folder of accuracy.jsonl and checkpoints/")
+    p.add_argument(
+        "--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data"
+    )
+    p.add_argument(
+        "--accuracy-dir",
+        type=Path,
+        default=RESULTS,
+        help="folder of accuracy.jsonl and checkpoints/",
+    )
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
+    args.data_root = args.data_root or Path(
+        os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data"
+    )
     return args
 
 
@@ -67,10 +76,18 @@ def groups_of(path: Path) -> tuple[str, ...]:
 
 
 @functools.cache
-def graphs_of(path: Path, r_max: float, type_map: tuple[int, ...], dtype: torch.dtype) -> StructureDataset:
+def graphs_of(
+    path: Path, r_max: float, type_map: tuple[int, ...], dtype: torch.dtype
+) -> StructureDataset:
     """The structures of ``path`` as graphs (built once per file, cutoff, type map and dtype)."""
-    return StructureDataset.from_files(path, r_max, TypeMap.from_list(list(type_map)), energy_key="energy",
-                                       forces_key="forces", dtype=dtype)  # fmt: skip
+    return StructureDataset.from_files(
+        path,
+        r_max,
+        TypeMap.from_list(list(type_map)),
+        energy_key="energy",
+        forces_key="forces",
+        dtype=dtype,
+    )
 
 
 def group_errors(model: torch.nn.Module, path: Path) -> dict[str, Any]:
@@ -82,20 +99,31 @@ def group_errors(model: torch.nn.Module, path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for group in sorted(set(labels)):
         sel = labels == group
-        out[group] = {"frames": int(sel.sum()), "energy_mae_meV_atom": float(np.abs(err[sel]).mean()),
-                      "energy_mean_error_meV_atom": float(err[sel].mean())}  # fmt: skip
+        out[group] = {
+            "frames": int(sel.sum()),
+            "energy_mae_meV_atom": float(np.abs(err[sel]).mean()),
+            "energy_mean_error_meV_atom": float(err[sel].mean()),
+        }
     surface = labels == "Surface"
     out["all"] = {"frames": int(err.size), "energy_mae_meV_atom": float(np.abs(err).mean())}
-    out["without_surface"] = {"frames": int((~surface).sum()), "energy_mae_meV_atom": float(np.abs(err[~surface]).mean())}
+    out["without_surface"] = {
+        "frames": int((~surface).sum()),
+        "energy_mae_meV_atom": float(np.abs(err[~surface]).mean()),
+    }
     return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    results: dict[str, Any] = {"meta": {
-        "command": "python benchmarks/mlearn_groups.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "time": time.strftime("%Y-%m-%d %H:%M"), "skipped": []}}  # fmt: skip
+    results: dict[str, Any] = {
+        "meta": {
+            "command": "python benchmarks/mlearn_groups.py "
+            + shlex.join(argv if argv is not None else sys.argv[1:]),
+            "time": time.strftime("%Y-%m-%d %H:%M"),
+            "skipped": [],
+        }
+    }
     for run in runs(args.accuracy_dir):
         label = f"{run['row']}{' [' + run['variant'] + ']' if run.get('variant') else ''} seed {run['seed']}"
         folder = args.accuracy_dir / str(run.get("checkpoint", ""))
@@ -105,13 +133,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             model = load_potential(folder / "model.pt").eval()
         except Exception as exc:  # e.g. a MACE backbone without mace-torch installed
-            results["meta"]["skipped"].append(f"{run['dataset']} {label}: {type(exc).__name__}: {exc}")
+            results["meta"]["skipped"].append(
+                f"{run['dataset']} {label}: {type(exc).__name__}: {exc}"
+            )
             continue
-        entry = {part: group_errors(model, args.data_root / "structures" / "mlearn" / run["dataset"] / f"{part}.json")
-                 for part in PARTS}  # fmt: skip
+        entry = {
+            part: group_errors(
+                model, args.data_root / "structures" / "mlearn" / run["dataset"] / f"{part}.json"
+            )
+            for part in PARTS
+        }
         results.setdefault(run["dataset"], {})[label] = entry
-        print(f"{run['dataset']} {label}: test {entry['test']['all']['energy_mae_meV_atom']:.2f}, without surfaces "
-              f"{entry['test']['without_surface']['energy_mae_meV_atom']:.2f} meV/atom", flush=True)  # fmt: skip
+        print(
+            f"{run['dataset']} {label}: test {entry['test']['all']['energy_mae_meV_atom']:.2f}, without surfaces "
+            f"{entry['test']['without_surface']['energy_mae_meV_atom']:.2f} meV/atom",
+            flush=True,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "mlearn_groups.json", json.dumps(results, indent=1) + "\n")
     atomic_write_text(args.out / "mlearn_groups.md", markdown(results))
@@ -120,24 +157,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
-    lines = ["# mlearn energy errors by structure group", "", f"Command: `{meta['command']}` ({meta['time']})", "",
-             __doc__.split("\n\n")[1].replace("\n", " "), "",
-             "Cells: MAE / mean signed error (prediction - label), meV/atom; n = frames.", ""]  # fmt: skip
+    lines = [
+        "# mlearn energy errors by structure group",
+        "",
+        f"Command: `{meta['command']}` ({meta['time']})",
+        "",
+        __doc__.split("\n\n")[1].replace("\n", " "),
+        "",
+        "Cells: MAE / mean signed error (prediction - label), meV/atom; n = frames.",
+        "",
+    ]
     for name in SETS:
         if name not in results:
             continue
         for part in PARTS:
-            groups = sorted({g for entry in results[name].values() for g in entry[part] if g not in ("all", "without_surface")})
+            groups = sorted(
+                {
+                    g
+                    for entry in results[name].values()
+                    for g in entry[part]
+                    if g not in ("all", "without_surface")
+                }
+            )
             first = next(iter(results[name].values()))[part]
-            lines += [f"## {name} {part}", "",
-                      "| run | all | without Surface | " + " | ".join(f"{g} (n={first[g]['frames']})" for g in groups) + " |",
-                      "|---|---|---|" + "---|" * len(groups)]  # fmt: skip
+            lines += [
+                f"## {name} {part}",
+                "",
+                "| run | all | without Surface | "
+                + " | ".join(f"{g} (n={first[g]['frames']})" for g in groups)
+                + " |",
+                "|---|---|---|" + "---|" * len(groups),
+            ]
             for label, entry in results[name].items():
                 e = entry[part]
-                cells = [f"{e[g]['energy_mae_meV_atom']:.1f} / {e[g]['energy_mean_error_meV_atom']:+.1f}" if g in e else "-"
-                         for g in groups]  # fmt: skip
-                lines.append(f"| {label} | {e['all']['energy_mae_meV_atom']:.2f} | "
-                             f"{e['without_surface']['energy_mae_meV_atom']:.2f} | " + " | ".join(cells) + " |")  # fmt: skip
+                cells = [
+                    f"{e[g]['energy_mae_meV_atom']:.1f} / {e[g]['energy_mean_error_meV_atom']:+.1f}"
+                    if g in e
+                    else "-"
+                    for g in groups
+                ]
+                lines.append(
+                    f"| {label} | {e['all']['energy_mae_meV_atom']:.2f} | "
+                    f"{e['without_surface']['energy_mae_meV_atom']:.2f} | "
+                    + " | ".join(cells)
+                    + " |"
+                )
             lines.append("")
     if meta["skipped"]:
         lines += ["Skipped: " + "; ".join(meta["skipped"]), ""]

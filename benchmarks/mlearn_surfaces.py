@@ -52,14 +52,20 @@ EV_PER_A2_TO_J_PER_M2 = ase.units._e * 1e20  # 1 eV/A^2 = 16.02 J/m^2 (ASE's ele
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data")
+    p.add_argument(
+        "--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data"
+    )
     p.add_argument("--sets", default=",".join(SETS), help="comma-separated mlearn sets")
     p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--min-gap", type=float, default=5.0, help="smallest vacuum gap (A) that makes a slab")
+    p.add_argument(
+        "--min-gap", type=float, default=5.0, help="smallest vacuum gap (A) that makes a slab"
+    )
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    args.data_root = args.data_root or Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
+    args.data_root = args.data_root or Path(
+        os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data"
+    )
     args.sets = [s for s in args.sets.split(",") if s]
     return args
 
@@ -74,12 +80,16 @@ def slab_geometry(atoms: ase.Atoms, min_gap: float, where: str) -> tuple[int, fl
         s = np.sort(frac[:, axis])
         gaps = np.diff(np.concatenate([s, [s[0] + 1.0]]))  # (n,) including the wrap-around
         i, j = [k for k in range(3) if k != axis]
-        height = volume / np.linalg.norm(np.cross(cell[i], cell[j]))  # spacing of the planes normal to the face
+        height = volume / np.linalg.norm(
+            np.cross(cell[i], cell[j])
+        )  # spacing of the planes normal to the face
         best = max(best, (float(gaps.max()) * height, axis))
     gap, axis = best
     if gap < min_gap:
-        raise ValueError(f"{where}: no vacuum gap of {min_gap} A along any cell vector (widest {gap:.2f} A); "
-                         "not a slab")  # fmt: skip
+        raise ValueError(
+            f"{where}: no vacuum gap of {min_gap} A along any cell vector (widest {gap:.2f} A); "
+            "not a slab"
+        )
     i, j = [k for k in range(3) if k != axis]
     return axis, float(np.linalg.norm(np.cross(cell[i], cell[j]))), gap
 
@@ -97,9 +107,13 @@ def fit_offset(n: np.ndarray, area: np.ndarray, excess: np.ndarray) -> tuple[flo
 def analyse(folder: Path, min_gap: float, bootstrap: int, seed: int) -> dict[str, Any]:
     """Surface frames of ``folder``/{training,test}.json against its Elastic training frames."""
     training = read_json_structures(folder / "training.json")
-    elastic = [a.get_potential_energy() / len(a) for a in training if a.info.get("group") == "Elastic"]
+    elastic = [
+        a.get_potential_energy() / len(a) for a in training if a.info.get("group") == "Elastic"
+    ]
     if not elastic:
-        raise ValueError(f"{folder / 'training.json'}: no frame of group 'Elastic' for the bulk reference")
+        raise ValueError(
+            f"{folder / 'training.json'}: no frame of group 'Elastic' for the bulk reference"
+        )
     e_b = float(min(elastic))
     frames = []
     for part in ("training", "test"):
@@ -109,10 +123,19 @@ def analyse(folder: Path, min_gap: float, bootstrap: int, seed: int) -> dict[str
                 continue
             axis, area, gap = slab_geometry(atoms, min_gap, f"{path} entry {k}")
             excess = atoms.get_potential_energy() - len(atoms) * e_b
-            frames.append({"part": part, "index": k, "description": str(atoms.info.get("description", "")),
-                           "atoms": len(atoms), "area_A2": area, "vacuum_axis": axis, "gap_A": gap,
-                           "excess_meV_atom": 1000.0 * excess / len(atoms),
-                           "gamma_if_no_offset_J_m2": EV_PER_A2_TO_J_PER_M2 * excess / (2.0 * area)})  # fmt: skip
+            frames.append(
+                {
+                    "part": part,
+                    "index": k,
+                    "description": str(atoms.info.get("description", "")),
+                    "atoms": len(atoms),
+                    "area_A2": area,
+                    "vacuum_axis": axis,
+                    "gap_A": gap,
+                    "excess_meV_atom": 1000.0 * excess / len(atoms),
+                    "gamma_if_no_offset_J_m2": EV_PER_A2_TO_J_PER_M2 * excess / (2.0 * area),
+                }
+            )
     if len(frames) < 3:
         raise ValueError(f"{folder}: {len(frames)} Surface frames; the fit needs at least 3")
     n = np.array([f["atoms"] for f in frames], dtype=float)
@@ -127,14 +150,22 @@ def analyse(folder: Path, min_gap: float, bootstrap: int, seed: int) -> dict[str
             boot.append(fit_offset(n[pick], area[pick], excess[pick])[1])
     x, y = n / (2 * area), excess / (2 * area)
     resid = y - (gamma + delta * x)
-    for f, r in zip(frames, resid):
+    for f, r in zip(frames, resid, strict=False):
         f["residual_J_m2"] = EV_PER_A2_TO_J_PER_M2 * float(r)
-    return {"bulk_energy_eV_atom": e_b, "elastic_frames": len(elastic), "surface_frames": len(frames),
-            "gamma_J_m2": EV_PER_A2_TO_J_PER_M2 * gamma, "delta_meV_atom": 1000.0 * delta,
-            "delta_bootstrap_std_meV_atom": 1000.0 * float(np.std(boot, ddof=1)) if len(boot) > 1 else None,
-            "corr_gamma_thickness": float(np.corrcoef(x, y)[0, 1]),
-            "residual_std_J_m2": EV_PER_A2_TO_J_PER_M2 * float(np.std(resid, ddof=2)),  # >= 3 frames (checked)
-            "frames": frames}  # fmt: skip
+    return {
+        "bulk_energy_eV_atom": e_b,
+        "elastic_frames": len(elastic),
+        "surface_frames": len(frames),
+        "gamma_J_m2": EV_PER_A2_TO_J_PER_M2 * gamma,
+        "delta_meV_atom": 1000.0 * delta,
+        "delta_bootstrap_std_meV_atom": 1000.0 * float(np.std(boot, ddof=1))
+        if len(boot) > 1
+        else None,
+        "corr_gamma_thickness": float(np.corrcoef(x, y)[0, 1]),
+        "residual_std_J_m2": EV_PER_A2_TO_J_PER_M2
+        * float(np.std(resid, ddof=2)),  # >= 3 frames (checked)
+        "frames": frames,
+    }
 
 
 def model_biases(path: Path) -> dict[str, dict[str, float]]:
@@ -142,24 +173,40 @@ def model_biases(path: Path) -> dict[str, dict[str, float]]:
     if not path.is_file():
         return {}
     groups = json.loads(path.read_text())
-    return {name: {run: e["training"]["Surface"]["energy_mean_error_meV_atom"]
-                   for run, e in groups.get(name, {}).items() if "Surface" in e.get("training", {})}
-            for name in SETS}  # fmt: skip
+    return {
+        name: {
+            run: e["training"]["Surface"]["energy_mean_error_meV_atom"]
+            for run, e in groups.get(name, {}).items()
+            if "Surface" in e.get("training", {})
+        }
+        for name in SETS
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    results: dict[str, Any] = {"meta": {
-        "command": "python benchmarks/mlearn_surfaces.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "time": time.strftime("%Y-%m-%d %H:%M"), "seed": args.seed, "bootstrap": args.bootstrap,
-        "min_gap_A": args.min_gap}}  # fmt: skip
+    results: dict[str, Any] = {
+        "meta": {
+            "command": "python benchmarks/mlearn_surfaces.py "
+            + shlex.join(argv if argv is not None else sys.argv[1:]),
+            "time": time.strftime("%Y-%m-%d %H:%M"),
+            "seed": args.seed,
+            "bootstrap": args.bootstrap,
+            "min_gap_A": args.min_gap,
+        }
+    }
     biases = model_biases(args.out / "mlearn_groups.json")
     for name in args.sets:
-        entry = analyse(args.data_root / "structures" / "mlearn" / name, args.min_gap, args.bootstrap, args.seed)
+        entry = analyse(
+            args.data_root / "structures" / "mlearn" / name, args.min_gap, args.bootstrap, args.seed
+        )
         entry["model_training_surface_bias_meV_atom"] = biases.get(name, {})
         results[name] = entry
-        print(f"{name}: gamma {entry['gamma_J_m2']:.2f} J/m^2, delta {entry['delta_meV_atom']:+.1f} meV/atom "
-              f"(bootstrap std {entry['delta_bootstrap_std_meV_atom']:.1f}), {entry['surface_frames']} slabs", flush=True)
+        print(
+            f"{name}: gamma {entry['gamma_J_m2']:.2f} J/m^2, delta {entry['delta_meV_atom']:+.1f} meV/atom "
+            f"(bootstrap std {entry['delta_bootstrap_std_meV_atom']:.1f}), {entry['surface_frames']} slabs",
+            flush=True,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "mlearn_surfaces.json", json.dumps(results, indent=1) + "\n")
     atomic_write_text(args.out / "mlearn_surfaces.md", markdown(results))
@@ -170,33 +217,55 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
     sets = [s for s in results if s != "meta"]
-    lines = ["# mlearn Surface labels against the bulk labels", "", f"Command: `{meta['command']}` ({meta['time']}; "
-             f"bootstrap {meta['bootstrap']} resamples, seed {meta['seed']})", "",
-             " ".join(__doc__.split("\n\n")[1:4]).replace("\n", " "), "",
-             "| set | slabs | gamma (J/m^2) | delta (meV/atom) | delta bootstrap std | corr(gamma_if_no_offset, n/2A) | "
-             "residual std (J/m^2) | -delta | models' mean signed training-Surface error (meV/atom): min, mean, max (runs) |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "# mlearn Surface labels against the bulk labels",
+        "",
+        f"Command: `{meta['command']}` ({meta['time']}; "
+        f"bootstrap {meta['bootstrap']} resamples, seed {meta['seed']})",
+        "",
+        " ".join(__doc__.split("\n\n")[1:4]).replace("\n", " "),
+        "",
+        "| set | slabs | gamma (J/m^2) | delta (meV/atom) | delta bootstrap std | corr(gamma_if_no_offset, n/2A) | "
+        "residual std (J/m^2) | -delta | models' mean signed training-Surface error (meV/atom): min, mean, max (runs) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name in sets:
         r = results[name]
         b = list(r["model_training_surface_bias_meV_atom"].values())
-        bias = f"{min(b):+.1f}, {np.mean(b):+.1f}, {max(b):+.1f} ({len(b)})" if b else "n/a (no mlearn_groups.json)"
-        lines.append(f"| {name} | {r['surface_frames']} | {r['gamma_J_m2']:.2f} | {r['delta_meV_atom']:+.1f} | "
-                     f"{r['delta_bootstrap_std_meV_atom']:.1f} | {r['corr_gamma_thickness']:+.2f} | "
-                     f"{r['residual_std_J_m2']:.3f} | {-r['delta_meV_atom']:+.1f} | {bias} |")  # fmt: skip
+        bias = (
+            f"{min(b):+.1f}, {np.mean(b):+.1f}, {max(b):+.1f} ({len(b)})"
+            if b
+            else "n/a (no mlearn_groups.json)"
+        )
+        lines.append(
+            f"| {name} | {r['surface_frames']} | {r['gamma_J_m2']:.2f} | {r['delta_meV_atom']:+.1f} | "
+            f"{r['delta_bootstrap_std_meV_atom']:.1f} | {r['corr_gamma_thickness']:+.2f} | "
+            f"{r['residual_std_J_m2']:.3f} | {-r['delta_meV_atom']:+.1f} | {bias} |"
+        )
     for name in sets:
         r = results[name]
-        lines += ["", f"## {name}: the slabs (bulk e_b = {r['bulk_energy_eV_atom']:.4f} eV/atom, lowest of "
-                  f"{r['elastic_frames']} Elastic training frames)", "",
-                  "| part | entry | description | atoms | face area (A^2) | gap (A) | (E - n e_b)/n (meV/atom) | "
-                  "gamma if delta = 0 (J/m^2) | residual of the fit (J/m^2) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"## {name}: the slabs (bulk e_b = {r['bulk_energy_eV_atom']:.4f} eV/atom, lowest of "
+            f"{r['elastic_frames']} Elastic training frames)",
+            "",
+            "| part | entry | description | atoms | face area (A^2) | gap (A) | (E - n e_b)/n (meV/atom) | "
+            "gamma if delta = 0 (J/m^2) | residual of the fit (J/m^2) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for f in r["frames"]:
-            lines.append(f"| {f['part']} | {f['index']} | {f['description'][-32:]} | {f['atoms']} | {f['area_A2']:.1f} | "
-                         f"{f['gap_A']:.1f} | {f['excess_meV_atom']:.1f} | {f['gamma_if_no_offset_J_m2']:.2f} | "
-                         f"{f['residual_J_m2']:+.3f} |")  # fmt: skip
+            lines.append(
+                f"| {f['part']} | {f['index']} | {f['description'][-32:]} | {f['atoms']} | {f['area_A2']:.1f} | "
+                f"{f['gap_A']:.1f} | {f['excess_meV_atom']:.1f} | {f['gamma_if_no_offset_J_m2']:.2f} | "
+                f"{f['residual_J_m2']:+.3f} |"
+            )
         runs = r["model_training_surface_bias_meV_atom"]
         if runs:
-            lines += ["", "Models' mean signed error on the training Surface frames (mlearn_groups.json): "
-                      + "; ".join(f"{k} {v:+.1f}" for k, v in runs.items())]  # fmt: skip
+            lines += [
+                "",
+                "Models' mean signed error on the training Surface frames (mlearn_groups.json): "
+                + "; ".join(f"{k} {v:+.1f}" for k, v in runs.items()),
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -208,16 +277,23 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     sets = [s for s in results if s != "meta"]
     fig, axes = plt.subplots(1, len(sets), figsize=(3.6 * len(sets), 3.3), squeeze=False)
-    for ax, name in zip(axes[0], sets):
+    for ax, name in zip(axes[0], sets, strict=False):
         r = results[name]
-        x = np.array([f["atoms"] / (2 * f["area_A2"]) for f in r["frames"]])  # atoms per A^2 of face
+        x = np.array(
+            [f["atoms"] / (2 * f["area_A2"]) for f in r["frames"]]
+        )  # atoms per A^2 of face
         y = np.array([f["gamma_if_no_offset_J_m2"] for f in r["frames"]])
         test = np.array([f["part"] == "test" for f in r["frames"]])
         ax.plot(x[~test], y[~test], "o", ms=4, label="training slabs")
         ax.plot(x[test], y[test], "s", ms=5, label="test slabs")
         grid = np.linspace(0, x.max() * 1.05, 20)
-        ax.plot(grid, r["gamma_J_m2"] + r["delta_meV_atom"] / 1000.0 * grid * EV_PER_A2_TO_J_PER_M2, "k-", lw=1,
-                label=f"gamma {r['gamma_J_m2']:.2f} J/m², delta {r['delta_meV_atom']:+.0f} meV/atom")  # fmt: skip
+        ax.plot(
+            grid,
+            r["gamma_J_m2"] + r["delta_meV_atom"] / 1000.0 * grid * EV_PER_A2_TO_J_PER_M2,
+            "k-",
+            lw=1,
+            label=f"gamma {r['gamma_J_m2']:.2f} J/m², delta {r['delta_meV_atom']:+.0f} meV/atom",
+        )
         ax.set(title=name, xlabel="n / 2A (atoms per Å² of face)", ylabel="(E − n e_b) / 2A (J/m²)")
         ax.legend(fontsize=6)
     fig.tight_layout()

@@ -87,11 +87,26 @@ OURS: dict[str, dict[str, Any]] = {
     "mve": {"method": "mve"},
     "laplace": {"method": "laplace"},
 }
-CHEMPROP: dict[str, int] = {"chemprop_mve": 1, "chemprop_mve_ensemble5": 5}  # method -> ensemble size
+CHEMPROP: dict[str, int] = {
+    "chemprop_mve": 1,
+    "chemprop_mve_ensemble5": 5,
+}  # method -> ensemble size
 METHODS = (*OURS, *CHEMPROP)
-DEFAULT_METHOD = "bgnn_hetero"  # the package default (`mlip-unc property train` without --method), recalibrated
+DEFAULT_METHOD = (
+    "bgnn_hetero"  # the package default (`mlip-unc property train` without --method), recalibrated
+)
 REFERENCE = "chemprop_mve"
-METRICS = ("rmse", "mae", "nll", "spearman", "miscalibration_area", "ence", "coverage_95", "crps", "sharpness")
+METRICS = (
+    "rmse",
+    "mae",
+    "nll",
+    "spearman",
+    "miscalibration_area",
+    "ence",
+    "coverage_95",
+    "crps",
+    "sharpness",
+)
 VARIANTS = ("raw", "recal", "recal_isotonic")
 EXTRA = ("struct_cal_tanimoto", "struct_cal_knn", "train_seconds", "epochs_run", "recal_scale")
 Task = dict[str, Any]
@@ -105,8 +120,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--epochs", type=int, default=40, help="Max epochs per training (ours).")
-    p.add_argument("--patience", type=int, default=10, help="Early stopping on validation NLL (ours).")
-    p.add_argument("--max-minutes", type=float, default=None, help="Wall-time cap per training (ours).")
+    p.add_argument(
+        "--patience", type=int, default=10, help="Early stopping on validation NLL (ours)."
+    )
+    p.add_argument(
+        "--max-minutes", type=float, default=None, help="Wall-time cap per training (ours)."
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--hidden", type=int, default=64)
@@ -114,19 +133,45 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latent-dim", type=int, default=32)
     p.add_argument("--chemprop-epochs", type=int, default=40)
     p.add_argument("--chemprop-patience", type=int, default=10)
-    p.add_argument("--cep-max", type=int, default=3000, help="CEP: seeded random subset of this many molecules.")
+    p.add_argument(
+        "--cep-max",
+        type=int,
+        default=3000,
+        help="CEP: seeded random subset of this many molecules.",
+    )
     p.add_argument("--knn-k", type=int, default=10)
     p.add_argument("--mc-samples", type=int, default=50, help="MC-dropout passes at prediction.")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (and OMP threads of chemprop).")
-    p.add_argument("--chemprop-bin", default=None,
-                   help="chemprop executable (default: `chemprop` on PATH, else runs/.venv-chemprop/bin/chemprop).")
-    p.add_argument("--data-root", type=Path, default=None, help="Default: $MLIP_UNC_DATA, else ../shared/data.")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (and OMP threads of chemprop)."
+    )
+    p.add_argument(
+        "--chemprop-bin",
+        default=None,
+        help="chemprop executable (default: `chemprop` on PATH, else runs/.venv-chemprop/bin/chemprop).",
+    )
+    p.add_argument(
+        "--data-root", type=Path, default=None, help="Default: $MLIP_UNC_DATA, else ../shared/data."
+    )
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--quick", action="store_true", help="Tiny generated SMILES data, small model, 2 epochs, ours only.")
-    p.add_argument("--report-only", action="store_true", help="Only rewrite md/json/png from OUT/molecular.jsonl.")
-    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSONL",
-                   help="Append the runs of other molecular.jsonl files (same settings; e.g. a second process run with "
-                        "another --out on other datasets) that OUT's file lacks, then rewrite the report.")  # fmt: skip
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="Tiny generated SMILES data, small model, 2 epochs, ours only.",
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="Only rewrite md/json/png from OUT/molecular.jsonl.",
+    )
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JSONL",
+        help="Append the runs of other molecular.jsonl files (same settings; e.g. a second process run with "
+        "another --out on other datasets) that OUT's file lacks, then rewrite the report.",
+    )
     args = p.parse_args(argv)
     if args.data_root is None:
         env = os.environ.get("MLIP_UNC_DATA")
@@ -135,7 +180,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.datasets, args.seeds = ["tiny"], args.seeds if "--seeds" in given else [0, 1]
         args.epochs, args.patience, args.hidden, args.layers, args.latent_dim = 2, 0, 16, 2, 8
-        args.batch_size, args.mc_samples, args.chemprop_epochs = 16, 10, 3  # chemprop: epochs > its 2 warm-up epochs
+        args.batch_size, args.mc_samples, args.chemprop_epochs = (
+            16,
+            10,
+            3,
+        )  # chemprop: epochs > its 2 warm-up epochs
         if "--methods" not in given:
             args.methods = list(OURS)
     return args
@@ -144,18 +193,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """What must match for a recorded run to be reused."""
     return {
-        "quick": args.quick, "epochs": args.epochs, "patience": args.patience, "max_minutes": args.max_minutes,
-        "batch_size": args.batch_size, "lr": args.lr, "hidden": args.hidden, "layers": args.layers,
-        "latent_dim": args.latent_dim, "chemprop_epochs": args.chemprop_epochs,
-        "chemprop_patience": args.chemprop_patience, "cep_max": args.cep_max, "knn_k": args.knn_k, "mc_samples": args.mc_samples,
-        "recalibration": "zscaling", "split_seed": 0,
-    }  # fmt: skip
+        "quick": args.quick,
+        "epochs": args.epochs,
+        "patience": args.patience,
+        "max_minutes": args.max_minutes,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "latent_dim": args.latent_dim,
+        "chemprop_epochs": args.chemprop_epochs,
+        "chemprop_patience": args.chemprop_patience,
+        "cep_max": args.cep_max,
+        "knn_k": args.knn_k,
+        "mc_samples": args.mc_samples,
+        "recalibration": "zscaling",
+        "split_seed": 0,
+    }
 
 
 def tasks(args: argparse.Namespace) -> list[Task]:
     """Seed-major (a partial run holds whole seeds of the earlier datasets), then dataset, split, method."""
-    return [{"dataset": d, "split": sp, "method": m, "seed": s}
-            for s in args.seeds for d in args.datasets for sp in args.splits for m in args.methods]  # fmt: skip
+    return [
+        {"dataset": d, "split": sp, "method": m, "seed": s}
+        for s in args.seeds
+        for d in args.datasets
+        for sp in args.splits
+        for m in args.methods
+    ]
 
 
 def run_key(rec: dict[str, Any]) -> tuple[str, str, str, int]:
@@ -164,8 +229,24 @@ def run_key(rec: dict[str, Any]) -> tuple[str, str, str, int]:
 
 # ============================================================================ data
 TINY_CHAINS = ("C", "CC", "CCC", "CC(C)")
-TINY_RINGS = ("c1ccccc1", "C1CCCCC1", "c1ccncc1", "c1ccsc1", "c1ccoc1", "C1CCC1", "C1CCOC1", "C1CCNCC1",
-              "c1ccc2ccccc2c1", "C1CC1", "c1cncnc1", "C1CCCC1", "c1cc[nH]c1", "C1CCSC1", "O=C1CCCC1", "C1CCOCC1")
+TINY_RINGS = (
+    "c1ccccc1",
+    "C1CCCCC1",
+    "c1ccncc1",
+    "c1ccsc1",
+    "c1ccoc1",
+    "C1CCC1",
+    "C1CCOC1",
+    "C1CCNCC1",
+    "c1ccc2ccccc2c1",
+    "C1CC1",
+    "c1cncnc1",
+    "C1CCCC1",
+    "c1cc[nH]c1",
+    "C1CCSC1",
+    "O=C1CCCC1",
+    "C1CCOCC1",
+)
 TINY_TAILS = ("", "O", "N", "Cl", "F", "C(=O)O", "OC", "C#N", "S", "C(C)C")
 
 
@@ -176,7 +257,9 @@ def tiny_csv(path: Path) -> Path:
     from rdkit.Chem import Crippen
 
     rows = []
-    pairs = [(h, t) for h in TINY_CHAINS for t in TINY_TAILS] + [(h, t) for h in TINY_RINGS for t in TINY_TAILS[:5]]
+    pairs = [(h, t) for h in TINY_CHAINS for t in TINY_TAILS] + [
+        (h, t) for h in TINY_RINGS for t in TINY_TAILS[:5]
+    ]
     for head, tail in pairs:
         mol = Chem.MolFromSmiles(head + tail)
         rows.append((Chem.MolToSmiles(mol), f"{Crippen.MolLogP(mol):.4f}"))
@@ -209,7 +292,9 @@ def make_split(name: str, kind: str, graphs: list, data_root: Path) -> tuple[lis
         if ref.is_file():
             by_row = {int(g[keys.ROW_INDEX]): k for k, g in enumerate(graphs)}
             split = load_split(ref)
-            rows = type(split)(*(tuple(by_row[r] for r in getattr(split, p)) for p in ("train", "val", "test")))
+            rows = type(split)(
+                *(tuple(by_row[r] for r in getattr(split, p)) for p in ("train", "val", "test"))
+            )
             how = f"reference file splits/{name}.json"
         else:
             rows = random_split(len(graphs), seed=0)
@@ -234,10 +319,17 @@ def evaluate(val: dict[str, np.ndarray], test: dict[str, np.ndarray]) -> dict[st
     iso = IsotonicRecalibration().fit(val["mean"], val["std"], val["y"], nan_policy="omit")
     out: dict[str, Any] = {}
     for name, factor in (("raw", 1.0), ("recal", z.scale), ("recal_isotonic", iso.scale)):
-        out[name] = regression_metrics(test["mean"], factor * test["std"], test["y"], nan_policy="omit")
-    out.update(recal_scale=z.scale, isotonic_scale=iso.scale,
-               val_nll_raw=regression_metrics(val["mean"], val["std"], val["y"], nan_policy="omit")["nll"],
-               val_nll_recal=regression_metrics(val["mean"], z.scale * val["std"], val["y"], nan_policy="omit")["nll"])  # fmt: skip
+        out[name] = regression_metrics(
+            test["mean"], factor * test["std"], test["y"], nan_policy="omit"
+        )
+    out.update(
+        recal_scale=z.scale,
+        isotonic_scale=iso.scale,
+        val_nll_raw=regression_metrics(val["mean"], val["std"], val["y"], nan_policy="omit")["nll"],
+        val_nll_recal=regression_metrics(
+            val["mean"], z.scale * val["std"], val["y"], nan_policy="omit"
+        )["nll"],
+    )
     return out
 
 
@@ -253,7 +345,11 @@ def mean_std(values: Sequence[float]) -> dict[str, float | int]:
     v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
     if v.size == 0:
         return {"mean": float("nan"), "std": float("nan"), "n": 0}
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0, "n": int(v.size)}
+    return {
+        "mean": float(v.mean()),
+        "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
+        "n": int(v.size),
+    }
 
 
 def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -263,9 +359,16 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cells.setdefault(run_key(r)[:3], []).append(r)
     order = {m: k for k, m in enumerate(METHODS)}
     rows = []
-    for (d, sp, m), recs in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 99))):
-        row: dict[str, Any] = {"dataset": d, "split": sp, "method": m, "n": len(recs),
-                               "seeds": sorted(int(r["seed"]) for r in recs)}  # fmt: skip
+    for (d, sp, m), recs in sorted(
+        cells.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 99))
+    ):
+        row: dict[str, Any] = {
+            "dataset": d,
+            "split": sp,
+            "method": m,
+            "n": len(recs),
+            "seeds": sorted(int(r["seed"]) for r in recs),
+        }
         for v in VARIANTS:
             row[v] = {k: mean_std([r[v][k] for r in recs if v in r]) for k in METRICS}
         for k in EXTRA:
@@ -274,8 +377,14 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def acceptance(rows: list[dict[str, Any]], datasets: Sequence[str] = DATASETS, *, split: str = "random",
-               ours: str = DEFAULT_METHOD, ref_variant: str = "raw") -> dict[str, Any]:  # fmt: skip
+def acceptance(
+    rows: list[dict[str, Any]],
+    datasets: Sequence[str] = DATASETS,
+    *,
+    split: str = "random",
+    ours: str = DEFAULT_METHOD,
+    ref_variant: str = "raw",
+) -> dict[str, Any]:
     """'The recalibrated default beats chemprop MVE's miscalibration area and NLL on at least 4 of
     6 datasets at equal or better RMSE', from the aggregated rows of one split.
 
@@ -299,13 +408,32 @@ def acceptance(rows: list[dict[str, Any]], datasets: Sequence[str] = DATASETS, *
         ok_rmse = ra["mean"] <= rb["mean"] + se
         ok = cells["miscalibration_area"]["diff"] < 0 and cells["nll"]["diff"] < 0 and ok_rmse
         wins += int(ok)
-        per[d] = {"measured": True, "beats": ok, "rmse_equal_or_better": ok_rmse, "rmse_tolerance": se,
-                  "n_ours": a["n"], "n_chemprop": b["n"], **cells}  # fmt: skip
+        per[d] = {
+            "measured": True,
+            "beats": ok,
+            "rmse_equal_or_better": ok_rmse,
+            "rmse_tolerance": se,
+            "n_ours": a["n"],
+            "n_chemprop": b["n"],
+            **cells,
+        }
     need = math.ceil(4 * len(datasets) / 6)  # 4 of the 6 datasets (scaled for --quick's one)
-    verdict = "met" if wins >= need else ("not met" if wins + (len(datasets) - measured) < need else "undetermined")
-    return {"split": split, "ours": f"{ours} (recalibrated)", "reference": f"{REFERENCE} ({ref_variant})",
-            "wins": wins, "measured": measured, "needed": need, "of": len(datasets), "verdict": verdict,
-            "per_dataset": per}  # fmt: skip
+    verdict = (
+        "met"
+        if wins >= need
+        else ("not met" if wins + (len(datasets) - measured) < need else "undetermined")
+    )
+    return {
+        "split": split,
+        "ours": f"{ours} (recalibrated)",
+        "reference": f"{REFERENCE} ({ref_variant})",
+        "wins": wins,
+        "measured": measured,
+        "needed": need,
+        "of": len(datasets),
+        "verdict": verdict,
+        "per_dataset": per,
+    }
 
 
 # ============================================================================ one run
@@ -322,13 +450,17 @@ class Context:
         if dataset not in self._graphs:
             self._graphs[dataset] = load_graphs(dataset, self.args, self.work)
         if (dataset, kind) not in self._splits:
-            self._splits[dataset, kind] = make_split(dataset, kind, self._graphs[dataset], self.args.data_root)
+            self._splits[dataset, kind] = make_split(
+                dataset, kind, self._graphs[dataset], self.args.data_root
+            )
         return self._splits[dataset, kind]
 
     def one_minus_tanimoto(self, dataset: str, kind: str) -> np.ndarray:
         if (dataset, kind) not in self._tanimoto:
             train, _, test, _ = self.split(dataset, kind)
-            sim = tanimoto_max_similarity([g[keys.SMILES] for g in test], [g[keys.SMILES] for g in train])
+            sim = tanimoto_max_similarity(
+                [g[keys.SMILES] for g in test], [g[keys.SMILES] for g in train]
+            )
             self._tanimoto[dataset, kind] = 1.0 - sim
         return self._tanimoto[dataset, kind]
 
@@ -336,10 +468,23 @@ class Context:
 def our_config(method: str, s: dict[str, Any], seed: int) -> PropertyConfig:
     """The configuration of one of our methods: small GIN, early stopping on validation NLL, best weights."""
     spec = dict(OURS[method])
-    model = ModelConfig(hidden=s["hidden"], layers=s["layers"], latent_dim=s["latent_dim"], mc_samples=s["mc_samples"],
-                        **spec)  # fmt: skip
-    train = TrainConfig(epochs=s["epochs"], batch_size=s["batch_size"], lr=s["lr"], patience=s["patience"] or None,
-                        max_minutes=s["max_minutes"], seed=seed, calibration="zscaling", progress=False)  # fmt: skip
+    model = ModelConfig(
+        hidden=s["hidden"],
+        layers=s["layers"],
+        latent_dim=s["latent_dim"],
+        mc_samples=s["mc_samples"],
+        **spec,
+    )
+    train = TrainConfig(
+        epochs=s["epochs"],
+        batch_size=s["batch_size"],
+        lr=s["lr"],
+        patience=s["patience"] or None,
+        max_minutes=s["max_minutes"],
+        seed=seed,
+        calibration="zscaling",
+        progress=False,
+    )
     return PropertyConfig(model=model, train=train)
 
 
@@ -347,27 +492,42 @@ def run_ours(task: Task, ctx: Context, s: dict[str, Any]) -> dict[str, Any]:
     train, val, test, _ = ctx.split(task["dataset"], task["split"])
     config = our_config(task["method"], s, task["seed"])
     with tempfile.TemporaryDirectory(dir=ctx.work) as tmp:
-        predictor, metrics = train_property_model(config, train, val, test, out_dir=tmp,
-                                                  metadata={"target_names": [task["dataset"]]})  # fmt: skip
+        predictor, metrics = train_property_model(
+            config, train, val, test, out_dir=tmp, metadata={"target_names": [task["dataset"]]}
+        )
     model = predictor.model
     out_v = predict_graphs(model, val)
     out_t, z_train = predict_graphs(model, test, latent=True), latents(model, train)
     arr = {
-        "val": {"mean": out_v[keys.PREDICTION][:, 0], "std": out_v[keys.PREDICTION_VAR][:, 0].clamp_min(0).sqrt(),
-                "y": _y(val)},
-        "test": {"mean": out_t[keys.PREDICTION][:, 0], "std": out_t[keys.PREDICTION_VAR][:, 0].clamp_min(0).sqrt(),
-                 "y": _y(test)},
-    }  # fmt: skip
-    arr = {k: {n: np.asarray(v.double().numpy() if torch.is_tensor(v) else v) for n, v in d.items()}
-           for k, d in arr.items()}  # fmt: skip
+        "val": {
+            "mean": out_v[keys.PREDICTION][:, 0],
+            "std": out_v[keys.PREDICTION_VAR][:, 0].clamp_min(0).sqrt(),
+            "y": _y(val),
+        },
+        "test": {
+            "mean": out_t[keys.PREDICTION][:, 0],
+            "std": out_t[keys.PREDICTION_VAR][:, 0].clamp_min(0).sqrt(),
+            "y": _y(test),
+        },
+    }
+    arr = {
+        k: {n: np.asarray(v.double().numpy() if torch.is_tensor(v) else v) for n, v in d.items()}
+        for k, d in arr.items()
+    }
     rec = evaluate(arr["val"], arr["test"])
-    knn = latent_knn_distance(out_t[keys.LATENT].double(), z_train.double(), k=min(s["knn_k"], len(train)))
+    knn = latent_knn_distance(
+        out_t[keys.LATENT].double(), z_train.double(), k=min(s["knn_k"], len(train))
+    )
     rec.update(
         struct_cal_knn=structural_calibration(arr["test"]["std"], knn),
         recal_scale_stored=(metrics["recalibration"]["scale"] or [None])[0],
-        epochs_run=metrics["epochs_run"], best_epoch=metrics["best_epoch"], train_seconds=metrics["train_seconds"],
-        mean_epistemic_std=float(np.sqrt(out_t[keys.EPISTEMIC_VAR][:, 0].clamp_min(0).double().numpy()).mean()),
-    )  # fmt: skip
+        epochs_run=metrics["epochs_run"],
+        best_epoch=metrics["best_epoch"],
+        train_seconds=metrics["train_seconds"],
+        mean_epistemic_std=float(
+            np.sqrt(out_t[keys.EPISTEMIC_VAR][:, 0].clamp_min(0).double().numpy()).mean()
+        ),
+    )
     return _finish(rec, arr["test"], task, ctx)
 
 
@@ -382,16 +542,24 @@ def latents(model: torch.nn.Module, graphs: list, batch_size: int = 256) -> torc
     was = model.training
     model.eval()
     try:
-        return torch.cat([model.latent(Batch.from_data_list(graphs[k : k + batch_size]))
-                          for k in range(0, len(graphs), batch_size)])  # fmt: skip
+        return torch.cat(
+            [
+                model.latent(Batch.from_data_list(graphs[k : k + batch_size]))
+                for k in range(0, len(graphs), batch_size)
+            ]
+        )
     finally:
         model.train(was)
 
 
-def _finish(rec: dict[str, Any], test: dict[str, np.ndarray], task: Task, ctx: Context) -> dict[str, Any]:
+def _finish(
+    rec: dict[str, Any], test: dict[str, np.ndarray], task: Task, ctx: Context
+) -> dict[str, Any]:
     """Structural calibration with Tanimoto, sizes and (first seed) the per-point test arrays."""
     train, val, tst, how = ctx.split(task["dataset"], task["split"])
-    rec["struct_cal_tanimoto"] = structural_calibration(test["std"], ctx.one_minus_tanimoto(task["dataset"], task["split"]))
+    rec["struct_cal_tanimoto"] = structural_calibration(
+        test["std"], ctx.one_minus_tanimoto(task["dataset"], task["split"])
+    )
     rec.update(n_train=len(train), n_val=len(val), n_test=len(tst), split_rule=how)
     if task["seed"] == min(ctx.args.seeds):
         rec["points"] = {k: [round(float(x), 6) for x in test[k]] for k in ("y", "mean", "std")}
@@ -418,42 +586,94 @@ def run_chemprop(task: Task, ctx: Context, s: dict[str, Any]) -> dict[str, Any]:
     """``chemprop train -t regression-mve`` (ensemble of M) on the same split, then ``chemprop predict``."""
     exe = chemprop_bin(ctx.args)
     if exe is None:
-        raise RuntimeError("chemprop is not installed (pip install 'mlip-unc[chemprop]' or --chemprop-bin)")
+        raise RuntimeError(
+            "chemprop is not installed (pip install 'mlip-unc[chemprop]' or --chemprop-bin)"
+        )
     train, val, test, _ = ctx.split(task["dataset"], task["split"])
     m = CHEMPROP[task["method"]]
-    env = {**os.environ, "OMP_NUM_THREADS": str(ctx.args.threads), "MKL_NUM_THREADS": str(ctx.args.threads)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(ctx.args.threads),
+        "MKL_NUM_THREADS": str(ctx.args.threads),
+    }
     with tempfile.TemporaryDirectory(dir=ctx.work) as tmp:
         tmp = Path(tmp)
-        rows = [(g[keys.SMILES], f"{float(g[keys.TARGET][0, 0]):.8g}", part)
-                for part, graphs in (("train", train), ("val", val), ("test", test)) for g in graphs]  # fmt: skip
+        rows = [
+            (g[keys.SMILES], f"{float(g[keys.TARGET][0, 0]):.8g}", part)
+            for part, graphs in (("train", train), ("val", val), ("test", test))
+            for g in graphs
+        ]
         _write_csv(tmp / "data.csv", rows)
-        with (tmp / "predict.csv").open("w", newline="") as handle:  # SMILES only: chemprop writes column y
+        with (tmp / "predict.csv").open(
+            "w", newline=""
+        ) as handle:  # SMILES only: chemprop writes column y
             csv.writer(handle).writerows([["smiles"]] + [[r[0]] for r in rows if r[2] != "train"])
         common = ["--accelerator", "cpu", "--devices", "1", "-n", "0", "-s", "smiles"]
-        train_cmd = [exe, "train", "-i", str(tmp / "data.csv"), "--target-columns", "y", "--splits-column", "split",
-                     "-t", "regression-mve", "--epochs", str(s["chemprop_epochs"]), "--patience",
-                     str(s["chemprop_patience"]), "--pytorch-seed", str(task["seed"]), "--data-seed", str(task["seed"]),
-                     "--ensemble-size", str(m), "--remove-checkpoints", "-o", str(tmp / "model"), *common]  # fmt: skip
+        train_cmd = [
+            exe,
+            "train",
+            "-i",
+            str(tmp / "data.csv"),
+            "--target-columns",
+            "y",
+            "--splits-column",
+            "split",
+            "-t",
+            "regression-mve",
+            "--epochs",
+            str(s["chemprop_epochs"]),
+            "--patience",
+            str(s["chemprop_patience"]),
+            "--pytorch-seed",
+            str(task["seed"]),
+            "--data-seed",
+            str(task["seed"]),
+            "--ensemble-size",
+            str(m),
+            "--remove-checkpoints",
+            "-o",
+            str(tmp / "model"),
+            *common,
+        ]
         t0 = time.perf_counter()
         _call(train_cmd, env)
         train_seconds = time.perf_counter() - t0
-        pred_cmd = [exe, "predict", "-i", str(tmp / "predict.csv"), "--model-paths", str(tmp / "model"),
-                    "--uncertainty-method", "mve", "-o", str(tmp / "preds.csv"), *common]  # fmt: skip
+        pred_cmd = [
+            exe,
+            "predict",
+            "-i",
+            str(tmp / "predict.csv"),
+            "--model-paths",
+            str(tmp / "model"),
+            "--uncertainty-method",
+            "mve",
+            "-o",
+            str(tmp / "preds.csv"),
+            *common,
+        ]
         _call(pred_cmd, env)
         means, variances = _chemprop_predictions(tmp / "preds.csv", m)
     parts = np.array([r[2] for r in rows if r[2] != "train"])
     mean, std = mixture(means, variances)
-    arr = {p: {"mean": mean[parts == p], "std": std[parts == p], "y": _y(g)} for p, g in (("val", val), ("test", test))}
+    arr = {
+        p: {"mean": mean[parts == p], "std": std[parts == p], "y": _y(g)}
+        for p, g in (("val", val), ("test", test))
+    }
     rec = evaluate(arr["val"], arr["test"])
-    rec.update(train_seconds=train_seconds, chemprop_command=shlex.join(train_cmd[1:]).replace(str(tmp), "TMP"),
-               chemprop_version=_chemprop_version(exe))  # fmt: skip
+    rec.update(
+        train_seconds=train_seconds,
+        chemprop_command=shlex.join(train_cmd[1:]).replace(str(tmp), "TMP"),
+        chemprop_version=_chemprop_version(exe),
+    )
     return _finish(rec, arr["test"], task, ctx)
 
 
 def _call(cmd: list[str], env: dict[str, str]) -> None:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(cmd[:2])} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{shlex.join(cmd[:2])} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
 
 
 def _chemprop_predictions(path: Path, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -475,8 +695,13 @@ def _chemprop_predictions(path: Path, m: int) -> tuple[np.ndarray, np.ndarray]:
 def _chemprop_version(exe: str) -> str:
     python = Path(exe).with_name("python")
     try:
-        out = subprocess.run([str(python), "-c", "import chemprop; print(chemprop.__version__)"],
-                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        out = subprocess.run(
+            [str(python), "-c", "import chemprop; print(chemprop.__version__)"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
@@ -507,10 +732,15 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
 def check_settings(records: list[dict[str, Any]], wanted: dict[str, Any]) -> None:
     bad = [r for r in records if r.get("settings") != wanted]
     if bad:
-        diff = {k: (bad[0].get("settings", {}).get(k), v) for k, v in wanted.items()
-                if bad[0].get("settings", {}).get(k) != v}  # fmt: skip
-        raise SystemExit(f"error: {len(bad)} recorded run(s) have other settings {diff} (recorded, now); "
-                         "use another --out or the recorded settings")  # fmt: skip
+        diff = {
+            k: (bad[0].get("settings", {}).get(k), v)
+            for k, v in wanted.items()
+            if bad[0].get("settings", {}).get(k) != v
+        }
+        raise SystemExit(
+            f"error: {len(bad)} recorded run(s) have other settings {diff} (recorded, now); "
+            "use another --out or the recorded settings"
+        )
 
 
 # ============================================================================ report
@@ -520,36 +750,66 @@ def _cell(stat: dict[str, Any], digits: int = 3) -> str:
     return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
 
 
-_COLUMNS = (("rmse", "RMSE"), ("mae", "MAE"), ("nll", "NLL"), ("spearman", "ρ(σ, \\|e\\|)"),
-            ("miscalibration_area", "miscal. area"), ("ence", "ENCE"), ("coverage_95", "cov@95"))  # fmt: skip
+_COLUMNS = (
+    ("rmse", "RMSE"),
+    ("mae", "MAE"),
+    ("nll", "NLL"),
+    ("spearman", "ρ(σ, \\|e\\|)"),
+    ("miscalibration_area", "miscal. area"),
+    ("ence", "ENCE"),
+    ("coverage_95", "cov@95"),
+)
 
 
 def render_table(rows: list[dict[str, Any]]) -> list[str]:
-    head = ["method", "n", *[c[1] for c in _COLUMNS], "ρ(σ, 1−Tanimoto)", "ρ(σ, latent kNN)", "σ factor", "train s"]
+    head = [
+        "method",
+        "n",
+        *[c[1] for c in _COLUMNS],
+        "ρ(σ, 1−Tanimoto)",
+        "ρ(σ, latent kNN)",
+        "σ factor",
+        "train s",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         for variant, label in (("raw", "raw"), ("recal", "recal.")):
             cells = [_cell(r[variant][k]) for k, _ in _COLUMNS]
-            extra = [_cell(r["struct_cal_tanimoto"]), _cell(r["struct_cal_knn"])] if variant == "raw" else ["", ""]
-            extra += [_cell(r["recal_scale"], 2) if variant == "recal" else "", _cell(r["train_seconds"], 1)
-                      if variant == "raw" else ""]  # fmt: skip
-            lines.append(f"| {r['method']} ({label}) | {r['n']} | " + " | ".join(cells + extra) + " |")
+            extra = (
+                [_cell(r["struct_cal_tanimoto"]), _cell(r["struct_cal_knn"])]
+                if variant == "raw"
+                else ["", ""]
+            )
+            extra += [
+                _cell(r["recal_scale"], 2) if variant == "recal" else "",
+                _cell(r["train_seconds"], 1) if variant == "raw" else "",
+            ]
+            lines.append(
+                f"| {r['method']} ({label}) | {r['n']} | " + " | ".join(cells + extra) + " |"
+            )
     return lines
 
 
 def render_acceptance(acc: dict[str, Any]) -> list[str]:
-    head = (f"- **{acc['split']} split, {acc['ours']} vs {acc['reference']}: {acc['verdict']}** — beats it on "
-            f"{acc['wins']} of {acc['measured']} measured datasets (needed: {acc['needed']} of {acc['of']}).")
+    head = (
+        f"- **{acc['split']} split, {acc['ours']} vs {acc['reference']}: {acc['verdict']}** — beats it on "
+        f"{acc['wins']} of {acc['measured']} measured datasets (needed: {acc['needed']} of {acc['of']})."
+    )
     lines = [head]
     for d, c in acc["per_dataset"].items():
         if not c["measured"]:
             lines.append(f"  - {d}: not measured")
             continue
-        parts = [f"{k} {c[k]['ours']:.3f} vs {c[k]['chemprop']:.3f} ({c[k]['diff']:+.3f})"
-                 for k in ("miscalibration_area", "nll", "rmse")]  # fmt: skip
+        parts = [
+            f"{k} {c[k]['ours']:.3f} vs {c[k]['chemprop']:.3f} ({c[k]['diff']:+.3f})"
+            for k in ("miscalibration_area", "nll", "rmse")
+        ]
         rmse = "RMSE equal or better" if c["rmse_equal_or_better"] else "RMSE worse"
-        lines.append(f"  - {d}: {'yes' if c['beats'] else 'no'} — " + "; ".join(parts)
-                     + f"; {rmse} (tolerance {c['rmse_tolerance']:.3f}; n = {c['n_ours']} / {c['n_chemprop']})")
+        lines.append(
+            f"  - {d}: {'yes' if c['beats'] else 'no'} — "
+            + "; ".join(parts)
+            + f"; {rmse} (tolerance {c['rmse_tolerance']:.3f}; n = {c['n_ours']} / {c['n_chemprop']})"
+        )
     return lines
 
 
@@ -569,47 +829,106 @@ def repeated_splits(records: list[dict[str, Any]]) -> list[str]:
     """Datasets whose scaffold split has the test set of their random split: a scaffold and a random
     record of the same method and seed hold the same test targets in the same order (on CEP every
     molecule is its own Bemis-Murcko scaffold, so the scaffold split is the seed-0 permutation)."""
-    points = {(r["dataset"], r["split"], r["method"], r["seed"]): r["points"]["y"] for r in records if "points" in r}
-    return sorted({d for (d, sp, m, seed), y in points.items()
-                   if sp == "scaffold" and points.get((d, "random", m, seed)) == y})  # fmt: skip
+    points = {
+        (r["dataset"], r["split"], r["method"], r["seed"]): r["points"]["y"]
+        for r in records
+        if "points" in r
+    }
+    return sorted(
+        {
+            d
+            for (d, sp, m, seed), y in points.items()
+            if sp == "scaffold" and points.get((d, "random", m, seed)) == y
+        }
+    )
 
 
-def write_report(out: Path, records: list[dict], s: dict[str, Any], planned: list[Task], *, pngs: bool,
-                 wall: float | None = None) -> dict[str, Any]:  # fmt: skip
+def write_report(
+    out: Path,
+    records: list[dict],
+    s: dict[str, Any],
+    planned: list[Task],
+    *,
+    pngs: bool,
+    wall: float | None = None,
+) -> dict[str, Any]:
     rows = aggregate(records)
-    datasets = list(dict.fromkeys([t["dataset"] for t in planned] + [r["dataset"] for r in records]))
+    datasets = list(
+        dict.fromkeys([t["dataset"] for t in planned] + [r["dataset"] for r in records])
+    )
     names = DATASETS if not s["quick"] else datasets
-    accept = [acceptance(rows, names, split=sp, ref_variant=v) for sp in SPLITS for v in ("raw", "recal")]
-    accept_homo = [acceptance(rows, names, split=sp, ours="bgnn") for sp in SPLITS]  # the default until 2026-12-04
+    accept = [
+        acceptance(rows, names, split=sp, ref_variant=v) for sp in SPLITS for v in ("raw", "recal")
+    ]
+    accept_homo = [
+        acceptance(rows, names, split=sp, ours="bgnn") for sp in SPLITS
+    ]  # the default until 2026-12-04
     likelihoods = compare_likelihoods(rows)
     missing = missing_runs(planned, records)
     commands = list(dict.fromkeys(r["command"] for r in records))
-    summary = {"commands": commands, "settings": s, "n_runs": len(records), "partial": bool(missing),
-               "missing": [list(k) for k in missing], "rows": rows, "acceptance": accept,
-               "acceptance_homoscedastic": accept_homo, "likelihood": likelihoods,
-               "scaffold_equals_random": repeated_splits(records)}  # fmt: skip
+    summary = {
+        "commands": commands,
+        "settings": s,
+        "n_runs": len(records),
+        "partial": bool(missing),
+        "missing": [list(k) for k in missing],
+        "rows": rows,
+        "acceptance": accept,
+        "acceptance_homoscedastic": accept_homo,
+        "likelihood": likelihoods,
+        "scaffold_equals_random": repeated_splits(records),
+    }
     write_json(out / f"{STEM}.json", summary)
     md = ["# Molecular property benchmark: uncertainty raw and recalibrated, ours and chemprop", ""]
     if missing:
-        md += [(f"**Partial**: {len(records)} run(s) recorded, {len(missing)} of the {len(planned)} planned run(s) "
-                "missing (dataset method: split/seed):"), *_summarise_missing(missing), ""]  # fmt: skip
+        md += [
+            (
+                f"**Partial**: {len(records)} run(s) recorded, {len(missing)} of the {len(planned)} planned run(s) "
+                "missing (dataset method: split/seed):"
+            ),
+            *_summarise_missing(missing),
+            "",
+        ]
     not_planned = [d for d in DATASETS if d not in datasets]
     if not_planned and not s["quick"]:
         md += [f"Not run at all yet: {', '.join(not_planned)}.", ""]
     if summary["scaffold_equals_random"]:
-        md += [(f"**Scaffold = random** on {', '.join(summary['scaffold_equals_random'])}: its scaffold and random "
+        md += [
+            (
+                f"**Scaffold = random** on {', '.join(summary['scaffold_equals_random'])}: its scaffold and random "
                 "runs of the same method and seed have the same test targets in the same order, so its scaffold "
                 "cells repeat its random ones (each molecule its own Bemis-Murcko scaffold: the scaffold split "
-                "reduces to the seed-0 permutation) and it counts in both splits' tallies below."), ""]  # fmt: skip
-    claim = (f"Claim: the recalibrated default ({DEFAULT_METHOD} + zscaling fitted on validation) beats chemprop MVE's "
-             "miscalibration area and NLL on at least 4 of 6 datasets at equal or better RMSE. Computed from "
-             f"`{STEM}.json` (rows: mean over seeds); against chemprop MVE as it comes (raw) and against chemprop "
-             "MVE recalibrated the same way, on each split.")
-    md += ["Command(s):", "", "```bash", *commands, "```", "", *_setup_lines(s, records, wall), "",
-           "## Acceptance", "", claim, ""]
+                "reduces to the seed-0 permutation) and it counts in both splits' tallies below."
+            ),
+            "",
+        ]
+    claim = (
+        f"Claim: the recalibrated default ({DEFAULT_METHOD} + zscaling fitted on validation) beats chemprop MVE's "
+        "miscalibration area and NLL on at least 4 of 6 datasets at equal or better RMSE. Computed from "
+        f"`{STEM}.json` (rows: mean over seeds); against chemprop MVE as it comes (raw) and against chemprop "
+        "MVE recalibrated the same way, on each split."
+    )
+    md += [
+        "Command(s):",
+        "",
+        "```bash",
+        *commands,
+        "```",
+        "",
+        *_setup_lines(s, records, wall),
+        "",
+        "## Acceptance",
+        "",
+        claim,
+        "",
+    ]
     for acc in accept:
         md += render_acceptance(acc)
-    md += ["", "The same claim for the homoscedastic bgnn (the package default before the choice below):", ""]
+    md += [
+        "",
+        "The same claim for the homoscedastic bgnn (the package default before the choice below):",
+        "",
+    ]
     for acc in accept_homo:
         md += render_acceptance(acc)
     md += ["", "## Default likelihood", "", *render_likelihoods(likelihoods, DEFAULT_METHOD), ""]
@@ -618,12 +937,27 @@ def write_report(out: Path, records: list[dict], s: dict[str, Any], planned: lis
             sub = [r for r in rows if r["dataset"] == d and r["split"] == sp]
             if not sub:
                 continue
-            rule = next((r.get("split_rule") for r in records if r["dataset"] == d and r["split"] == sp), "")
-            sizes = next(((r["n_train"], r["n_val"], r["n_test"]) for r in records
-                          if r["dataset"] == d and r["split"] == sp), None)  # fmt: skip
-            md += [f"## {d}, {sp} split ({rule}; train/val/test {sizes})", "", *render_table(sub), ""]
+            rule = next(
+                (r.get("split_rule") for r in records if r["dataset"] == d and r["split"] == sp), ""
+            )
+            sizes = next(
+                (
+                    (r["n_train"], r["n_val"], r["n_test"])
+                    for r in records
+                    if r["dataset"] == d and r["split"] == sp
+                ),
+                None,
+            )
+            md += [
+                f"## {d}, {sp} split ({rule}; train/val/test {sizes})",
+                "",
+                *render_table(sub),
+                "",
+            ]
             png = f"{STEM}_calibration_{d}_{sp}.png"
-            if pngs or (out / png).exists():  # drawn at the end of an invocation (or by --report-only)
+            if (
+                pngs or (out / png).exists()
+            ):  # drawn at the end of an invocation (or by --report-only)
                 md += [f"![calibration {d} {sp}]({png})", ""]
     (out / f"{STEM}.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     if pngs:
@@ -681,15 +1015,22 @@ def draw_figures(out: Path, records: list[dict[str, Any]]) -> None:
     for (d, sp), by_method in groups.items():
         fig = Figure(figsize=(9.0, 4.4))
         axes = fig.subplots(1, 2)
-        for ax, variant in zip(axes, ("raw", "recal")):
+        for ax, variant in zip(axes, ("raw", "recal"), strict=False):
             ax.plot([0, 1], [0, 1], "k--", lw=1)
             for m, r in by_method.items():
                 pts = r["points"]
                 factor = 1.0 if variant == "raw" else r["recal_scale"]
-                exp, obs = calibration_curve(pts["mean"], np.asarray(pts["std"]) * factor, pts["y"], nan_policy="omit")
+                exp, obs = calibration_curve(
+                    pts["mean"], np.asarray(pts["std"]) * factor, pts["y"], nan_policy="omit"
+                )
                 ax.plot(exp, obs, lw=1.5, label=f"{m} ({r[variant]['miscalibration_area']:.3f})")
-            ax.set(title=f"{d} {sp}: {'raw' if variant == 'raw' else 'recalibrated (zscaling)'}",
-                   xlabel="expected proportion in interval", ylabel="observed proportion", xlim=(0, 1), ylim=(0, 1))  # fmt: skip
+            ax.set(
+                title=f"{d} {sp}: {'raw' if variant == 'raw' else 'recalibrated (zscaling)'}",
+                xlabel="expected proportion in interval",
+                ylabel="observed proportion",
+                xlim=(0, 1),
+                ylim=(0, 1),
+            )
             ax.legend(fontsize=6, loc="upper left", title="method (miscal. area)", title_fontsize=6)
         fig.tight_layout()
         fig.savefig(out / f"{STEM}_calibration_{d}_{sp}.png", dpi=110)
@@ -698,7 +1039,9 @@ def draw_figures(out: Path, records: list[dict[str, Any]]) -> None:
 # ============================================================================ the loop
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
-    command = shlex.join(["python", "benchmarks/molecular.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(
+        ["python", "benchmarks/molecular.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     jsonl, s = args.out / f"{STEM}.jsonl", settings(args)
     records = read_records(jsonl)
@@ -706,14 +1049,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     if args.merge:
         merge_records(args.merge, jsonl, records, args.out / f".{STEM}.lock")
     if args.report_only or args.merge:
-        summary = write_report(args.out, records, records[0]["settings"] if records else s, planned, pngs=True)
+        summary = write_report(
+            args.out, records, records[0]["settings"] if records else s, planned, pngs=True
+        )
         print(f"wrote {args.out / STEM}.md from {len(records)} record(s)")
         return summary
     check_settings(records, s)
     lock = args.out / f".{STEM}.lock"
     take_lock(lock, owner="molecular.py")
     torch.set_num_threads(args.threads)
-    work = Path(tempfile.mkdtemp(prefix="molecular_"))  # temporary checkpoints and CSVs, removed at the end
+    work = Path(
+        tempfile.mkdtemp(prefix="molecular_")
+    )  # temporary checkpoints and CSVs, removed at the end
     try:
         return run_all(args, s, records, planned, jsonl, command, work)
     finally:
@@ -721,7 +1068,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def merge_records(sources: Sequence[Path], jsonl: Path, records: list[dict[str, Any]], lock: Path) -> int:
+def merge_records(
+    sources: Sequence[Path], jsonl: Path, records: list[dict[str, Any]], lock: Path
+) -> int:
     """Append to ``jsonl`` (and ``records``) every run of ``sources`` it lacks; the settings must
     match the recorded ones. Returns the number appended."""
     take_lock(lock, owner="molecular.py --merge")  # not while a run writes to the same file
@@ -751,33 +1100,59 @@ def _cpu() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def run_all(args: argparse.Namespace, s: dict[str, Any], records: list[dict], planned: list[Task], jsonl: Path,
-            command: str, work: Path) -> dict[str, Any]:  # fmt: skip
+def run_all(
+    args: argparse.Namespace,
+    s: dict[str, Any],
+    records: list[dict],
+    planned: list[Task],
+    jsonl: Path,
+    command: str,
+    work: Path,
+) -> dict[str, Any]:
     done = {run_key(r) for r in records}
     todo = [t for t in planned if run_key(t) not in done]
     if any(t["method"] in CHEMPROP for t in todo) and chemprop_bin(args) is None:
-        print("chemprop is not installed: the chemprop rows are skipped (pip install 'mlip-unc[chemprop]')", flush=True)
+        print(
+            "chemprop is not installed: the chemprop rows are skipped (pip install 'mlip-unc[chemprop]')",
+            flush=True,
+        )
         todo = [t for t in todo if t["method"] not in CHEMPROP]
-    print(f"{len(todo)} run(s) to do ({len(planned) - len(todo)} of {len(planned)} planned already recorded or "
-          "skipped)", flush=True)  # fmt: skip
+    print(
+        f"{len(todo)} run(s) to do ({len(planned) - len(todo)} of {len(planned)} planned already recorded or "
+        "skipped)",
+        flush=True,
+    )
     ctx, t_start = Context(args, work), time.perf_counter()
     for k, task in enumerate(todo, start=1):
         t0, c0 = time.perf_counter(), _cpu()
         try:
             rec = (run_chemprop if task["method"] in CHEMPROP else run_ours)(task, ctx, s)
-        except RuntimeError as err:  # a failed chemprop call: reported, not recorded, the rest goes on
+        except (
+            RuntimeError
+        ) as err:  # a failed chemprop call: reported, not recorded, the rest goes on
             print(f"run {run_key(task)} failed: {err}", flush=True)
             continue
-        rec.update(task, settings=s, command=command, seconds=time.perf_counter() - t0,
-                   cpu_seconds=_cpu() - c0, torch=torch.__version__)
+        rec.update(
+            task,
+            settings=s,
+            command=command,
+            seconds=time.perf_counter() - t0,
+            cpu_seconds=_cpu() - c0,
+            torch=torch.__version__,
+        )
         append_record(jsonl, rec)
         records.append(rec)
-        print(f"[{k}/{len(todo)}] {task['dataset']} {task['split']} {task['method']} seed {task['seed']}: "
-              f"rmse {rec['raw']['rmse']:.3f} nll {rec['raw']['nll']:.3f}->{rec['recal']['nll']:.3f} "
-              f"miscal {rec['raw']['miscalibration_area']:.3f}->{rec['recal']['miscalibration_area']:.3f} "
-              f"({rec['seconds']:.1f} s; {(time.perf_counter() - t_start) / 60:.1f} min so far)", flush=True)  # fmt: skip
+        print(
+            f"[{k}/{len(todo)}] {task['dataset']} {task['split']} {task['method']} seed {task['seed']}: "
+            f"rmse {rec['raw']['rmse']:.3f} nll {rec['raw']['nll']:.3f}->{rec['recal']['nll']:.3f} "
+            f"miscal {rec['raw']['miscalibration_area']:.3f}->{rec['recal']['miscalibration_area']:.3f} "
+            f"({rec['seconds']:.1f} s; {(time.perf_counter() - t_start) / 60:.1f} min so far)",
+            flush=True,
+        )
         write_report(args.out, records, s, planned, pngs=False, wall=time.perf_counter() - t_start)
-    summary = write_report(args.out, records, s, planned, pngs=True, wall=time.perf_counter() - t_start)
+    summary = write_report(
+        args.out, records, s, planned, pngs=True, wall=time.perf_counter() - t_start
+    )
     print(f"wrote {args.out / STEM}.md, .json, .jsonl and PNGs ({len(records)} runs)", flush=True)
     return summary
 

@@ -42,7 +42,9 @@ def compare(rows: list[dict[str, Any]], homo: str = HOMO, hetero: str = HETERO) 
             if x is None or y is None:
                 continue
             sign = 1.0 if better == "lower" else -1.0
-            winner = None if round(x, 3) == round(y, 3) else (homo if sign * (x - y) < 0 else hetero)
+            winner = (
+                None if round(x, 3) == round(y, 3) else (homo if sign * (x - y) < 0 else hetero)
+            )
             cell[metric] = {homo: x, hetero: y, "winner": winner}
             wins[metric]["of"] += 1
             if winner:
@@ -56,12 +58,21 @@ def render(result: dict[str, Any], default: str) -> list[str]:
     homo, hetero, wins = result["homo"], result["hetero"], result["wins"]
     if not result["cells"]:
         return [f"No (dataset, split) with both {homo} and {hetero} recorded yet."]
-    total = "; ".join(f"{m} ({v}, {b}): {hetero} better in {wins[m][hetero]}, {homo} in {wins[m][homo]} "
-                      f"of {wins[m]['of']}" for m, v, b in CRITERIA)  # fmt: skip
-    lines = [f"{hetero} (heteroscedastic) vs {homo} (homoscedastic), means over seeds per (dataset, split): {total}.",
-             "", f"`mlip-unc property train` (method bgnn) uses the likelihood of the **{default}** row.", "",
-             "| dataset | split | n | " + " | ".join(f"{m} ({v}) {homo} / {hetero}" for m, v, _ in CRITERIA) + " |",
-             "|---|---|---|" + "---|" * len(CRITERIA)]  # fmt: skip
+    total = "; ".join(
+        f"{m} ({v}, {b}): {hetero} better in {wins[m][hetero]}, {homo} in {wins[m][homo]} "
+        f"of {wins[m]['of']}"
+        for m, v, b in CRITERIA
+    )
+    lines = [
+        f"{hetero} (heteroscedastic) vs {homo} (homoscedastic), means over seeds per (dataset, split): {total}.",
+        "",
+        f"`mlip-unc property train` (method bgnn) uses the likelihood of the **{default}** row.",
+        "",
+        "| dataset | split | n | "
+        + " | ".join(f"{m} ({v}) {homo} / {hetero}" for m, v, _ in CRITERIA)
+        + " |",
+        "|---|---|---|" + "---|" * len(CRITERIA),
+    ]
     for c in result["cells"]:
         parts = []
         for m, _, _ in CRITERIA:
@@ -69,7 +80,13 @@ def render(result: dict[str, Any], default: str) -> list[str]:
                 parts.append("n/a")
                 continue
             x, y, w = c[m][homo], c[m][hetero], c[m]["winner"]
-            parts.append(f"{'**' if w == homo else ''}{x:.3f}{'**' if w == homo else ''} / "
-                         f"{'**' if w == hetero else ''}{y:.3f}{'**' if w == hetero else ''}")  # fmt: skip
-        lines.append(f"| {c['dataset']} | {c['split']} | {c['n'][0]} / {c['n'][1]} | " + " | ".join(parts) + " |")
+            parts.append(
+                f"{'**' if w == homo else ''}{x:.3f}{'**' if w == homo else ''} / "
+                f"{'**' if w == hetero else ''}{y:.3f}{'**' if w == hetero else ''}"
+            )
+        lines.append(
+            f"| {c['dataset']} | {c['split']} | {c['n'][0]} / {c['n'][1]} | "
+            + " | ".join(parts)
+            + " |"
+        )
     return lines

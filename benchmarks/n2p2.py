@@ -51,7 +51,9 @@ class N2p2Model:
     element: str
     functions: list[SymmetryFunction]  # in input.nn's order
     scaling: np.ndarray  # (n_sf, 2) G_min, G_max in n2p2's order
-    order: np.ndarray | None  # order[k] = index in ``functions`` of scaling row k (None: not matched yet)
+    order: (
+        np.ndarray | None
+    )  # order[k] = index in ``functions`` of scaling row k (None: not matched yet)
     weights: list[tuple[np.ndarray, np.ndarray]]  # per layer: W (n_out, n_in), b (n_out,)
     activations: list[str]  # per layer: "t" tanh, "l" linear
     scale_min: float
@@ -71,33 +73,60 @@ def read_model(folder: Path, weights_file: str | None = None) -> N2p2Model:
         if words[0] == "symfunction_short":
             kind = int(words[2])
             if kind == 2:
-                functions.append(SymmetryFunction(2, eta=float(words[4]), rs=float(words[5]), rc=float(words[6])))
+                functions.append(
+                    SymmetryFunction(2, eta=float(words[4]), rs=float(words[5]), rc=float(words[6]))
+                )
             elif kind == 3:
-                functions.append(SymmetryFunction(3, eta=float(words[5]), lam=float(words[6]), zeta=float(words[7]),
-                                                  rc=float(words[8]), rs=float(words[9]) if len(words) > 9 else 0.0))  # fmt: skip
+                functions.append(
+                    SymmetryFunction(
+                        3,
+                        eta=float(words[5]),
+                        lam=float(words[6]),
+                        zeta=float(words[7]),
+                        rc=float(words[8]),
+                        rs=float(words[9]) if len(words) > 9 else 0.0,
+                    )
+                )
             else:
-                raise ValueError(f"{folder / 'input.nn'}:{n}: symmetry function type {kind} not supported")
+                raise ValueError(
+                    f"{folder / 'input.nn'}:{n}: symmetry function type {kind} not supported"
+                )
         else:
             keys[words[0]] = words[1:]
     if keys.get("number_of_elements", ["1"])[0] != "1":
         raise ValueError(f"{folder / 'input.nn'}: only one-element models are supported")
     if keys.get("cutoff_type", ["1"])[0] != "1":
-        raise ValueError(f"{folder / 'input.nn'}: cutoff_type {keys['cutoff_type'][0]} not supported (only 1, cosine)")
-    if "scale_symmetry_functions" not in keys or any(k in keys for k in ("center_symmetry_functions", "normalize_nodes")):
-        raise ValueError(f"{folder / 'input.nn'}: only min-max scaled symmetry functions are supported")
+        raise ValueError(
+            f"{folder / 'input.nn'}: cutoff_type {keys['cutoff_type'][0]} not supported (only 1, cosine)"
+        )
+    if "scale_symmetry_functions" not in keys or any(
+        k in keys for k in ("center_symmetry_functions", "normalize_nodes")
+    ):
+        raise ValueError(
+            f"{folder / 'input.nn'}: only min-max scaled symmetry functions are supported"
+        )
     if any(f.kind == 3 and f.rs != 0.0 for f in functions):
         raise ValueError(f"{folder / 'input.nn'}: shifted angular functions not supported")
-    scaling = np.array([[float(w) for w in line.split()[2:4]] for line in (folder / "scaling.data").read_text().splitlines()
-                        if line.split() and not line.startswith("#")])  # fmt: skip
+    scaling = np.array(
+        [
+            [float(w) for w in line.split()[2:4]]
+            for line in (folder / "scaling.data").read_text().splitlines()
+            if line.split() and not line.startswith("#")
+        ]
+    )
     if len(scaling) != len(functions):
-        raise ValueError(f"{folder}: {len(scaling)} rows in scaling.data for {len(functions)} symmetry functions")
+        raise ValueError(
+            f"{folder}: {len(scaling)} rows in scaling.data for {len(functions)} symmetry functions"
+        )
     if weights_file is None:
         found = sorted(folder.glob("weights.*.data"))
         if len(found) != 1:
             raise ValueError(f"{folder}: {len(found)} weights.*.data files; name one")
         weights_file = found[0].name
     nodes = [len(functions), *(int(v) for v in keys["global_nodes_short"]), 1]
-    weights = [(np.zeros((nodes[k + 1], nodes[k])), np.zeros(nodes[k + 1])) for k in range(len(nodes) - 1)]
+    weights = [
+        (np.zeros((nodes[k + 1], nodes[k])), np.zeros(nodes[k + 1])) for k in range(len(nodes) - 1)
+    ]
     seen = 0
     for line in (folder / weights_file).read_text().splitlines():
         w = line.split()
@@ -110,20 +139,35 @@ def read_model(folder: Path, weights_file: str | None = None) -> N2p2Model:
         seen += 1
     expected = sum(W.size + b.size for W, b in weights)
     if seen != expected:
-        raise ValueError(f"{folder / weights_file}: {seen} weights for an architecture of {expected}")
+        raise ValueError(
+            f"{folder / weights_file}: {seen} weights for an architecture of {expected}"
+        )
     element = keys["elements"][0]
-    energy = dict(zip(keys.get("atom_energy", [])[0::2], keys.get("atom_energy", [])[1::2]))
-    return N2p2Model(element=element, functions=functions, scaling=scaling, order=None, weights=weights,
-                     activations=list(keys["global_activation_short"]), scale_min=float(keys["scale_min_short"][0]),
-                     scale_max=float(keys["scale_max_short"][0]), atom_energy=float(energy.get(element, 0.0)))  # fmt: skip
+    energy = dict(zip(keys.get("atom_energy", [])[0::2], keys.get("atom_energy", [])[1::2], strict=False))
+    return N2p2Model(
+        element=element,
+        functions=functions,
+        scaling=scaling,
+        order=None,
+        weights=weights,
+        activations=list(keys["global_activation_short"]),
+        scale_min=float(keys["scale_min_short"][0]),
+        scale_max=float(keys["scale_max_short"][0]),
+        atom_energy=float(energy.get(element, 0.0)),
+    )
 
 
 def _cutoff(r: torch.Tensor, rc: float) -> torch.Tensor:
     return torch.where(r < rc, 0.5 * (torch.cos(math.pi * r / rc) + 1.0), torch.zeros_like(r))
 
 
-def symmetry_functions(model: N2p2Model, atoms: ase.Atoms, length_unit: float, strain: torch.Tensor | None = None,
-                       positions: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def symmetry_functions(
+    model: N2p2Model,
+    atoms: ase.Atoms,
+    length_unit: float,
+    strain: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
     """G (n_atoms, n_sf) in input.nn's order, unscaled; ``positions`` (n, 3) in Angstrom and
     ``strain`` (3, 3) may carry gradients. ``length_unit``: Angstrom per model length unit."""
     rc = max(f.rc for f in model.functions) * length_unit  # Angstrom
@@ -133,7 +177,9 @@ def symmetry_functions(model: N2p2Model, atoms: ase.Atoms, length_unit: float, s
     deform = torch.eye(3, dtype=torch.float64) + (strain if strain is not None else 0.0)
     pos, cell = pos @ deform, cell @ deform
     ii, jj = torch.as_tensor(i), torch.as_tensor(j)
-    vec = (pos[jj] - pos[ii] + torch.as_tensor(shift, dtype=torch.float64) @ cell) / length_unit  # (E, 3) model units
+    vec = (
+        pos[jj] - pos[ii] + torch.as_tensor(shift, dtype=torch.float64) @ cell
+    ) / length_unit  # (E, 3) model units
     r = vec.norm(dim=1)
     n = len(atoms)
     # triplets: pairs of edges (a, b), a < b, with the same centre
@@ -142,7 +188,7 @@ def symmetry_functions(model: N2p2Model, atoms: ase.Atoms, length_unit: float, s
     starts = torch.cumsum(counts, 0) - counts
     ea, eb = [], []
     for c in range(n):
-        idx = order[starts[c]: starts[c] + counts[c]]
+        idx = order[starts[c] : starts[c] + counts[c]]
         a, b = torch.triu_indices(len(idx), len(idx), offset=1)
         ea.append(idx[a])
         eb.append(idx[b])
@@ -157,8 +203,14 @@ def symmetry_functions(model: N2p2Model, atoms: ase.Atoms, length_unit: float, s
             g = torch.exp(-f.eta * (r - f.rs) ** 2) * _cutoff(r, f.rc)
             out.append(torch.zeros(n, dtype=torch.float64).index_add(0, ii, g))
         else:
-            g = (2.0 ** (1.0 - f.zeta) * (1.0 + f.lam * cos).clamp(min=0.0) ** f.zeta
-                 * torch.exp(-f.eta * (rab**2 + rac**2 + rbc**2)) * _cutoff(rab, f.rc) * _cutoff(rac, f.rc) * _cutoff(rbc, f.rc))  # fmt: skip
+            g = (
+                2.0 ** (1.0 - f.zeta)
+                * (1.0 + f.lam * cos).clamp(min=0.0) ** f.zeta
+                * torch.exp(-f.eta * (rab**2 + rac**2 + rbc**2))
+                * _cutoff(rab, f.rc)
+                * _cutoff(rac, f.rc)
+                * _cutoff(rbc, f.rc)
+            )
             out.append(torch.zeros(n, dtype=torch.float64).index_add(0, centre, g))
     return torch.stack(out, dim=1)
 
@@ -180,17 +232,29 @@ def match_order(model: N2p2Model, frames: list[ase.Atoms], length_unit: float) -
     return float(cost[np.arange(len(order)), order].max())
 
 
-def energy(model: N2p2Model, atoms: ase.Atoms, length_unit: float, energy_unit: float,
-           positions: torch.Tensor | None = None, strain: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def energy(
+    model: N2p2Model,
+    atoms: ase.Atoms,
+    length_unit: float,
+    energy_unit: float,
+    positions: torch.Tensor | None = None,
+    strain: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Total energy (eV) of ``atoms``."""
     if model.order is None:
-        raise ValueError("symmetry-function order unknown: call match_order on the training frames first")
+        raise ValueError(
+            "symmetry-function order unknown: call match_order on the training frames first"
+        )
     if set(atoms.get_chemical_symbols()) != {model.element}:
-        raise ValueError(f"model of {model.element} given {sorted(set(atoms.get_chemical_symbols()))}")
-    g = symmetry_functions(model, atoms, length_unit, strain=strain, positions=positions)[:, torch.as_tensor(model.order)]
+        raise ValueError(
+            f"model of {model.element} given {sorted(set(atoms.get_chemical_symbols()))}"
+        )
+    g = symmetry_functions(model, atoms, length_unit, strain=strain, positions=positions)[
+        :, torch.as_tensor(model.order)
+    ]
     lo, hi = (torch.as_tensor(model.scaling[:, k]) for k in (0, 1))
     x = model.scale_min + (model.scale_max - model.scale_min) * (g - lo) / (hi - lo)
-    for (W, b), act in zip(model.weights, model.activations):
+    for (W, b), act in zip(model.weights, model.activations, strict=False):
         x = x @ torch.as_tensor(W).T + torch.as_tensor(b)
         x = torch.tanh(x) if act == "t" else x
     return (x.sum() + len(atoms) * model.atom_energy) * energy_unit
@@ -201,7 +265,9 @@ class N2p2Calculator(Calculator):
 
     implemented_properties = ["energy", "forces", "stress"]
 
-    def __init__(self, model: N2p2Model, length_unit: float = BOHR, energy_unit: float = HARTREE, **kwargs) -> None:
+    def __init__(
+        self, model: N2p2Model, length_unit: float = BOHR, energy_unit: float = HARTREE, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.model, self.length_unit, self.energy_unit = model, length_unit, energy_unit
 
@@ -209,11 +275,15 @@ class N2p2Calculator(Calculator):
         super().calculate(atoms, properties, system_changes)
         pos = torch.tensor(self.atoms.positions, dtype=torch.float64, requires_grad=True)
         strain = torch.zeros(3, 3, dtype=torch.float64, requires_grad=True)
-        e = energy(self.model, self.atoms, self.length_unit, self.energy_unit, positions=pos, strain=strain)
+        e = energy(
+            self.model, self.atoms, self.length_unit, self.energy_unit, positions=pos, strain=strain
+        )
         de_dpos, de_dstrain = torch.autograd.grad(e, (pos, strain))
         self.results["energy"] = float(e.detach())
         self.results["forces"] = -de_dpos.numpy()
         if self.atoms.pbc.all() and self.atoms.cell.volume > 0:
             s = de_dstrain.numpy() / self.atoms.cell.volume
             s = 0.5 * (s + s.T)
-            self.results["stress"] = np.array([s[0, 0], s[1, 1], s[2, 2], s[1, 2], s[0, 2], s[0, 1]])
+            self.results["stress"] = np.array(
+                [s[0, 0], s[1, 1], s[2, 2], s[1, 2], s[0, 2], s[0, 1]]
+            )

@@ -78,14 +78,56 @@ CPU_S_PER_EPOCH = {"esol": 0.30, "lipo": 1.7, "freesolv": 0.15, "synthetic": 0.0
 Task = dict[str, Any]
 QUICK_DATASET = "synthetic"
 QUICK_SMILES = [
-    "C", "CC", "CCC", "CCCC", "CCCCC", "CCCCCC", "CO", "CCO", "CCCO", "CCCCO",
-    "CC(C)O", "CC(=O)O", "CC(=O)C", "CCOC", "c1ccccc1", "Cc1ccccc1", "CCc1ccccc1", "Oc1ccccc1",
-    "c1ccncc1", "C1CCCCC1", "C1CCCC1", "CN", "CCN", "CCCN", "CC#N", "C=C", "C=CC", "CC=CC",
-    "ClC", "CCCl", "FC(F)F", "CS", "CCS", "O=C=O", "CC(C)C", "CC(C)(C)C", "OCCO", "NCCN",
-    "c1ccoc1", "c1ccsc1",
-]  # fmt: skip
-QUICK_DEFAULTS = {"fractions": [50.0, 100.0], "seeds": [0], "epochs": 2, "hidden": 16, "layers": 2, "latent_dim": 8,
-                  "batch_size": 8}  # fmt: skip
+    "C",
+    "CC",
+    "CCC",
+    "CCCC",
+    "CCCCC",
+    "CCCCCC",
+    "CO",
+    "CCO",
+    "CCCO",
+    "CCCCO",
+    "CC(C)O",
+    "CC(=O)O",
+    "CC(=O)C",
+    "CCOC",
+    "c1ccccc1",
+    "Cc1ccccc1",
+    "CCc1ccccc1",
+    "Oc1ccccc1",
+    "c1ccncc1",
+    "C1CCCCC1",
+    "C1CCCC1",
+    "CN",
+    "CCN",
+    "CCCN",
+    "CC#N",
+    "C=C",
+    "C=CC",
+    "CC=CC",
+    "ClC",
+    "CCCl",
+    "FC(F)F",
+    "CS",
+    "CCS",
+    "O=C=O",
+    "CC(C)C",
+    "CC(C)(C)C",
+    "OCCO",
+    "NCCN",
+    "c1ccoc1",
+    "c1ccsc1",
+]
+QUICK_DEFAULTS = {
+    "fractions": [50.0, 100.0],
+    "seeds": [0],
+    "epochs": 2,
+    "hidden": 16,
+    "layers": 2,
+    "latent_dim": 8,
+    "batch_size": 8,
+}
 
 
 def quick_data() -> tuple[dict[int, Any], Split]:
@@ -109,31 +151,75 @@ def reference_split(dataset: str, data_root: str | Path) -> Split:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=("lipo", "esol", "freesolv"), default="esol")
-    p.add_argument("--fractions", type=float, nargs="+", default=[10, 25, 50, 75, 100], help="Training %% values.")
+    p.add_argument(
+        "--fractions",
+        type=float,
+        nargs="+",
+        default=[10, 25, 50, 75, 100],
+        help="Training %% values.",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--variants", nargs="+", default=["bgnn", "agl", *INTERVENTIONS],
-                   choices=[v for v in VARIANTS if not VARIANTS[v].frozen])  # fmt: skip
-    p.add_argument("--frozen-at", choices=("max", "all", "none"), default="max",
-                   help="Fractions at which the interventions are also trained under the frozen bgnn posterior.")
-    p.add_argument("--interventions-at", choices=("max", "all"), default="all",
-                   help="Fractions at which the interventions are trained as they are (claim 2 uses the largest).")
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=["bgnn", "agl", *INTERVENTIONS],
+        choices=[v for v in VARIANTS if not VARIANTS[v].frozen],
+    )
+    p.add_argument(
+        "--frozen-at",
+        choices=("max", "all", "none"),
+        default="max",
+        help="Fractions at which the interventions are also trained under the frozen bgnn posterior.",
+    )
+    p.add_argument(
+        "--interventions-at",
+        choices=("max", "all"),
+        default="all",
+        help="Fractions at which the interventions are trained as they are (claim 2 uses the largest).",
+    )
     p.add_argument("--epochs", type=int, default=60)
-    p.add_argument("--min-steps", type=int, default=0,
-                   help="Train small fractions for more epochs, up to this many optimizer steps (0: fixed epochs).")
+    p.add_argument(
+        "--min-steps",
+        type=int,
+        default=0,
+        help="Train small fractions for more epochs, up to this many optimizer steps (0: fixed epochs).",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--latent-dim", type=int, default=32)
-    p.add_argument("--reg-lambda", type=float, default=1.0, help="lambda_max of AGL and of the interventions.")
-    p.add_argument("--data-root", type=Path, default=None, help="Default: $MLIP_UNC_DATA, else ../shared/data.")
-    p.add_argument("--out", type=Path, default=None, help="Default: benchmarks/results/paper_study/<dataset>.")
-    p.add_argument("--work-dir", type=Path, default=None,
-                   help="bgnn models for the frozen runs (default: runs/paper_study/<dataset>, git-ignored).")
-    p.add_argument("--workers", type=int, default=1, help="Parallel runs (processes, one torch thread each).")
-    p.add_argument("--resume", action="store_true", help="Skip runs already in OUT/paper_study.jsonl.")
-    p.add_argument("--report-only", action="store_true", help="Only rewrite the report from OUT/paper_study.jsonl.")
-    p.add_argument("--quick", action="store_true", help="40 generated molecules, tiny settings, seconds; needs --out.")
+    p.add_argument(
+        "--reg-lambda", type=float, default=1.0, help="lambda_max of AGL and of the interventions."
+    )
+    p.add_argument(
+        "--data-root", type=Path, default=None, help="Default: $MLIP_UNC_DATA, else ../shared/data."
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="Default: benchmarks/results/paper_study/<dataset>."
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="bgnn models for the frozen runs (default: runs/paper_study/<dataset>, git-ignored).",
+    )
+    p.add_argument(
+        "--workers", type=int, default=1, help="Parallel runs (processes, one torch thread each)."
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="Skip runs already in OUT/paper_study.jsonl."
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="Only rewrite the report from OUT/paper_study.jsonl.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="40 generated molecules, tiny settings, seconds; needs --out.",
+    )
     given = list(sys.argv[1:] if argv is None else argv)
     if "--quick" in given:
         p.set_defaults(**QUICK_DEFAULTS)
@@ -156,12 +242,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """What must match for a recorded run to be reused (``--resume``)."""
     return {
-        "dataset": args.dataset, "epochs": args.epochs, "min_steps": args.min_steps, "batch_size": args.batch_size,
+        "dataset": args.dataset,
+        "epochs": args.epochs,
+        "min_steps": args.min_steps,
+        "batch_size": args.batch_size,
         "lr": args.lr,
-        "hidden": args.hidden, "layers": args.layers, "latent_dim": args.latent_dim, "reg_lambda": args.reg_lambda,
-        "agl_form": "mean", "keep": "last", "scheduler": "cosine", "eval_every": VAL_EVAL_EVERY,
-        "min_abs_mean_rel": 0.1, "knn_k": 10,
-    }  # fmt: skip
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "latent_dim": args.latent_dim,
+        "reg_lambda": args.reg_lambda,
+        "agl_form": "mean",
+        "keep": "last",
+        "scheduler": "cosine",
+        "eval_every": VAL_EVAL_EVERY,
+        "min_abs_mean_rel": 0.1,
+        "knn_k": 10,
+    }
 
 
 def run_epochs(s: dict[str, Any], n_train: int) -> int:
@@ -175,12 +271,23 @@ def base_config(s: dict[str, Any], epochs: int) -> PropertyConfig:
 
     The AGL and intervention terms start after ``epochs // 5`` and ramp up over ``epochs // 5``.
     """
-    model = ModelConfig(method="bgnn", hidden=s["hidden"], layers=s["layers"], latent_dim=s["latent_dim"],
-                        likelihood="homoscedastic")  # the paper's model (the package default is heteroscedastic)
+    model = ModelConfig(
+        method="bgnn",
+        hidden=s["hidden"],
+        layers=s["layers"],
+        latent_dim=s["latent_dim"],
+        likelihood="homoscedastic",
+    )  # the paper's model (the package default is heteroscedastic)
     train = TrainConfig(
-        epochs=epochs, batch_size=s["batch_size"], lr=s["lr"], lr_schedule=s["scheduler"], patience=0,
-        reg_lambda=s["reg_lambda"], eval_every=s["eval_every"], progress=False,
-    )  # fmt: skip
+        epochs=epochs,
+        batch_size=s["batch_size"],
+        lr=s["lr"],
+        lr_schedule=s["scheduler"],
+        patience=0,
+        reg_lambda=s["reg_lambda"],
+        eval_every=s["eval_every"],
+        progress=False,
+    )
     return PropertyConfig(model=model, train=train)
 
 
@@ -190,8 +297,12 @@ def tasks(args: argparse.Namespace) -> list[Task]:
     out = []
     for seed in args.seeds:
         for fraction in sorted(args.fractions):
-            names = [v for v in VARIANTS if v in args.variants
-                     and (v not in INTERVENTIONS or args.interventions_at == "all" or fraction == top)]
+            names = [
+                v
+                for v in VARIANTS
+                if v in args.variants
+                and (v not in INTERVENTIONS or args.interventions_at == "all" or fraction == top)
+            ]
             if args.frozen_at == "all" or (args.frozen_at == "max" and fraction == top):
                 names += [f"{iv}_frozen" for iv in INTERVENTIONS if iv in args.variants]
             out += [{"variant": v, "fraction": float(fraction), "seed": seed} for v in names]
@@ -239,19 +350,36 @@ def run_one(task: Task, s: dict[str, Any], work_dir: str, top_fraction: float) -
         meta = {"n_targets": 1, "train_fraction": fraction}
         save_checkpoint(bgnn_path(work_dir, fraction, seed), model_payload(model, config, meta))
     keep_points = fraction == top_fraction and variant in ("bgnn", "agl")
-    record = study_record(model, train, test, min_abs_mean_rel=s["min_abs_mean_rel"], knn_k=s["knn_k"],
-                          keep_points=keep_points)  # fmt: skip
+    record = study_record(
+        model,
+        train,
+        test,
+        min_abs_mean_rel=s["min_abs_mean_rel"],
+        knn_k=s["knn_k"],
+        keep_points=keep_points,
+    )
     last = result.history[-1] if result.history else {}
-    tail = result.history[max(0, math.ceil(0.9 * len(result.history)) - 1)] if result.history else {}
+    tail = (
+        result.history[max(0, math.ceil(0.9 * len(result.history)) - 1)] if result.history else {}
+    )
     record.update(
-        variant=variant, fraction=fraction, seed=seed, epochs_run=result.epochs_run,
+        variant=variant,
+        fraction=fraction,
+        seed=seed,
+        epochs_run=result.epochs_run,
         n_steps=result.epochs_run * math.ceil(len(train) / s["batch_size"]),
-        regularizer=config.train.regularizer_kind.value, intervention=getattr(config.train.intervention, "value", None),
-        final_train_nll=last.get("train_nll"), final_train_kl_term=last.get("train_kl"),
-        train_nll_at_90pct=tail.get("train_nll"),  # convergence check: final - this over the last 10 % of epochs
-        final_lambda=last.get("train_lambda"), train_seconds=60.0 * result.minutes,
-        seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0,
-    )  # fmt: skip
+        regularizer=config.train.regularizer_kind.value,
+        intervention=getattr(config.train.intervention, "value", None),
+        final_train_nll=last.get("train_nll"),
+        final_train_kl_term=last.get("train_kl"),
+        train_nll_at_90pct=tail.get(
+            "train_nll"
+        ),  # convergence check: final - this over the last 10 % of epochs
+        final_lambda=last.get("train_lambda"),
+        train_seconds=60.0 * result.minutes,
+        seconds=time.perf_counter() - t0,
+        cpu_seconds=time.process_time() - c0,
+    )
     return record
 
 
@@ -282,7 +410,9 @@ def take_lock(path: Path, owner: str = "paper_study.py") -> None:
         return
     except PermissionError:
         pass
-    raise SystemExit(f"error: another {owner} (pid {pid}) writes to {path.parent}; wait for it or stop it")
+    raise SystemExit(
+        f"error: another {owner} (pid {pid}) writes to {path.parent}; wait for it or stop it"
+    )
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:
@@ -292,15 +422,23 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
 
 
-def records_for(records: list[dict[str, Any]], dataset: str, wanted: dict[str, Any] | None) -> list[dict[str, Any]]:
+def records_for(
+    records: list[dict[str, Any]], dataset: str, wanted: dict[str, Any] | None
+) -> list[dict[str, Any]]:
     """Records of ``dataset``; all must share one setting (``wanted`` when given)."""
     mine = [r for r in records if r.get("settings", {}).get("dataset") == dataset]
     ref = wanted if wanted is not None else (mine[0]["settings"] if mine else None)
     bad = [r for r in mine if r["settings"] != ref]
     if bad:
-        diff = {k: (bad[0]["settings"].get(k), v) for k, v in ref.items() if bad[0]["settings"].get(k) != v}
-        raise SystemExit(f"error: {len(bad)} recorded run(s) have other settings {diff} (recorded, expected); "
-                         "use another --out or remove the JSONL file")  # fmt: skip
+        diff = {
+            k: (bad[0]["settings"].get(k), v)
+            for k, v in ref.items()
+            if bad[0]["settings"].get(k) != v
+        }
+        raise SystemExit(
+            f"error: {len(bad)} recorded run(s) have other settings {diff} (recorded, expected); "
+            "use another --out or remove the JSONL file"
+        )
     return mine
 
 
@@ -308,18 +446,28 @@ def records_for(records: list[dict[str, Any]], dataset: str, wanted: dict[str, A
 def _header(s: dict[str, Any], records: list[dict[str, Any]], wall: float | None) -> list[str]:
     cpu = [r.get("cpu_seconds", r["seconds"]) for r in records]
     mean_cpu = sum(cpu) / max(len(cpu), 1)
-    timing = (f"Runs recorded: {len(records)}; CPU seconds per run (one thread) mean {mean_cpu:.1f}, "
-              f"total {sum(cpu) / 60:.1f} CPU-min")
-    data = (f"Dataset: {s['dataset']}, reference split `splits/{s['dataset']}.json` (test set fixed; nested "
-            "training subsets shuffled by the run's seed)")
+    timing = (
+        f"Runs recorded: {len(records)}; CPU seconds per run (one thread) mean {mean_cpu:.1f}, "
+        f"total {sum(cpu) / 60:.1f} CPU-min"
+    )
+    data = (
+        f"Dataset: {s['dataset']}, reference split `splits/{s['dataset']}.json` (test set fixed; nested "
+        "training subsets shuffled by the run's seed)"
+    )
     if s["dataset"] == QUICK_DATASET:
-        data = ("QUICK smoke run (not a result): 40 generated SMILES with a synthetic size-based target, fixed random "
-                "24/8/8 split (nested training subsets shuffled by the run's seed)")
+        data = (
+            "QUICK smoke run (not a result): 40 generated SMILES with a synthetic size-based target, fixed random "
+            "24/8/8 split (nested training subsets shuffled by the run's seed)"
+        )
     return [
         "",
         f"{data}. Model: GIN {s['layers']} layers, width {s['hidden']}, latent "
         f"d = {s['latent_dim']}, Bayesian last layer (KL / N_train, homoscedastic noise), {s['epochs']} epochs"
-        + (f" (more for small fractions: at least {s['min_steps']} optimizer steps)" if s.get("min_steps") else "")
+        + (
+            f" (more for small fractions: at least {s['min_steps']} optimizer steps)"
+            if s.get("min_steps")
+            else ""
+        )
         + ", batch "
         f"{s['batch_size']}, Adam lr {s['lr']} with cosine decay, final-epoch weights. AGL: mean form, lambda = "
         f"{s['reg_lambda']} after a warm-up of epochs/5 and a ramp of epochs/5; interventions with the same lambda "
@@ -327,28 +475,40 @@ def _header(s: dict[str, Any], records: list[dict[str, Any]], wall: float | None
         "",
         timing + (f"; wall time of the last invocation {wall / 60:.1f} min." if wall else "."),
         "",
-        ("Definitions: epistemic std = sqrt(z^T S z + s_b^2), total std adds the learned noise; mean s = mean "
-        "posterior std of the last-layer weights; kappa, A (median over the test points whose |m| = |mu^T z| exceeds "
-        "0.1 times the root mean square of m), rho_LPA and ||z||^2 as in docs/method.md section 4; structural "
-        "calibration = Spearman of the epistemic std (the total std ranks the same with homoscedastic noise) with the "
-        "latent kNN distance (k = 10, standardised latents) and with 1 - max Morgan-Tanimoto similarity to the "
-        "training molecules. 'RMSE within 10 %' (interventions) is |ratio - 1| <= 0.10; 'within 5 %' (AGL) is at most "
-        "5 % worse. Comparisons use the seeds two cells share."),
+        (
+            "Definitions: epistemic std = sqrt(z^T S z + s_b^2), total std adds the learned noise; mean s = mean "
+            "posterior std of the last-layer weights; kappa, A (median over the test points whose |m| = |mu^T z| exceeds "
+            "0.1 times the root mean square of m), rho_LPA and ||z||^2 as in docs/method.md section 4; structural "
+            "calibration = Spearman of the epistemic std (the total std ranks the same with homoscedastic noise) with the "
+            "latent kNN distance (k = 10, standardised latents) and with 1 - max Morgan-Tanimoto similarity to the "
+            "training molecules. 'RMSE within 10 %' (interventions) is |ratio - 1| <= 0.10; 'within 5 %' (AGL) is at most "
+            "5 % worse. Comparisons use the seeds two cells share."
+        ),
         "",
-        (f"Figures: `{STEM}.png` (LPA decomposition vs training fraction), `{STEM}_calibration_{{bgnn,agl}}.png`, "
-        f"`{STEM}_density_knn_{{bgnn,agl}}.png`, `{STEM}_density_tanimoto_{{bgnn,agl}}.png` (largest fraction, "
-        "first seed)."),
+        (
+            f"Figures: `{STEM}.png` (LPA decomposition vs training fraction), `{STEM}_calibration_{{bgnn,agl}}.png`, "
+            f"`{STEM}_density_knn_{{bgnn,agl}}.png`, `{STEM}_density_tanimoto_{{bgnn,agl}}.png` (largest fraction, "
+            "first seed)."
+        ),
     ]
 
 
-def write_report(out: Path, records: list[dict], s: dict[str, Any], *, pngs: bool, wall: float | None) -> None:
+def write_report(
+    out: Path, records: list[dict], s: dict[str, Any], *, pngs: bool, wall: float | None
+) -> None:
     """Rewrite OUT/paper_study.md and .json (and the PNGs); the commands shown are those that made the records."""
     command = "\n".join(dict.fromkeys(r["command"] for r in records)) if records else "(no runs)"
     seeds = sorted({int(r["seed"]) for r in records})
     md = render_markdown(records, command=command, seeds=seeds, header=_header(s, records, wall))
     (out / f"{STEM}.md").write_text(md, encoding="utf-8")
-    summary = {"command": command, "seeds": seeds, "settings": s, "n_runs": len(records),
-               "rows": aggregate(records), "acceptance": acceptance(records)}  # fmt: skip
+    summary = {
+        "command": command,
+        "seeds": seeds,
+        "settings": s,
+        "n_runs": len(records),
+        "rows": aggregate(records),
+        "acceptance": acceptance(records),
+    }
     write_json(out / f"{STEM}.json", summary)
     if pngs and records:
         draw_figures(out, records)
@@ -356,24 +516,46 @@ def write_report(out: Path, records: list[dict], s: dict[str, Any], *, pngs: boo
 
 def draw_figures(out: Path, records: list[dict[str, Any]]) -> None:
     table = [r for r in records if not VARIANTS[r["variant"]].frozen]
-    panels = {"epistemic std": "mean_epistemic_std", "total std": "mean_std", "mean posterior s": "mean_s",
-              "kappa": "mean_kappa", "||z||^2": "mean_norm2"}  # fmt: skip
+    panels = {
+        "epistemic std": "mean_epistemic_std",
+        "total std": "mean_std",
+        "mean posterior s": "mean_s",
+        "kappa": "mean_kappa",
+        "||z||^2": "mean_norm2",
+    }
     plots.plot_lpa_vs_fraction(table, out / f"{STEM}.png", panels=panels, group_key="variant")
     for variant in ("bgnn", "agl"):
-        with_points = sorted((r for r in records if r["variant"] == variant and "points" in r), key=lambda r: r["seed"])
+        with_points = sorted(
+            (r for r in records if r["variant"] == variant and "points" in r),
+            key=lambda r: r["seed"],
+        )
         if not with_points:
             continue
         pts, label = with_points[0]["points"], f"{variant} seed {with_points[0]['seed']}"
-        plots.plot_calibration_curve(pts["mean"], pts["std"], pts["y_true"], out / f"{STEM}_calibration_{variant}.png",
-                                     label=label)  # fmt: skip
-        for proxy, name in (("knn_distance", "latent kNN distance"), ("one_minus_tanimoto", "1 - max Tanimoto")):
+        plots.plot_calibration_curve(
+            pts["mean"],
+            pts["std"],
+            pts["y_true"],
+            out / f"{STEM}_calibration_{variant}.png",
+            label=label,
+        )
+        for proxy, name in (
+            ("knn_distance", "latent kNN distance"),
+            ("one_minus_tanimoto", "1 - max Tanimoto"),
+        ):
             tag = "knn" if proxy == "knn_distance" else "tanimoto"
-            plots.plot_std_vs_density(pts["epistemic_std"], pts[proxy], out / f"{STEM}_density_{tag}_{variant}.png",
-                                      proxy_label=f"{name} ({label})")  # fmt: skip
+            plots.plot_std_vs_density(
+                pts["epistemic_std"],
+                pts[proxy],
+                out / f"{STEM}_density_{tag}_{variant}.png",
+                proxy_label=f"{name} ({label})",
+            )
 
 
 # ============================================================================ the loop
-def run_serial(todo: list[Task], call: Callable[[Task], dict], finish: Callable, ready: Callable) -> list[Task]:
+def run_serial(
+    todo: list[Task], call: Callable[[Task], dict], finish: Callable, ready: Callable
+) -> list[Task]:
     skipped = []
     for task in todo:
         if ready(task):
@@ -383,15 +565,24 @@ def run_serial(todo: list[Task], call: Callable[[Task], dict], finish: Callable,
     return skipped
 
 
-def run_parallel(todo: list[Task], workers: int, initargs: tuple, submit_args: tuple, finish: Callable,
-                 ready: Callable) -> list[Task]:  # fmt: skip
+def run_parallel(
+    todo: list[Task],
+    workers: int,
+    initargs: tuple,
+    submit_args: tuple,
+    finish: Callable,
+    ready: Callable,
+) -> list[Task]:
     """A small dependency-aware scheduler: a frozen run waits for its bgnn run."""
     pending, running = list(todo), {}
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=init_worker,
-                             initargs=initargs) as pool:  # fmt: skip
+    with ProcessPoolExecutor(
+        workers, mp_context=get_context("spawn"), initializer=init_worker, initargs=initargs
+    ) as pool:
         try:
             while pending or running:
-                while len(running) < workers and (task := next((t for t in pending if ready(t)), None)):
+                while len(running) < workers and (
+                    task := next((t for t in pending if ready(t)), None)
+                ):
                     pending.remove(task)
                     running[pool.submit(run_one, task, *submit_args)] = task
                 if not running:  # nothing runnable: a bgnn model is missing
@@ -407,17 +598,27 @@ def run_parallel(todo: list[Task], workers: int, initargs: tuple, submit_args: t
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    command = shlex.join(["python", "benchmarks/paper_study.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(
+        ["python", "benchmarks/paper_study.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     jsonl = args.out / f"{STEM}.jsonl"
     if args.report_only:
         records = records_for(read_records(jsonl), args.dataset, None)
-        write_report(args.out, records, records[0]["settings"] if records else settings(args), pngs=True, wall=None)
+        write_report(
+            args.out,
+            records,
+            records[0]["settings"] if records else settings(args),
+            pngs=True,
+            wall=None,
+        )
         print(f"wrote {args.out / STEM}.md from {len(records)} record(s)")
         return
     existing = read_records(jsonl)
     if existing and not args.resume:
-        raise SystemExit(f"error: {jsonl} exists; pass --resume to continue it or choose another --out")
+        raise SystemExit(
+            f"error: {jsonl} exists; pass --resume to continue it or choose another --out"
+        )
     s = settings(args)
     records = records_for(existing, args.dataset, s)
     lock = args.out / f".{STEM}.lock"
@@ -428,17 +629,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         lock.unlink(missing_ok=True)
 
 
-def run_study(args: argparse.Namespace, s: dict[str, Any], records: list[dict], jsonl: Path, command: str) -> None:
+def run_study(
+    args: argparse.Namespace, s: dict[str, Any], records: list[dict], jsonl: Path, command: str
+) -> None:
     done = {run_key(r) for r in records}
     todo = [t for t in tasks(args) if run_key(t) not in done]
     n_full = len(reference_split(args.dataset, args.data_root).train)
     cost = {  # relative cost of a run: epochs x (fraction + validation overhead), in full-data epochs
-        f: run_epochs(s, round(f / 100 * n_full)) / args.epochs * (f / 100.0 + 0.02) for f in args.fractions
+        f: run_epochs(s, round(f / 100 * n_full)) / args.epochs * (f / 100.0 + 0.02)
+        for f in args.fractions
     }
     scale = args.epochs * CPU_S_PER_EPOCH[args.dataset] * (args.hidden / 64) ** 2 * args.layers / 3
     prior = sum(cost[t["fraction"]] for t in todo) * scale / max(1, args.workers) / 60
-    print(f"{len(todo)} run(s) to do ({len(done)} already recorded), {args.workers} worker(s); prior estimate "
-          f"{prior:.0f} min on free cores, longer on busy ones (refined after each run)", flush=True)  # fmt: skip
+    print(
+        f"{len(todo)} run(s) to do ({len(done)} already recorded), {args.workers} worker(s); prior estimate "
+        f"{prior:.0f} min on free cores, longer on busy ones (refined after each run)",
+        flush=True,
+    )
     t_start, spent = time.perf_counter(), {"cost": 0.0}
 
     def finish(task: Task, record: dict[str, Any]) -> None:
@@ -449,10 +656,13 @@ def run_study(args: argparse.Namespace, s: dict[str, Any], records: list[dict], 
         spent["cost"] += cost[task["fraction"]]
         left = sum(cost[t["fraction"]] for t in todo if run_key(t) not in done)
         eta = (time.perf_counter() - t_start) / spent["cost"] * left / 60  # at the pace so far
-        print(f"[{len(done)}] {task['variant']:<16} {task['fraction']:>4g} % seed {task['seed']}: "
-              f"rmse {record['rmse']:.3f} epi std {record['mean_epistemic_std']:.3f} s {record['mean_s']:.3f} "
-              f"kappa {record['mean_kappa']:.3f} ({record['seconds']:.1f} s, {record['cpu_seconds']:.1f} CPU s); "
-              f"estimated time left {eta:.1f} min", flush=True)  # fmt: skip
+        print(
+            f"[{len(done)}] {task['variant']:<16} {task['fraction']:>4g} % seed {task['seed']}: "
+            f"rmse {record['rmse']:.3f} epi std {record['mean_epistemic_std']:.3f} s {record['mean_s']:.3f} "
+            f"kappa {record['mean_kappa']:.3f} ({record['seconds']:.1f} s, {record['cpu_seconds']:.1f} CPU s); "
+            f"estimated time left {eta:.1f} min",
+            flush=True,
+        )
         write_report(args.out, records, s, pngs=False, wall=time.perf_counter() - t_start)
 
     def ready(task: Task) -> bool:
@@ -469,7 +679,10 @@ def run_study(args: argparse.Namespace, s: dict[str, Any], records: list[dict], 
     else:
         skipped = run_parallel(todo, args.workers, initargs, submit_args, finish, ready)
     for t in skipped:
-        print(f"skipped {t}: no bgnn model at {bgnn_path(args.work_dir, t['fraction'], t['seed'])}", flush=True)
+        print(
+            f"skipped {t}: no bgnn model at {bgnn_path(args.work_dir, t['fraction'], t['seed'])}",
+            flush=True,
+        )
     write_report(args.out, records, s, pngs=True, wall=time.perf_counter() - t_start)
     print(f"wrote {args.out / STEM}.md, .json, .png ({len(records)} runs)")
 

@@ -47,21 +47,50 @@ from mlip_unc.study.optimum import with_optimal_posterior
 
 REPO = Path(__file__).resolve().parents[1]
 STEM = "paper_study_optimum"
-KEYS = ("rmse", "mean_epistemic_std", "mean_std", "mean_s", "mean_kappa", "nll", "struct_cal_knn",
-        "struct_cal_tanimoto")  # fmt: skip
-NAMES = {"esol": "ESOL", "freesolv": "FreeSolv", "lipo": "Lipophilicity", ps.QUICK_DATASET: "synthetic (quick)"}
+KEYS = (
+    "rmse",
+    "mean_epistemic_std",
+    "mean_std",
+    "mean_s",
+    "mean_kappa",
+    "nll",
+    "struct_cal_knn",
+    "struct_cal_tanimoto",
+)
+NAMES = {
+    "esol": "ESOL",
+    "freesolv": "FreeSolv",
+    "lipo": "Lipophilicity",
+    ps.QUICK_DATASET: "synthetic (quick)",
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--study", action="append", default=[], metavar="RESULTS=WORK",
-                   help="A study's results folder (paper_study.jsonl) and its work dir (the bgnn models).")
-    p.add_argument("--check", action="append", default=[], metavar="RESULTS=WORK",
-                   help="The same runs trained longer (compared with the study of the same dataset).")
-    p.add_argument("--data-root", type=Path, default=None, help="Default: $MLIP_UNC_DATA, else ../shared/data.")
+    p.add_argument(
+        "--study",
+        action="append",
+        default=[],
+        metavar="RESULTS=WORK",
+        help="A study's results folder (paper_study.jsonl) and its work dir (the bgnn models).",
+    )
+    p.add_argument(
+        "--check",
+        action="append",
+        default=[],
+        metavar="RESULTS=WORK",
+        help="The same runs trained longer (compared with the study of the same dataset).",
+    )
+    p.add_argument(
+        "--data-root", type=Path, default=None, help="Default: $MLIP_UNC_DATA, else ../shared/data."
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--quick", action="store_true", help="Run paper_study.py --quick into a temporary folder, then this.")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="Run paper_study.py --quick into a temporary folder, then this.",
+    )
     args = p.parse_args(argv)
     if args.data_root is None:
         env = os.environ.get("MLIP_UNC_DATA")
@@ -104,15 +133,26 @@ def evaluate(study: Path, work: Path, record: dict[str, Any], data_root: Path) -
     trained = study_record(predictor.model, train, test)
     optimal = study_record(with_optimal_posterior(predictor.model, train, beta=beta), train, test)
     return {
-        "study": _shown(study), "work": _shown(work), "dataset": dataset, "fraction": fraction, "seed": seed,
-        "n_steps": record["n_steps"], "n_train": len(train), "beta": beta,
+        "study": _shown(study),
+        "work": _shown(work),
+        "dataset": dataset,
+        "fraction": fraction,
+        "seed": seed,
+        "n_steps": record["n_steps"],
+        "n_train": len(train),
+        "beta": beta,
         "recorded_epistemic_std": record["mean_epistemic_std"],
-        "trained": {k: trained[k] for k in KEYS}, "optimal": {k: optimal[k] for k in KEYS},
-    }  # fmt: skip
+        "trained": {k: trained[k] for k in KEYS},
+        "optimal": {k: optimal[k] for k in KEYS},
+    }
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if path.is_file()
+        else []
+    )
 
 
 def run(pairs: list[tuple[Path, Path]], jsonl: Path, data_root: Path) -> list[dict[str, Any]]:
@@ -126,7 +166,10 @@ def run(pairs: list[tuple[Path, Path]], jsonl: Path, data_root: Path) -> list[di
             if (_shown(study), float(rec["fraction"]), int(rec["seed"])) in done:
                 continue
             if not ps.bgnn_path(work, rec["fraction"], rec["seed"]).is_file():
-                print(f"skipped: no model at {ps.bgnn_path(work, rec['fraction'], rec['seed'])}", flush=True)
+                print(
+                    f"skipped: no model at {ps.bgnn_path(work, rec['fraction'], rec['seed'])}",
+                    flush=True,
+                )
                 continue
             start = time.monotonic()
             row = evaluate(study, work, rec, data_root)
@@ -134,33 +177,61 @@ def run(pairs: list[tuple[Path, Path]], jsonl: Path, data_root: Path) -> list[di
                 handle.write(json.dumps(row) + "\n")
             rows.append(row)
             t, o = row["trained"], row["optimal"]
-            print(f"{row['study']} {row['fraction']:g} % seed {row['seed']}: epi std {t['mean_epistemic_std']:.3f} -> "
-                  f"{o['mean_epistemic_std']:.3f}, s {t['mean_s']:.3f} -> {o['mean_s']:.3f}, kappa "
-                  f"{t['mean_kappa']:.3f} -> {o['mean_kappa']:.3f} ({time.monotonic() - start:.0f} s)", flush=True)  # fmt: skip
+            print(
+                f"{row['study']} {row['fraction']:g} % seed {row['seed']}: epi std {t['mean_epistemic_std']:.3f} -> "
+                f"{o['mean_epistemic_std']:.3f}, s {t['mean_s']:.3f} -> {o['mean_s']:.3f}, kappa "
+                f"{t['mean_kappa']:.3f} -> {o['mean_kappa']:.3f} ({time.monotonic() - start:.0f} s)",
+                flush=True,
+            )
     return rows
 
 
 # ============================================================================ report
 def pseudo_records(rows: list[dict[str, Any]], view: str) -> list[dict[str, Any]]:
     """Rows as study records of variant bgnn (for mlip_unc.study.acceptance and compare_check)."""
-    return [{**r[view], "variant": "bgnn", "fraction": r["fraction"], "seed": r["seed"], "n_steps": r["n_steps"]}
-            for r in rows]  # fmt: skip
+    return [
+        {
+            **r[view],
+            "variant": "bgnn",
+            "fraction": r["fraction"],
+            "seed": r["seed"],
+            "n_steps": r["n_steps"],
+        }
+        for r in rows
+    ]
 
 
 def study_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"dataset": rows[0]["dataset"], "study": rows[0]["study"], "n_models": len(rows),
-                           "max_abs_check_diff": max(abs(r["trained"]["mean_epistemic_std"] - r["recorded_epistemic_std"])
-                                                     for r in rows)}  # fmt: skip
+    out: dict[str, Any] = {
+        "dataset": rows[0]["dataset"],
+        "study": rows[0]["study"],
+        "n_models": len(rows),
+        "max_abs_check_diff": max(
+            abs(r["trained"]["mean_epistemic_std"] - r["recorded_epistemic_std"]) for r in rows
+        ),
+    }
     for view in ("trained", "optimal"):
         fig = acceptance(pseudo_records(rows, view))["figure1"]
-        out[view] = {"line": fig["line"], "epistemic": fig.get("epistemic"), "values": fig.get("values")}
+        out[view] = {
+            "line": fig["line"],
+            "epistemic": fig.get("epistemic"),
+            "values": fig.get("values"),
+        }
     table = []
     for fraction in sorted({r["fraction"] for r in rows}):
         cell = [r for r in rows if r["fraction"] == fraction]
-        table.append({"fraction": fraction, "seeds": sorted(r["seed"] for r in cell),
-                      "steps": float(np.mean([r["n_steps"] for r in cell])),
-                      **{f"{view}_{k}": float(np.mean([r[view][k] for r in cell])) for view in ("trained", "optimal")
-                         for k in KEYS}})  # fmt: skip
+        table.append(
+            {
+                "fraction": fraction,
+                "seeds": sorted(r["seed"] for r in cell),
+                "steps": float(np.mean([r["n_steps"] for r in cell])),
+                **{
+                    f"{view}_{k}": float(np.mean([r[view][k] for r in cell]))
+                    for view in ("trained", "optimal")
+                    for k in KEYS
+                },
+            }
+        )
     out["table"] = table
     return out
 
@@ -171,87 +242,153 @@ def check_summary(main: list[dict[str, Any]], check: list[dict[str, Any]]) -> di
     for view in ("trained", "optimal"):
         rows = compare_check(pseudo_records(main, view), pseudo_records(check, view))
         moves = [abs(r[k][2]) for r in rows for k in CHECK_KEYS if math.isfinite(r[k][2])]
-        out[view] = {"rows": rows, "largest_move_pct": max(moves) if moves else None,
-                     "converged_10pct": bool(moves) and max(moves) <= 10.0}  # fmt: skip
+        out[view] = {
+            "rows": rows,
+            "largest_move_pct": max(moves) if moves else None,
+            "converged_10pct": bool(moves) and max(moves) <= 10.0,
+        }
     return out
 
 
 def _f(v: Any, spec: str = ".3g") -> str:
-    return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+    return (
+        "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+    )
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["# Paper study, claim 1, at the ELBO-optimal posterior widths", "", f"Command: `{result['command']}`", "",
-             *(["QUICK smoke run (synthetic data, not a benchmark).", ""] if result["quick"] else []),
-             ("Every saved bgnn model of each study, evaluated on the study's test set as trained and with the last "
-              "layer's widths set to their optimum for its own training features (mlip_unc.study.optimum: s_k^2 = "
-              "(1/sigma_p^2 + sum_n z_nk^2 / (beta sigma_n^2))^-1, the means and features as trained). Claim 1 is "
-              "judged as in paper_study.md (mlip_unc.study.acceptance: epistemic std falls from the smallest to the "
-              "largest fraction and the mean posterior s does not fall; means over the seeds both cells share). "
-              f"Started {result['started']}, finished {result['finished']}."), ""]  # fmt: skip
+    lines = [
+        "# Paper study, claim 1, at the ELBO-optimal posterior widths",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        *(["QUICK smoke run (synthetic data, not a benchmark).", ""] if result["quick"] else []),
+        (
+            "Every saved bgnn model of each study, evaluated on the study's test set as trained and with the last "
+            "layer's widths set to their optimum for its own training features (mlip_unc.study.optimum: s_k^2 = "
+            "(1/sigma_p^2 + sum_n z_nk^2 / (beta sigma_n^2))^-1, the means and features as trained). Claim 1 is "
+            "judged as in paper_study.md (mlip_unc.study.acceptance: epistemic std falls from the smallest to the "
+            "largest fraction and the mean posterior s does not fall; means over the seeds both cells share). "
+            f"Started {result['started']}, finished {result['finished']}."
+        ),
+        "",
+    ]
     cols = ("rmse", "mean_epistemic_std", "mean_s", "mean_kappa", "struct_cal_knn")
     for s in result["studies"]:
-        lines += [f"## {NAMES.get(s['dataset'], s['dataset'])} (`{s['study']}`, {s['n_models']} models)", "",
-                  f"Check of the re-evaluation: largest |epistemic std - study's record| {s['max_abs_check_diff']:.2e}.",
-                  "", "| fraction % | seeds | steps | " + " | ".join(f"{c} trained -> optimal" for c in cols) + " |",
-                  "|---|---|---|" + "---|" * len(cols)]  # fmt: skip
+        lines += [
+            f"## {NAMES.get(s['dataset'], s['dataset'])} (`{s['study']}`, {s['n_models']} models)",
+            "",
+            f"Check of the re-evaluation: largest |epistemic std - study's record| {s['max_abs_check_diff']:.2e}.",
+            "",
+            "| fraction % | seeds | steps | "
+            + " | ".join(f"{c} trained -> optimal" for c in cols)
+            + " |",
+            "|---|---|---|" + "---|" * len(cols),
+        ]
         for row in s["table"]:
-            lines.append(f"| {row['fraction']:g} | {len(row['seeds'])} | {row['steps']:.0f} | " + " | ".join(
-                f"{_f(row['trained_' + c])} -> {_f(row['optimal_' + c])}" for c in cols) + " |")
-        lines += ["", f"- As trained: {s['trained']['line']}", f"- At the optimal widths: {s['optimal']['line']}", ""]
+            lines.append(
+                f"| {row['fraction']:g} | {len(row['seeds'])} | {row['steps']:.0f} | "
+                + " | ".join(
+                    f"{_f(row['trained_' + c])} -> {_f(row['optimal_' + c])}" for c in cols
+                )
+                + " |"
+            )
+        lines += [
+            "",
+            f"- As trained: {s['trained']['line']}",
+            f"- At the optimal widths: {s['optimal']['line']}",
+            "",
+        ]
     if result["checks"]:
-        lines += ["## The optimal view across training lengths", "",
-                  "The same runs trained longer (shared seeds): relative change of the seed means, study -> check. "
-                  "Converged: every quantity within 10 %.", "",
-                  "| study -> check | view | fraction % | seeds | steps | " + " | ".join(CHECK_KEYS) + " |",
-                  "|---|---|---|---|---|" + "---|" * len(CHECK_KEYS)]  # fmt: skip
+        lines += [
+            "## The optimal view across training lengths",
+            "",
+            "The same runs trained longer (shared seeds): relative change of the seed means, study -> check. "
+            "Converged: every quantity within 10 %.",
+            "",
+            "| study -> check | view | fraction % | seeds | steps | "
+            + " | ".join(CHECK_KEYS)
+            + " |",
+            "|---|---|---|---|---|" + "---|" * len(CHECK_KEYS),
+        ]
         for c in result["checks"]:
             for view in ("trained", "optimal"):
                 for r in c[view]["rows"]:
-                    lines.append(f"| `{c['study']}` -> `{c['check']}` | {view} | {r['fraction']:g} | {len(r['seeds'])} | "
-                                 f"{r['steps'][0]:.0f} -> {r['steps'][1]:.0f} | " + " | ".join(
-                                     f"{_f(r[k][0])} -> {_f(r[k][1])} ({r[k][2]:+.0f} %)" for k in CHECK_KEYS) + " |")  # fmt: skip
+                    lines.append(
+                        f"| `{c['study']}` -> `{c['check']}` | {view} | {r['fraction']:g} | {len(r['seeds'])} | "
+                        f"{r['steps'][0]:.0f} -> {r['steps'][1]:.0f} | "
+                        + " | ".join(
+                            f"{_f(r[k][0])} -> {_f(r[k][1])} ({r[k][2]:+.0f} %)" for k in CHECK_KEYS
+                        )
+                        + " |"
+                    )
         lines.append("")
         for c in result["checks"]:
-            lines.append(f"- `{c['study']}` -> `{c['check']}`: largest move as trained "
-                         f"{_f(c['trained']['largest_move_pct'], '.0f')} % (converged: "
-                         f"{'yes' if c['trained']['converged_10pct'] else 'no'}), at the optimal widths "
-                         f"{_f(c['optimal']['largest_move_pct'], '.0f')} % (converged: "
-                         f"{'yes' if c['optimal']['converged_10pct'] else 'no'}).")  # fmt: skip
+            lines.append(
+                f"- `{c['study']}` -> `{c['check']}`: largest move as trained "
+                f"{_f(c['trained']['largest_move_pct'], '.0f')} % (converged: "
+                f"{'yes' if c['trained']['converged_10pct'] else 'no'}), at the optimal widths "
+                f"{_f(c['optimal']['largest_move_pct'], '.0f')} % (converged: "
+                f"{'yes' if c['optimal']['converged_10pct'] else 'no'})."
+            )
         lines.append("")
     return "\n".join(lines)
 
 
 def markdown_section(result: dict[str, Any], link: str) -> str:
     """The summary's paragraph (benchmarks/paper_study_summary.py --optimum)."""
-    lines = [f"### Claim 1 at the ELBO-optimal posterior widths ([{Path(link).name}]({link}))", "",
-             ("The saved bgnn models re-evaluated with the last layer's widths at their closed-form optimum for their "
-              "own training features (means and features as trained; mlip_unc.study.optimum)."), ""]  # fmt: skip
+    lines = [
+        f"### Claim 1 at the ELBO-optimal posterior widths ([{Path(link).name}]({link}))",
+        "",
+        (
+            "The saved bgnn models re-evaluated with the last layer's widths at their closed-form optimum for their "
+            "own training features (means and features as trained; mlip_unc.study.optimum)."
+        ),
+        "",
+    ]
     for s in result["studies"]:
         v = s["optimal"]["values"] or {}
         pair = lambda k: f"{_f(v[k][0])} -> {_f(v[k][1])}" if k in v else "n/a"  # noqa: E731
-        lines.append(f"- {NAMES.get(s['dataset'], s['dataset'])}: epistemic std {pair('mean_epistemic_std')}, mean s "
-                     f"{pair('mean_s')}, kappa {pair('mean_kappa')}: "
-                     f"{'reproduced' if s['optimal']['epistemic'] else 'not reproduced'} (as trained: "
-                     f"{'reproduced' if s['trained']['epistemic'] else 'not reproduced'}).")  # fmt: skip
+        lines.append(
+            f"- {NAMES.get(s['dataset'], s['dataset'])}: epistemic std {pair('mean_epistemic_std')}, mean s "
+            f"{pair('mean_s')}, kappa {pair('mean_kappa')}: "
+            f"{'reproduced' if s['optimal']['epistemic'] else 'not reproduced'} (as trained: "
+            f"{'reproduced' if s['trained']['epistemic'] else 'not reproduced'})."
+        )
     for c in result["checks"]:
-        lines.append(f"- `{c['study']}` -> `{c['check']}`: largest move {_f(c['trained']['largest_move_pct'], '.0f')} % "
-                     f"as trained, {_f(c['optimal']['largest_move_pct'], '.0f')} % at the optimal widths.")  # fmt: skip
+        lines.append(
+            f"- `{c['study']}` -> `{c['check']}`: largest move {_f(c['trained']['largest_move_pct'], '.0f')} % "
+            f"as trained, {_f(c['optimal']['largest_move_pct'], '.0f')} % at the optimal widths."
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    command = shlex.join(["python", "benchmarks/paper_study_optimum.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(
+        ["python", "benchmarks/paper_study_optimum.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="pso_") as tmp:
         if args.quick:
             study, work = Path(tmp) / "study", Path(tmp) / "work"
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            subprocess.run([sys.executable, str(REPO / "benchmarks" / "paper_study.py"), "--quick", "--out", str(study),
-                            "--work-dir", str(work)], check=True, env=env, capture_output=True)  # fmt: skip
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(REPO / "benchmarks" / "paper_study.py"),
+                    "--quick",
+                    "--out",
+                    str(study),
+                    "--work-dir",
+                    str(work),
+                ],
+                check=True,
+                env=env,
+                capture_output=True,
+            )
             args.study, args.check = [f"{study}={work}"], []
         studies, checks = [_pair(t) for t in args.study], [_pair(t) for t in args.check]
         jsonl = (Path(tmp) if args.quick else args.out) / f"{STEM}.jsonl"  # --quick: nothing kept
@@ -261,10 +398,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         by_study.setdefault(r["study"], []).append(r)
     main_ids = [_shown(s) for s, _ in studies if _shown(s) in by_study]
     check_ids = [_shown(s) for s, _ in checks if _shown(s) in by_study]
-    result = {"command": command, "quick": args.quick, "started": started,
-              "studies": [study_summary(by_study[s]) for s in main_ids],
-              "checks": [check_summary(by_study[m], by_study[c]) for c in check_ids for m in main_ids
-                         if by_study[m][0]["dataset"] == by_study[c][0]["dataset"]]}  # fmt: skip
+    result = {
+        "command": command,
+        "quick": args.quick,
+        "started": started,
+        "studies": [study_summary(by_study[s]) for s in main_ids],
+        "checks": [
+            check_summary(by_study[m], by_study[c])
+            for c in check_ids
+            for m in main_ids
+            if by_study[m][0]["dataset"] == by_study[c][0]["dataset"]
+        ],
+    }
     result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     atomic_write_text(args.out / f"{STEM}.json", json.dumps(result, indent=1, default=float))
     atomic_write_text(args.out / f"{STEM}.md", markdown(result))

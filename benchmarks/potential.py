@@ -61,32 +61,65 @@ DATASETS = ("ethanol", "3bpa")
 BACKBONES = ("gin", "equivariant")
 QUICK_DATASET = "cu_emt"
 QUICK_EQUIVARIANT = [  # --quick: the equivariant row's model section (tiny_emt.yaml has a GIN)
-    "model.backbone=equivariant", "model.latent_dim=8",
+    "model.backbone=equivariant",
+    "model.latent_dim=8",
     "model.backbone_kwargs={channels: 8, l_max: 1, num_layers: 1, num_basis: 4, radial_hidden: 8, readout_hidden: [8]}",
-]  # fmt: skip
+]
 
 
 # ================================================================ arguments and data
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-root", type=Path, default=None,
-                        help="data root (default: $MLIP_UNC_DATA or ../shared/data next to the repo)")
-    parser.add_argument("--budget-minutes", type=float, default=None,
-                        help="training wall time per model (30; quick: 4 s)")
-    parser.add_argument("--ensemble-budget-minutes", type=float, default=None,
-                        help="per committee member (default: budget / 5, the same total as one model)")
-    parser.add_argument("--budget-for", action="append", default=[], metavar="TAG=MINUTES",
-                        help="budget of one model, e.g. ethanol_equivariant=28 (repeatable)")
+    parser.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        help="data root (default: $MLIP_UNC_DATA or ../shared/data next to the repo)",
+    )
+    parser.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=None,
+        help="training wall time per model (30; quick: 4 s)",
+    )
+    parser.add_argument(
+        "--ensemble-budget-minutes",
+        type=float,
+        default=None,
+        help="per committee member (default: budget / 5, the same total as one model)",
+    )
+    parser.add_argument(
+        "--budget-for",
+        action="append",
+        default=[],
+        metavar="TAG=MINUTES",
+        help="budget of one model, e.g. ethanol_equivariant=28 (repeatable)",
+    )
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--backbones", default=",".join(BACKBONES))
-    parser.add_argument("--skip-train", action="store_true", help="reuse checkpoints under results/checkpoints")
-    parser.add_argument("--no-cost", action="store_true", help="skip the cost/quality study (needs 3bpa)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (training and timing)")
+    parser.add_argument(
+        "--skip-train", action="store_true", help="reuse checkpoints under results/checkpoints"
+    )
+    parser.add_argument(
+        "--no-cost", action="store_true", help="skip the cost/quality study (needs 3bpa)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (training and timing)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timing-frames", type=int, default=40, help="3BPA frames timed per mode")
-    parser.add_argument("--max-eval-frames", type=int, default=None, help="cap test sets (quick checks)")
-    parser.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS}; needed with --quick)")
-    parser.add_argument("--quick", action="store_true", help="tiny EMT Cu data made here, < 1 min; needs --out")
+    parser.add_argument(
+        "--max-eval-frames", type=int, default=None, help="cap test sets (quick checks)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"results folder (default {RESULTS}; needed with --quick)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny EMT Cu data made here, < 1 min; needs --out"
+    )
     args = parser.parse_args(argv)
     if args.quick and args.out is None:
         parser.error("--quick writes to the folder given by --out")
@@ -108,7 +141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.ensemble_budget_minutes is None:
         args.ensemble_budget_minutes = args.budget_minutes / 5.0
     try:
-        args.budget_for = {k.strip(): float(v) for k, v in (item.split("=", 1) for item in args.budget_for)}
+        args.budget_for = {
+            k.strip(): float(v) for k, v in (item.split("=", 1) for item in args.budget_for)
+        }
     except ValueError:
         parser.error("--budget-for takes TAG=MINUTES, e.g. ethanol_equivariant=28")
     return args
@@ -136,8 +171,11 @@ def split_3bpa(args: argparse.Namespace, work: Path) -> dict[str, Path]:
     new = [a for a in mixed if round(a.get_potential_energy(), 6) not in seen]
     paths["ood"] = work / "3bpa_mixedT_new.xyz"
     ase.io.write(paths["ood"], new)
-    print(f"[data] 3BPA: 400 train / 100 held-out 300 K frames; mixedT {len(new)} of {len(mixed)} frames "
-          f"(dropped {len(mixed) - len(new)} repeats of train_300K)", flush=True)
+    print(
+        f"[data] 3BPA: 400 train / 100 held-out 300 K frames; mixedT {len(new)} of {len(mixed)} frames "
+        f"(dropped {len(mixed) - len(new)} repeats of train_300K)",
+        flush=True,
+    )
     return paths
 
 
@@ -151,7 +189,9 @@ def quick_files(work: Path) -> dict[str, Path]:
         rng = np.random.default_rng(seed)
         frames = []
         for k in range(n):
-            atoms = bulk("Cu", "fcc", a=3.6 * (1.0 + strain) + 0.03 * rng.standard_normal(), cubic=True)
+            atoms = bulk(
+                "Cu", "fcc", a=3.6 * (1.0 + strain) + 0.03 * rng.standard_normal(), cubic=True
+            )
             atoms.rattle(rattle, seed=seed * 1000 + k)
             atoms.calc = EMT()
             atoms.get_stress()
@@ -159,9 +199,14 @@ def quick_files(work: Path) -> dict[str, Path]:
         return frames
 
     work.mkdir(parents=True, exist_ok=True)
-    paths = {"train": work / "cu_train.xyz", "test": work / "cu_test.xyz", "ood": work / "cu_ood.xyz"}
-    for (split, path), frames in zip(paths.items(), (cells(24, 0, 0.1, 0.0), cells(8, 1, 0.1, 0.0),
-                                                     cells(8, 2, 0.25, 0.04))):  # fmt: skip
+    paths = {
+        "train": work / "cu_train.xyz",
+        "test": work / "cu_test.xyz",
+        "ood": work / "cu_ood.xyz",
+    }
+    for (split, path), frames in zip(
+        paths.items(), (cells(24, 0, 0.1, 0.0), cells(8, 1, 0.1, 0.0), cells(8, 2, 0.25, 0.04)), strict=False
+    ):
         ase.io.write(path, frames)
     print("[data] quick: 24 train / 8 test / 8 OOD EMT Cu cells (4 atoms)", flush=True)
     return paths
@@ -177,8 +222,14 @@ def dataset_files(name: str, args: argparse.Namespace, work: Path) -> dict[str, 
 
 
 # ================================================================ training
-def train_model(dataset: str, backbone: str, files: dict[str, Path], args: argparse.Namespace,
-                *, ensemble: int = 1) -> Path:  # fmt: skip
+def train_model(
+    dataset: str,
+    backbone: str,
+    files: dict[str, Path],
+    args: argparse.Namespace,
+    *,
+    ensemble: int = 1,
+) -> Path:
     """Train (or reuse) one model or a MAP committee; return its output folder."""
     tag = f"{dataset}_{backbone}" + (f"_ensemble{ensemble}" if ensemble > 1 else "")
     out = args.out / "checkpoints" / tag
@@ -190,10 +241,15 @@ def train_model(dataset: str, backbone: str, files: dict[str, Path], args: argpa
     minutes = args.ensemble_budget_minutes if ensemble > 1 else args.budget_minutes
     minutes = args.budget_for.get(tag, minutes)
     overrides = [
-        f"data_root={args.data_root}", f"data.train={files['train']}", "data.test=null",
-        f"out={out}", f"seed={args.seed}", f"train.max_minutes={minutes}", "train.progress=false",
+        f"data_root={args.data_root}",
+        f"data.train={files['train']}",
+        "data.test=null",
+        f"out={out}",
+        f"seed={args.seed}",
+        f"train.max_minutes={minutes}",
+        "train.progress=false",
         "train.resume=false",
-    ]  # fmt: skip
+    ]
     if ensemble > 1:
         overrides += [f"train.ensemble={ensemble}", "model.head=map"]
     config_file = REPO / "configs" / f"{dataset}_{backbone}.yaml"
@@ -217,8 +273,9 @@ def history_minutes(out: Path) -> float:
 def load_dataset(path: Path, model: Any, limit: int | None) -> StructureDataset:
     first = model.members[0] if isinstance(model, Committee) else model
     index = ":" if limit is None else f":{limit}"
-    return StructureDataset.from_files(path, first.r_max, TypeMap.from_list(first.type_map), index=index,
-                                       dtype=first.dtype)  # fmt: skip
+    return StructureDataset.from_files(
+        path, first.r_max, TypeMap.from_list(first.type_map), index=index, dtype=first.dtype
+    )
 
 
 def accuracy(model_dir: Path, files: dict[str, Path], args: argparse.Namespace) -> dict[str, Any]:
@@ -259,8 +316,13 @@ def _mode_call(model: Any, mode: str):
     return lambda g: model(g, uncertainty="exact")
 
 
-def time_modes(model: BayesianPotential, committee: Committee, graphs: list, args: argparse.Namespace,
-               repeats: int = 3) -> dict[str, float]:  # fmt: skip
+def time_modes(
+    model: BayesianPotential,
+    committee: Committee,
+    graphs: list,
+    args: argparse.Namespace,
+    repeats: int = 3,
+) -> dict[str, float]:
     """Milliseconds per single-frame call: the best of ``repeats`` calls per frame (robust to
     other processes on a shared CPU), median over frames; modes interleaved frame by frame."""
     calls = {m: _mode_call(model, m) for m in ("plain", "energy", "local", "sampled_k4", "exact")}
@@ -281,19 +343,27 @@ def time_modes(model: BayesianPotential, committee: Committee, graphs: list, arg
 
 def _scores(model: Any, data: StructureDataset, mode: str) -> tuple[np.ndarray, np.ndarray]:
     """Frame scores of ``mode`` and the frame mean |force error| of the same prediction."""
-    unc = {"energy": "energy", "local": "energy", "sampled_k4": "sampled", "exact": "exact",
-           "ensemble5": "exact"}[mode]  # fmt: skip
+    unc = {
+        "energy": "energy",
+        "local": "energy",
+        "sampled_k4": "sampled",
+        "exact": "exact",
+        "ensemble5": "exact",
+    }[mode]
     table = frame_table(predict(model, data, uncertainty=unc, n_samples=4, batch_size=8))
     score = {
-        "energy": table["energy_epistemic_std"], "local": table["local_energy_max_std"],
-        "sampled_k4": table["forces_mean_std"], "exact": table["forces_mean_std"],
+        "energy": table["energy_epistemic_std"],
+        "local": table["local_energy_max_std"],
+        "sampled_k4": table["forces_mean_std"],
+        "exact": table["forces_mean_std"],
         "ensemble5": table["forces_mean_std"],
-    }[mode]  # fmt: skip
+    }[mode]
     return score, table["forces_mean_error"]
 
 
-def quality(model: BayesianPotential, committee: Committee, files: dict[str, Path], args: argparse.Namespace
-            ) -> dict[str, dict[str, float]]:  # fmt: skip
+def quality(
+    model: BayesianPotential, committee: Committee, files: dict[str, Path], args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
     test = load_dataset(files["test"], model, args.max_eval_frames)
     ood = load_dataset(files["ood"], model, args.max_eval_frames)
     out = {}
@@ -313,7 +383,9 @@ def quality(model: BayesianPotential, committee: Committee, files: dict[str, Pat
     return out
 
 
-def cost_and_quality(backbone: str, files: dict[str, Path], args: argparse.Namespace) -> dict[str, Any]:
+def cost_and_quality(
+    backbone: str, files: dict[str, Path], args: argparse.Namespace
+) -> dict[str, Any]:
     dataset = QUICK_DATASET if args.quick else "3bpa"
     single = args.out / "checkpoints" / f"{dataset}_{backbone}"
     ens_dir = train_model(dataset, backbone, files, args, ensemble=5)
@@ -337,45 +409,68 @@ def answer(cost: dict[str, Any]) -> str:
     for backbone, entry in cost.items():
         ratio, qual = entry["ratio"], entry["quality"]
         ref = qual["ensemble5"]
-        ok = [m for m in MODES[:-1] if qual[m]["auroc"] >= ref["auroc"] - 0.02
-              and qual[m]["spearman"] >= ref["spearman"] - 0.05]  # fmt: skip
-        ref_text = (f"ensemble5 costs {ratio['ensemble5']:.2f}x (Spearman {ref['spearman']:.2f}, "
-                    f"AUROC {ref['auroc']:.2f})")  # fmt: skip
+        ok = [
+            m
+            for m in MODES[:-1]
+            if qual[m]["auroc"] >= ref["auroc"] - 0.02
+            and qual[m]["spearman"] >= ref["spearman"] - 0.05
+        ]
+        ref_text = (
+            f"ensemble5 costs {ratio['ensemble5']:.2f}x (Spearman {ref['spearman']:.2f}, "
+            f"AUROC {ref['auroc']:.2f})"
+        )
         if ok:
             best = min(ok, key=lambda m: ratio[m])
             q = qual[best]
-            lines.append(f"{backbone}: '{best}' reaches committee-level flagging at {ratio[best]:.2f}x plain "
-                         f"E+F (Spearman {q['spearman']:.2f}, AUROC {q['auroc']:.2f}); {ref_text}.")  # fmt: skip
+            lines.append(
+                f"{backbone}: '{best}' reaches committee-level flagging at {ratio[best]:.2f}x plain "
+                f"E+F (Spearman {q['spearman']:.2f}, AUROC {q['auroc']:.2f}); {ref_text}."
+            )
         else:
             best = max(MODES[:-1], key=lambda m: qual[m]["auroc"])
             q = qual[best]
-            lines.append(f"{backbone}: no single-model mode reaches committee level (within 0.02 AUROC and "
-                         f"0.05 Spearman); the best, '{best}', costs {ratio[best]:.2f}x (Spearman "
-                         f"{q['spearman']:.2f}, AUROC {q['auroc']:.2f}); {ref_text}.")  # fmt: skip
+            lines.append(
+                f"{backbone}: no single-model mode reaches committee level (within 0.02 AUROC and "
+                f"0.05 Spearman); the best, '{best}', costs {ratio[best]:.2f}x (Spearman "
+                f"{q['spearman']:.2f}, AUROC {q['auroc']:.2f}); {ref_text}."
+            )
     return " ".join(lines)
 
 
 def _f(value: Any, fmt: str = "{:.2f}") -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+    return (
+        "n/a"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else fmt.format(value)
+    )
 
 
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     lines = [
-        "# Bayesian interatomic potential: benchmark", "",
-        f"Command: `{results['command']}`", "",
+        "# Bayesian interatomic potential: benchmark",
+        "",
+        f"Command: `{results['command']}`",
+        "",
         f"Seed {results['seed']}; {results['threads']} torch thread(s); training budget "
         f"{results['budget_minutes']:g} min per model (wall time, shared CPU), "
         f"{results['ensemble_budget_minutes']:g} min per committee member"
         + "".join(f"; {tag}: {m:g} min" for tag, m in results.get("budget_for", {}).items())
         + "; "
         f"started {results['started']}; status: {results['status']}."
-        + (" QUICK run: EMT Cu cells made on the spot, tiny models; a smoke test, not a result." if results.get("quick")
-           else ""), "",
-        "## Accuracy and force-uncertainty quality (exact mode)", "",
-        ("| dataset | backbone | train min | E MAE (meV/atom) | F MAE (meV/A) | F Spearman frame | "
-        "F Spearman comp. | F miscal. area | F cov. 95 | E Spearman |"),
+        + (
+            " QUICK run: EMT Cu cells made on the spot, tiny models; a smoke test, not a result."
+            if results.get("quick")
+            else ""
+        ),
+        "",
+        "## Accuracy and force-uncertainty quality (exact mode)",
+        "",
+        (
+            "| dataset | backbone | train min | E MAE (meV/atom) | F MAE (meV/A) | F Spearman frame | "
+            "F Spearman comp. | F miscal. area | F cov. 95 | E Spearman |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for dataset, per_backbone in results["datasets"].items():
         for backbone, m in per_backbone.items():
             rows = [(dataset, m)] + ([(f"{dataset} mixedT (OOD)", m["ood"])] if "ood" in m else [])
@@ -386,32 +481,47 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                     f"{_f(r.get('force_spearman'))} | {_f(r.get('force_spearman_component'))} | "
                     f"{_f(r.get('force_miscalibration_area'), '{:.3f}')} | {_f(r.get('force_coverage_95'))} | "
                     f"{_f(r.get('energy_spearman'))} |"
-                )  # fmt: skip
+                )
     if results.get("cost_ratio"):
         lines += [
-            "", "", f"## Cost and flagging quality on {results.get('cost_frames', '27-atom 3BPA frames')}", "",
+            "",
+            "",
+            f"## Cost and flagging quality on {results.get('cost_frames', '27-atom 3BPA frames')}",
+            "",
             "Time per single-frame call as a ratio to plain energy+forces (best of 3 calls per frame, "
             "median over frames, modes interleaved). Spearman: frame score vs frame mean |force error| on "
-            + ("test + OOD frames (in-domain only in brackets). AUROC: test (0) vs OOD (1)." if results.get("quick") else
-               "held-out 300 K + mixedT frames (in-domain only in brackets). AUROC: held-out 300 K (0) vs mixedT (1)."),
+            + (
+                "test + OOD frames (in-domain only in brackets). AUROC: test (0) vs OOD (1)."
+                if results.get("quick")
+                else "held-out 300 K + mixedT frames (in-domain only in brackets). AUROC: held-out 300 K (0) vs mixedT (1)."
+            ),
             "",
-            "| backbone | mode | cost ratio | ms | Spearman (in-domain) | AUROC |", "|---|---|---|---|---|---|",
-        ]  # fmt: skip
+            "| backbone | mode | cost ratio | ms | Spearman (in-domain) | AUROC |",
+            "|---|---|---|---|---|---|",
+        ]
         for backbone, ratios in results["cost_ratio"].items():
             for mode in MODES:
                 q = results["quality"][backbone][mode]
                 lines.append(
                     f"| {backbone} | {mode} | {ratios[mode]:.2f} | {results['cost_ms'][backbone][mode]:.1f} | "
                     f"{q['spearman']:.2f} ({q['spearman_in_domain']:.2f}) | {q['auroc']:.2f} |"
-                )  # fmt: skip
-        lines += ["", "Plain energy+forces: " + ", ".join(
-            f"{b} {results['cost_ms'][b]['plain']:.1f} ms" for b in results["cost_ms"]) + ".", ""]
+                )
+        lines += [
+            "",
+            "Plain energy+forces: "
+            + ", ".join(f"{b} {results['cost_ms'][b]['plain']:.1f} ms" for b in results["cost_ms"])
+            + ".",
+            "",
+        ]
         lines += ["**Answer.** " + results["answer"], ""]
     lines += [
-        ("Definitions: energy = closed-form epistemic energy std; local = max per-atom std "
-        "sqrt(z_a^T S z_a) (same forward pass as energy); sampled_k4 = mean force std from 4 "
-        "posterior draws sharing one forward pass; exact = mean exact force std (d backward "
-        "passes); ensemble5 = mean force std across 5 MAP models of the same backbone."), "",
+        (
+            "Definitions: energy = closed-form epistemic energy std; local = max per-atom std "
+            "sqrt(z_a^T S z_a) (same forward pass as energy); sampled_k4 = mean force std from 4 "
+            "posterior draws sharing one forward pass; exact = mean exact force std (d backward "
+            "passes); ensemble5 = mean force std across 5 MAP models of the same backbone."
+        ),
+        "",
     ]
     path.write_text("\n".join(lines))
 
@@ -426,14 +536,16 @@ def plot(results: dict[str, Any], path: Path) -> None:
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    colours = dict(zip(MODES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-    for backbone, marker in zip(results["cost_ratio"], "os"):
+    colours = dict(zip(MODES, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    for backbone, marker in zip(results["cost_ratio"], "os", strict=False):
         for mode in MODES:
             x = results["cost_ratio"][backbone][mode]
             q = results["quality"][backbone][mode]
-            for ax, key in zip(axes, ("auroc", "spearman")):
-                ax.scatter(x, q[key], marker=marker, color=colours[mode], label=f"{backbone} {mode}")
-    for ax, label in zip(axes, ("OOD AUROC (300 K vs mixedT)", "Spearman(score, force error)")):
+            for ax, key in zip(axes, ("auroc", "spearman"), strict=False):
+                ax.scatter(
+                    x, q[key], marker=marker, color=colours[mode], label=f"{backbone} {mode}"
+                )
+    for ax, label in zip(axes, ("OOD AUROC (300 K vs mixedT)", "Spearman(score, force error)"), strict=False):
         ax.set_xscale("log")
         ax.set_xticks([1, 2, 5, 10, 20, 50])
         ax.xaxis.set_major_formatter(ScalarFormatter())
@@ -461,12 +573,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # the trainer's per-epoch lines
     results: dict[str, Any] = {
-        "command": shlex.join(["python", "benchmarks/potential.py", *(sys.argv[1:] if argv is None else argv)]),
-        "seed": args.seed, "threads": args.threads, "budget_minutes": args.budget_minutes,
-        "ensemble_budget_minutes": args.ensemble_budget_minutes, "budget_for": args.budget_for,
-        "data_root": None if args.quick else str(args.data_root), "quick": args.quick,
-        "started": time.strftime("%Y-%m-%d %H:%M"), "status": "running", "datasets": {},
-    }  # fmt: skip
+        "command": shlex.join(
+            ["python", "benchmarks/potential.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "seed": args.seed,
+        "threads": args.threads,
+        "budget_minutes": args.budget_minutes,
+        "ensemble_budget_minutes": args.ensemble_budget_minutes,
+        "budget_for": args.budget_for,
+        "data_root": None if args.quick else str(args.data_root),
+        "quick": args.quick,
+        "started": time.strftime("%Y-%m-%d %H:%M"),
+        "status": "running",
+        "datasets": {},
+    }
     work = Path(tempfile.mkdtemp(prefix="mlip_unc_potential_bench_"))  # derived data files
     try:
         files = {name: dataset_files(name, args, work) for name in args.datasets}
@@ -477,24 +597,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
-def run_all(args: argparse.Namespace, files: dict[str, dict[str, Path]], results: dict[str, Any]) -> None:
+def run_all(
+    args: argparse.Namespace, files: dict[str, dict[str, Path]], results: dict[str, Any]
+) -> None:
     """Train/evaluate every dataset and backbone, then the cost study; save after each stage."""
     for dataset in args.datasets:
         for backbone in args.backbones:
             model_dir = train_model(dataset, backbone, files[dataset], args)
-            results["datasets"].setdefault(dataset, {})[backbone] = accuracy(model_dir, files[dataset], args)
-            print(f"[accuracy] {dataset} {backbone}: {results['datasets'][dataset][backbone]}", flush=True)
+            results["datasets"].setdefault(dataset, {})[backbone] = accuracy(
+                model_dir, files[dataset], args
+            )
+            print(
+                f"[accuracy] {dataset} {backbone}: {results['datasets'][dataset][backbone]}",
+                flush=True,
+            )
             save(results, args.out)
     cost_set = QUICK_DATASET if args.quick else "3bpa"
     if cost_set in args.datasets and not args.no_cost:
         cost = {}
-        results["cost_frames"] = "4-atom EMT Cu cells (quick)" if args.quick else "27-atom 3BPA frames"
+        results["cost_frames"] = (
+            "4-atom EMT Cu cells (quick)" if args.quick else "27-atom 3BPA frames"
+        )
         for backbone in args.backbones:
             cost[backbone] = cost_and_quality(backbone, files[cost_set], args)
             results["cost_ratio"] = {b: c["ratio"] for b, c in cost.items()}
             results["cost_ms"] = {b: c["ms"] for b, c in cost.items()}
             results["quality"] = {b: c["quality"] for b, c in cost.items()}
-            results["ensemble_train_minutes"] = {b: c["ensemble_train_minutes"] for b, c in cost.items()}
+            results["ensemble_train_minutes"] = {
+                b: c["ensemble_train_minutes"] for b, c in cost.items()
+            }
             results["answer"] = answer(cost)
             save(results, args.out)
     results["status"] = "complete"

@@ -43,13 +43,18 @@ def make_inputs(work: Path) -> dict[str, Path]:
         frames.append(labelled(atoms))
     isolated = [labelled(ase.Atoms(s, positions=[[0, 0, 0]]), stress=False) for s in ("Cu", "Al")]
     work.mkdir(parents=True, exist_ok=True)
-    files = {name: work / name for name in ("train.xyz", "test.xyz", "no_forces.xyz", "overlap.xyz")}
+    files = {
+        name: work / name for name in ("train.xyz", "test.xyz", "no_forces.xyz", "overlap.xyz")
+    }
     ase.io.write(files["train.xyz"], frames[:10] + isolated)
     ase.io.write(files["test.xyz"], frames[10:])
     partial = [frames[10].copy(), frames[11].copy()]
-    partial[0].calc = SinglePointCalculator(partial[0], energy=frames[10].get_potential_energy())  # no forces
-    partial[1].calc = SinglePointCalculator(partial[1], energy=frames[11].get_potential_energy(),
-                                            forces=frames[11].get_forces())  # fmt: skip
+    partial[0].calc = SinglePointCalculator(
+        partial[0], energy=frames[10].get_potential_energy()
+    )  # no forces
+    partial[1].calc = SinglePointCalculator(
+        partial[1], energy=frames[11].get_potential_energy(), forces=frames[11].get_forces()
+    )
     ase.io.write(files["no_forces.xyz"], partial)
     overlap = bulk("Cu", "fcc", a=3.6, cubic=True)
     overlap.positions[1] = overlap.positions[0] + 1e-4
@@ -60,7 +65,7 @@ def make_inputs(work: Path) -> dict[str, Path]:
         f"data: {{train: {files['train.xyz']}, valid_fraction: 0.25, r_max: 4.0}}\n"
         "model: {backbone: gin, backbone_kwargs: {hidden: 8, num_layers: 1}, latent_dim: 4}\n"
         "train: {epochs: 4, batch_size: 2, lr: 0.02}\n"
-    )  # fmt: skip
+    )
     files["al.yaml"] = work / "al.yaml"
     files["al.yaml"].write_text(
         f"out: {work / 'unused_al'}\nseed: 0\noracle: reliability_harness:counting_emt\n"
@@ -72,15 +77,36 @@ def make_inputs(work: Path) -> dict[str, Path]:
         "training: {dtype: float64, data: {r_max: 4.0}, loss: {energy_weight: 1.0e-3},\n"
         "  model: {backbone: gin, backbone_kwargs: {hidden: 8, num_layers: 1, num_basis: 4}, latent_dim: 4,"
         " standardise: false},\n  train: {epochs: 2, batch_size: 4}}\n"
-    )  # fmt: skip
-    smiles = ["C", "CC", "CCC", "CCCC", "CO", "CCO", "CCCO", "CN", "CCN", "c1ccccc1", "Cc1ccccc1", "CC(=O)O",
-              "CC(C)O", "OCCO", "C1CCCCC1", "CCOC", "CC#N", "C=C", "ClC", "CS"]  # fmt: skip
+    )
+    smiles = [
+        "C",
+        "CC",
+        "CCC",
+        "CCCC",
+        "CO",
+        "CCO",
+        "CCCO",
+        "CN",
+        "CCN",
+        "c1ccccc1",
+        "Cc1ccccc1",
+        "CC(=O)O",
+        "CC(C)O",
+        "OCCO",
+        "C1CCCCC1",
+        "CCOC",
+        "CC#N",
+        "C=C",
+        "ClC",
+        "CS",
+    ]
     files["mols.csv"] = work / "mols.csv"
-    files["mols.csv"].write_text("smiles,y\n" + "".join(f"{s},{0.3 * len(s):.2f}\n" for s in smiles))
+    files["mols.csv"].write_text(
+        "smiles,y\n" + "".join(f"{s},{0.3 * len(s):.2f}\n" for s in smiles)
+    )
     files["empty.csv"] = work / "empty.csv"
     files["empty.csv"].write_text("smiles,y\n")
     return files
-
 
 
 # ============================================================ group 3: corrupted checkpoints
@@ -97,43 +123,81 @@ def corruptions(model: Path, work: Path, quick: bool) -> list[dict]:
 
     atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
     atoms.rattle(0.05, seed=1)
+
     def answer(path: Path) -> tuple[np.ndarray, str]:
         """Energy, forces and their std (one array) and the checkpoint's non-tensor content."""
         calc = UncertaintyCalculator(path)
         calc.calculate(atoms.copy(), ["energy", "forces", "energy_std", "forces_std"])
-        values = np.concatenate([np.ravel(calc.results[k]) for k in ("energy", "forces", "energy_std", "forces_std")])
+        values = np.concatenate(
+            [np.ravel(calc.results[k]) for k in ("energy", "forces", "energy_std", "forces_std")]
+        )
         return values, json.dumps(_plain(load_checkpoint(path)), sort_keys=True, default=str)
 
     reference, plain = answer(model)
     raw = model.read_bytes()
     rng = np.random.default_rng(0)
-    with zipfile.ZipFile(model) as archive:  # byte ranges of the tensor records (stored, not compressed)
+    with zipfile.ZipFile(
+        model
+    ) as archive:  # byte ranges of the tensor records (stored, not compressed)
         infos = [i for i in archive.infolist() if "/data/" in i.filename and i.file_size > 0]
     # the data start after the local header: 30 bytes, then the name and extra field, whose
     # lengths (bytes 26-29) differ from the central directory's (torch pads the local one)
-    spans = [(i.header_offset + 30 + int.from_bytes(raw[i.header_offset + 26 : i.header_offset + 28], "little")
-              + int.from_bytes(raw[i.header_offset + 28 : i.header_offset + 30], "little"), i.file_size)
-             for i in infos]  # fmt: skip
+    spans = [
+        (
+            i.header_offset
+            + 30
+            + int.from_bytes(raw[i.header_offset + 26 : i.header_offset + 28], "little")
+            + int.from_bytes(raw[i.header_offset + 28 : i.header_offset + 30], "little"),
+            i.file_size,
+        )
+        for i in infos
+    ]
     cases: list[tuple[str, str, bytes | Callable[[Path], None]]] = []
     n = 5 if quick else 20
     for k in range(n):
         start, size = spans[rng.integers(len(spans))]
-        cases.append(("one bit flipped inside a tensor", f"#{k}", _flip(raw, start + int(rng.integers(size)), rng)))
+        cases.append(
+            (
+                "one bit flipped inside a tensor",
+                f"#{k}",
+                _flip(raw, start + int(rng.integers(size)), rng),
+            )
+        )
     for k in range(n):
-        cases.append(("one bit flipped anywhere in the file", f"#{k}", _flip(raw, int(rng.integers(len(raw))), rng)))
+        cases.append(
+            (
+                "one bit flipped anywhere in the file",
+                f"#{k}",
+                _flip(raw, int(rng.integers(len(raw))), rng),
+            )
+        )
     for frac in (0.0, 0.01, 0.1, 0.5, 0.9, 0.99):
         cases.append(("truncated file", f"{frac:.0%}", raw[: int(frac * len(raw))]))
     cases.append(("truncated file", "last byte cut", raw[:-1]))
     cases.append(("random bytes", "", rng.bytes(len(raw))))
-    cases.append(("pickled Python object", "", lambda p: torch.save({"model": torch.nn.Linear(2, 2)}, p)))
-    cases.append(("foreign torch file (not mlip-unc)", "", lambda p: torch.save({"weights": torch.ones(3)}, p)))
+    cases.append(
+        ("pickled Python object", "", lambda p: torch.save({"model": torch.nn.Linear(2, 2)}, p))
+    )
+    cases.append(
+        (
+            "foreign torch file (not mlip-unc)",
+            "",
+            lambda p: torch.save({"weights": torch.ones(3)}, p),
+        )
+    )
 
     def nan_weights(path: Path) -> None:  # a checkpoint whose digest is valid but weights are NaN
         payload = load_checkpoint(model)
         state = payload["model_state"]
-        key = next(k for k, v in state.items() if v.is_floating_point() and v.numel() > 1 and "backbone" in k)
+        key = next(
+            k
+            for k, v in state.items()
+            if v.is_floating_point() and v.numel() > 1 and "backbone" in k
+        )
         state[key] = torch.full_like(state[key], float("nan"))
-        save_checkpoint(path, {k: v for k, v in payload.items() if k not in ("sha256", "format", "version")})
+        save_checkpoint(
+            path, {k: v for k, v in payload.items() if k not in ("sha256", "format", "version")}
+        )
 
     cases.append(("NaN weights saved with a valid digest", "", nan_weights))
     tally: dict[str, dict[str, Any]] = {}
@@ -143,18 +207,37 @@ def corruptions(model: Path, work: Path, quick: bool) -> list[dict]:
         content(path) if callable(content) else path.write_bytes(content)
         try:
             values, content = answer(path)
-            outcome = "same results" if np.array_equal(values, reference) and content == plain else (
-                "NaN RETURNED" if not np.isfinite(values).all() else "CHANGED RESULTS OR METADATA WITHOUT ERROR")
+            outcome = (
+                "same results"
+                if np.array_equal(values, reference) and content == plain
+                else (
+                    "NaN RETURNED"
+                    if not np.isfinite(values).all()
+                    else "CHANGED RESULTS OR METADATA WITHOUT ERROR"
+                )
+            )
         except (CheckpointError, NonFiniteResultError) as err:
-            outcome = f"{type(err).__name__}" + (" (names the file)" if str(path) in str(err) else "")
+            outcome = f"{type(err).__name__}" + (
+                " (names the file)" if str(path) in str(err) else ""
+            )
         except Exception as err:  # noqa: BLE001 - any other exception is a failure of this benchmark
             outcome = f"UNEXPECTED {type(err).__name__}: {err}"
         entry = tally.setdefault(fault, {"tried": 0, "ok": 0, "outcomes": Counter()})
         entry["tried"] += 1
-        entry["ok"] += int(outcome in ("same results", "CheckpointError (names the file)", "NonFiniteResultError"))
+        entry["ok"] += int(
+            outcome in ("same results", "CheckpointError (names the file)", "NonFiniteResultError")
+        )
         entry["outcomes"][outcome] += 1
-    return [record("corrupted checkpoint -> calculator", fault, tried=e["tried"], ok=e["ok"],
-                   detail=", ".join(f"{c} x {o}" for o, c in e["outcomes"].most_common())) for fault, e in tally.items()]  # fmt: skip
+    return [
+        record(
+            "corrupted checkpoint -> calculator",
+            fault,
+            tried=e["tried"],
+            ok=e["ok"],
+            detail=", ".join(f"{c} x {o}" for o, c in e["outcomes"].most_common()),
+        )
+        for fault, e in tally.items()
+    ]
 
 
 def _plain(node: Any) -> Any:
@@ -191,45 +274,132 @@ def bad_inputs(files: dict[str, Path], work: Path, train_run: Path, al_run: Path
 
     def clear(result: Any, *words: str) -> tuple[bool, str]:
         lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-        ok = (result.exit_code == 1 and isinstance(result.exception, SystemExit) and len(lines) == 1
-              and all(w in lines[0] for w in words))  # fmt: skip
+        ok = (
+            result.exit_code == 1
+            and isinstance(result.exception, SystemExit)
+            and len(lines) == 1
+            and all(w in lines[0] for w in words)
+        )
         return ok, (lines[0] if lines else f"exit {result.exit_code}, {result.exception!r}")[:300]
 
     def check(fault: str, ok_detail: tuple[bool, str], *extra: tuple[bool, str]) -> None:
         ok = ok_detail[0] and all(e[0] for e in extra)
-        out.append(record(group, fault, ok=ok, detail="; ".join([ok_detail[1], *(e[1] for e in extra)])))
+        out.append(
+            record(group, fault, ok=ok, detail="; ".join([ok_detail[1], *(e[1] for e in extra)]))
+        )
 
     def same_files(folder: Path, before: dict[str, bytes]) -> tuple[bool, str]:
-        now = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+        now = {
+            str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*"))
+            if p.is_file()
+        }
         return now == before, "run folder unchanged" if now == before else "RUN FOLDER CHANGED"
 
     def snapshot(folder: Path) -> dict[str, bytes]:
-        return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+        return {
+            str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*"))
+            if p.is_file()
+        }
 
     train_yaml, model = files["train.yaml"], train_run / "model.pt"
-    r = cli("train", "-c", train_yaml, "--out", work / "vf0", "--set", "data.valid_fraction=0", "--threads", "1")
-    hist = json.loads((work / "vf0" / "history.json").read_text()) if r.exit_code == 0 else {"epochs": [{}]}
+    r = cli(
+        "train",
+        "-c",
+        train_yaml,
+        "--out",
+        work / "vf0",
+        "--set",
+        "data.valid_fraction=0",
+        "--threads",
+        "1",
+    )
+    hist = (
+        json.loads((work / "vf0" / "history.json").read_text())
+        if r.exit_code == 0
+        else {"epochs": [{}]}
+    )
     finite = all(math.isfinite(e.get("valid_loss", math.nan)) for e in hist["epochs"])
-    check("train with data.valid_fraction=0", (r.exit_code == 0 and finite and (work / "vf0" / "model.pt").is_file(),
-          f"exit {r.exit_code}; {len(hist['epochs'])} epochs validated on the training set, finite losses: {finite}"))  # fmt: skip
-    r = cli("property", "train", "--out", work / "p_empty", "--data", files["empty.csv"], "--target-column", "y",
-            "--epochs", "1")  # fmt: skip
+    check(
+        "train with data.valid_fraction=0",
+        (
+            r.exit_code == 0 and finite and (work / "vf0" / "model.pt").is_file(),
+            f"exit {r.exit_code}; {len(hist['epochs'])} epochs validated on the training set, finite losses: {finite}",
+        ),
+    )
+    r = cli(
+        "property",
+        "train",
+        "--out",
+        work / "p_empty",
+        "--data",
+        files["empty.csv"],
+        "--target-column",
+        "y",
+        "--epochs",
+        "1",
+    )
     check("property train on a CSV with a header and no rows", clear(r, "empty.csv"))
-    r = cli("property", "train", "--out", work / "p", "--data", files["mols.csv"], "--target-column", "y",
-            "--epochs", "1")  # fmt: skip
-    trained = (r.exit_code == 0, f"a model trained on {files['mols.csv'].name} (exit {r.exit_code})")
-    r = cli("property", "predict", "--model", work / "p", "--data", files["empty.csv"], "--out", work / "pred.csv")
+    r = cli(
+        "property",
+        "train",
+        "--out",
+        work / "p",
+        "--data",
+        files["mols.csv"],
+        "--target-column",
+        "y",
+        "--epochs",
+        "1",
+    )
+    trained = (
+        r.exit_code == 0,
+        f"a model trained on {files['mols.csv'].name} (exit {r.exit_code})",
+    )
+    r = cli(
+        "property",
+        "predict",
+        "--model",
+        work / "p",
+        "--data",
+        files["empty.csv"],
+        "--out",
+        work / "pred.csv",
+    )
     check("property predict on a CSV with a header and no rows", clear(r, "empty.csv"), trained)
     before = snapshot(work / "p")
-    r = cli("property", "train", "--out", work / "p", "--data", files["mols.csv"], "--target-column", "y",
-            "--epochs", "1")  # fmt: skip
-    check("property train into an existing run folder (no --resume/--overwrite)", clear(r, "--overwrite"),
-          same_files(work / "p", before))  # fmt: skip
+    r = cli(
+        "property",
+        "train",
+        "--out",
+        work / "p",
+        "--data",
+        files["mols.csv"],
+        "--target-column",
+        "y",
+        "--epochs",
+        "1",
+    )
+    check(
+        "property train into an existing run folder (no --resume/--overwrite)",
+        clear(r, "--overwrite"),
+        same_files(work / "p", before),
+    )
     for name, extra, words, fault in (
-        ("arch", ["--resume", "--set", "model.latent_dim=6"], ("different config",),
-         "train --resume with a changed architecture (config.yaml unchanged)"),
-        ("again", [], ("--resume", "--overwrite"), "train into an existing run folder (no --resume/--overwrite)"),
-    ):  # fmt: skip
+        (
+            "arch",
+            ["--resume", "--set", "model.latent_dim=6"],
+            ("different config",),
+            "train --resume with a changed architecture (config.yaml unchanged)",
+        ),
+        (
+            "again",
+            [],
+            ("--resume", "--overwrite"),
+            "train into an existing run folder (no --resume/--overwrite)",
+        ),
+    ):
         copy = work / f"train_{name}"
         shutil.copytree(train_run, copy)
         before = snapshot(copy)
@@ -237,10 +407,19 @@ def bad_inputs(files: dict[str, Path], work: Path, train_run: Path, al_run: Path
         check(fault, clear(r, *words), same_files(copy, before))
     al_yaml = files["al.yaml"]
     for name, extra, words, fault in (
-        ("again", [], ("--resume", "--overwrite"), "active-learn into an existing run folder (no --resume/--overwrite)"),
-        ("changed", ["--resume", "--set", "rounds=3"], ("config differs", "rounds"),
-         "active-learn --resume with a changed config"),
-    ):  # fmt: skip
+        (
+            "again",
+            [],
+            ("--resume", "--overwrite"),
+            "active-learn into an existing run folder (no --resume/--overwrite)",
+        ),
+        (
+            "changed",
+            ["--resume", "--set", "rounds=3"],
+            ("config differs", "rounds"),
+            "active-learn --resume with a changed config",
+        ),
+    ):
         copy = work / f"al_{name}"
         shutil.copytree(al_run, copy)
         before = snapshot(copy)
@@ -249,21 +428,57 @@ def bad_inputs(files: dict[str, Path], work: Path, train_run: Path, al_run: Path
     r = cli("eval", "--model", model, "--data", files["no_forces.xyz"], "--out", work / "m.json")
     warned = [line for line in r.output.splitlines() if line.startswith("warning:")]
     metrics = json.loads((work / "m.json").read_text()) if r.exit_code == 0 else {}
-    check("eval on frames lacking forces", (r.exit_code == 0 and len(warned) == 1 and "1 no forces" in warned[0]
-          and metrics.get("n_frames_without_forces") == 1, (warned or [f"exit {r.exit_code}, no warning"])[0]))  # fmt: skip
+    check(
+        "eval on frames lacking forces",
+        (
+            r.exit_code == 0
+            and len(warned) == 1
+            and "1 no forces" in warned[0]
+            and metrics.get("n_frames_without_forces") == 1,
+            (warned or [f"exit {r.exit_code}, no warning"])[0],
+        ),
+    )
     torch.save({"model": torch.nn.Linear(2, 2)}, work / "pickled.pt")
-    check("eval with a pickled-object checkpoint (refused)",
-          clear(cli("eval", "--model", work / "pickled.pt", "--data", files["test.xyz"]), "pickled Python objects"))
+    check(
+        "eval with a pickled-object checkpoint (refused)",
+        clear(
+            cli("eval", "--model", work / "pickled.pt", "--data", files["test.xyz"]),
+            "pickled Python objects",
+        ),
+    )
     raw = model.read_bytes()
     (work / "truncated.pt").write_bytes(raw[: len(raw) // 2])
-    check("eval with a truncated checkpoint",
-          clear(cli("eval", "--model", work / "truncated.pt", "--data", files["test.xyz"]), "truncated or corrupted"))
-    r = cli("md", "--model", model, "--structure", files["overlap.xyz"], "--steps", "4", "--interval", "2",
-            "--out", work / "md_overlap")  # fmt: skip
-    failed = (work / "md_overlap" / "failed.xyz").is_file()  # the run ends, the failed frame is kept
+    check(
+        "eval with a truncated checkpoint",
+        clear(
+            cli("eval", "--model", work / "truncated.pt", "--data", files["test.xyz"]),
+            "truncated or corrupted",
+        ),
+    )
+    r = cli(
+        "md",
+        "--model",
+        model,
+        "--structure",
+        files["overlap.xyz"],
+        "--steps",
+        "4",
+        "--interval",
+        "2",
+        "--out",
+        work / "md_overlap",
+    )
+    failed = (
+        work / "md_overlap" / "failed.xyz"
+    ).is_file()  # the run ends, the failed frame is kept
     said = [line for line in r.output.splitlines() if "coincident" in line]
-    check("md from a structure with coincident atoms", (r.exit_code == 0 and failed and bool(said),
-          f"exit {r.exit_code}; failed.xyz written: {failed}; {(said or ['no message'])[0][:200]}"))  # fmt: skip
+    check(
+        "md from a structure with coincident atoms",
+        (
+            r.exit_code == 0 and failed and bool(said),
+            f"exit {r.exit_code}; failed.xyz written: {failed}; {(said or ['no message'])[0][:200]}",
+        ),
+    )
     from ase.io import read
 
     from mlip_unc.calculator import UncertaintyCalculator
@@ -274,10 +489,28 @@ def bad_inputs(files: dict[str, Path], work: Path, train_run: Path, al_run: Path
         check("calculator on coincident atoms", (False, "NO ERROR"))
     except CoincidentAtomsError as err:
         check("calculator on coincident atoms", (True, f"CoincidentAtomsError: {err}"[:250]))
-    check("train with a missing data file", clear(cli("train", "-c", train_yaml, "--out", work / "missing",
-          "--set", f"data.train={work / 'nope.xyz'}"), "nope.xyz"))  # fmt: skip
-    check("train with a misspelt config key", clear(cli("train", "-c", train_yaml, "--out", work / "typo",
-          "--set", "train.epochz=3"), "epochz"))  # fmt: skip
+    check(
+        "train with a missing data file",
+        clear(
+            cli(
+                "train",
+                "-c",
+                train_yaml,
+                "--out",
+                work / "missing",
+                "--set",
+                f"data.train={work / 'nope.xyz'}",
+            ),
+            "nope.xyz",
+        ),
+    )
+    check(
+        "train with a misspelt config key",
+        clear(
+            cli("train", "-c", train_yaml, "--out", work / "typo", "--set", "train.epochz=3"),
+            "epochz",
+        ),
+    )
     return out
 
 
@@ -293,7 +526,9 @@ def fuzz(model: Path, n: int) -> list[dict]:
     from mlip_unc.data.graphs import atoms_to_graph
     from mlip_unc.data.typemap import TypeMap
 
-    spec = importlib.util.spec_from_file_location("fuzz_strategies", REPO / "tests" / "test_fuzz_calculator.py")
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_strategies", REPO / "tests" / "test_fuzz_calculator.py"
+    )
     strategies = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(strategies)
     calc = UncertaintyCalculator(model)
@@ -315,8 +550,11 @@ def fuzz(model: Path, n: int) -> list[dict]:
             return f"FAILURE ({type(err).__name__}: {str(err)[:80]})"
         finally:
             signal.alarm(0)
-        return "finite results" if all(np.isfinite(np.asarray(v, dtype=float)).all() for v in values.values()) \
+        return (
+            "finite results"
+            if all(np.isfinite(np.asarray(v, dtype=float)).all() for v in values.values())
             else "FAILURE (non-finite results)"
+        )
 
     def through_calculator(atoms: Any) -> dict[str, Any]:
         calc.calculate(atoms, ["energy", "forces", "forces_std", "energy_std"])
@@ -324,11 +562,20 @@ def fuzz(model: Path, n: int) -> list[dict]:
 
     def through_graph(atoms: Any) -> dict[str, Any]:
         graph = atoms_to_graph(atoms, calc.model.r_max, type_map)
-        return {k: v.numpy() for k, v in graph.to_dict().items() if hasattr(v, "is_floating_point")
-                and v.is_floating_point()}  # fmt: skip
+        return {
+            k: v.numpy()
+            for k, v in graph.to_dict().items()
+            if hasattr(v, "is_floating_point") and v.is_floating_point()
+        }
 
-    @settings(max_examples=n, deadline=None, database=None, derandomize=True, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(atoms=strategies.structures())
     def one(atoms: Any) -> None:
         t0 = time.monotonic()
@@ -337,7 +584,14 @@ def fuzz(model: Path, n: int) -> list[dict]:
         slowest[0] = max(slowest[0], time.monotonic() - t0)
 
     one()
-    return [record("fuzzed structures (hypothesis, derandomised)", f"random structures -> {name}",
-                   tried=sum(c.values()), ok=sum(v for k, v in c.items() if not k.startswith("FAILURE")),
-                   detail=", ".join(f"{v} {k}" for k, v in c.most_common()) + f"; slowest structure {slowest[0]:.2f} s")
-            for name, c in tally.items()]  # fmt: skip
+    return [
+        record(
+            "fuzzed structures (hypothesis, derandomised)",
+            f"random structures -> {name}",
+            tried=sum(c.values()),
+            ok=sum(v for k, v in c.items() if not k.startswith("FAILURE")),
+            detail=", ".join(f"{v} {k}" for k, v in c.most_common())
+            + f"; slowest structure {slowest[0]:.2f} s",
+        )
+        for name, c in tally.items()
+    ]

@@ -27,7 +27,11 @@ from ase.calculators.emt import EMT
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
-PAUSE_ENV, MARKER_ENV, ORACLE_LOG_ENV = "RELIABILITY_PAUSE", "RELIABILITY_MARKER", "RELIABILITY_ORACLE_LOG"
+PAUSE_ENV, MARKER_ENV, ORACLE_LOG_ENV = (
+    "RELIABILITY_PAUSE",
+    "RELIABILITY_MARKER",
+    "RELIABILITY_ORACLE_LOG",
+)
 
 
 # ============================================================ child side: the oracle, the pauses
@@ -39,7 +43,9 @@ class CountingEMT(Calculator):
 
     implemented_properties = ("energy", "free_energy", "forces", "stress")
 
-    def calculate(self, atoms: Any = None, properties: Any = None, system_changes: Any = all_changes) -> None:
+    def calculate(
+        self, atoms: Any = None, properties: Any = None, system_changes: Any = all_changes
+    ) -> None:
         super().calculate(atoms, properties, system_changes)
         work = self.atoms.copy()
         work.calc = EMT()
@@ -92,6 +98,7 @@ def install_pause(spec: dict[str, Any], marker: Path) -> None:
         setattr(owner, name, make(getattr(owner, name)))
 
     if spec.get("within"):
+
         def within(original: Callable) -> Callable:
             def inner(*args: Any, **kwargs: Any) -> Any:
                 state["depth"] += 1
@@ -99,9 +106,12 @@ def install_pause(spec: dict[str, Any], marker: Path) -> None:
                     return original(*args, **kwargs)
                 finally:
                     state["depth"] -= 1
+
             return inner
+
         wrap(spec["within"], within)
     if spec["kind"] == "call":
+
         def paused(original: Callable) -> Callable:
             def inner(*args: Any, **kwargs: Any) -> Any:
                 matched = hit()
@@ -111,7 +121,9 @@ def install_pause(spec: dict[str, Any], marker: Path) -> None:
                 if matched and spec.get("after"):
                     pause()
                 return out
+
             return inner
+
         wrap(spec["target"], paused)
         return
     from mlip_unc import atomic
@@ -131,6 +143,7 @@ def install_pause(spec: dict[str, Any], marker: Path) -> None:
             handle.flush()
             os.fsync(handle.fileno())
             pause()
+
         return original(path, half)
 
     atomic.atomic_write = checkpoint.atomic_write = slow_write  # atomic_write_text calls the former
@@ -146,22 +159,34 @@ def child(argv: list[str]) -> None:
 
 
 # ============================================================ parent side: processes
-def run_child(args: list[str], log: Path, *, env: dict[str, str] | None = None, timeout: float = 600) -> int:
+def run_child(
+    args: list[str], log: Path, *, env: dict[str, str] | None = None, timeout: float = 600
+) -> int:
     """Run the CLI to the end; returns its exit code (output in ``log``)."""
     with log.open("a") as out:
-        done = subprocess.run([sys.executable, str(SCRIPT), "-q", *args], stdout=out, stderr=out,
-                              env={**os.environ, **(env or {})}, cwd=REPO, timeout=timeout, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), "-q", *args],
+            stdout=out,
+            stderr=out,
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
+            timeout=timeout,
+            check=False,
+        )
     return done.returncode
 
 
-def kill_at(args: list[str], spec: dict[str, Any], case: Path, env: dict[str, str], timeout: float = 600) -> str | None:
+def kill_at(
+    args: list[str], spec: dict[str, Any], case: Path, env: dict[str, str], timeout: float = 600
+) -> str | None:
     """Run the CLI with the pause ``spec`` and SIGKILL it there; None, or why the point was missed."""
     marker = case / "paused"
     marker.unlink(missing_ok=True)
     env = {**os.environ, **env, PAUSE_ENV: json.dumps(spec), MARKER_ENV: str(marker)}
     with (case / "killed.log").open("w") as out:
-        proc = subprocess.Popen([sys.executable, str(SCRIPT), "-q", *args], stdout=out, stderr=out,
-                                env=env, cwd=REPO)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "-q", *args], stdout=out, stderr=out, env=env, cwd=REPO
+        )
         t0 = time.monotonic()
         while not marker.exists():
             if proc.poll() is not None:
@@ -182,11 +207,19 @@ def stale_temps(folder: Path) -> list[Path]:
     return [p for p in folder.rglob(".*.tmp") if TEMP_PATTERN.match(p.name)]
 
 
-
-def record(group: str, fault: str, *, ok: bool | int, tried: int = 1, detail: str = "") -> dict[str, Any]:
+def record(
+    group: str, fault: str, *, ok: bool | int, tried: int = 1, detail: str = ""
+) -> dict[str, Any]:
     """One row of the report: ``tried`` attempts of ``fault``, ``ok`` of them recovered."""
     ok = int(ok)
-    return {"group": group, "fault": fault, "tried": tried, "recovered": ok, "lost": tried - ok, "detail": detail}
+    return {
+        "group": group,
+        "fault": fault,
+        "tried": tried,
+        "recovered": ok,
+        "lost": tried - ok,
+        "detail": detail,
+    }
 
 
 def lines(path: Path) -> list[str]:

@@ -46,8 +46,12 @@ def write_trajectory(path: Path, n_frames: int, seed: int) -> None:
     """``n_frames`` rattled 8-atom Cu cells as extxyz (written directly: fast for 10^5)."""
     rng = np.random.default_rng(seed)
     cell = 3.61 * np.eye(3) * np.array([1.0, 1.0, 2.0])  # two cubic 4-atom cells stacked: 8 atoms
-    base = np.vstack([np.array([[0, 0, 0], [0, .5, .5], [.5, 0, .5], [.5, .5, 0]]) * 3.61 + [0, 0, z]
-                      for z in (0.0, 3.61)])  # fmt: skip
+    base = np.vstack(
+        [
+            np.array([[0, 0, 0], [0, 0.5, 0.5], [0.5, 0, 0.5], [0.5, 0.5, 0]]) * 3.61 + [0, 0, z]
+            for z in (0.0, 3.61)
+        ]
+    )
     lattice = " ".join(f"{x:.8f}" for x in cell.reshape(-1))
     header = f'8\nLattice="{lattice}" Properties=species:S:1:pos:R:3 pbc="T T T"\n'
     with open(path, "w") as handle:
@@ -64,9 +68,13 @@ def write_model(path: Path, seed: int) -> None:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        backbone = build_backbone("gin", num_types=1, r_max=4.0, hidden=8, latent_dim=4, num_layers=1, num_basis=4)
+        backbone = build_backbone(
+            "gin", num_types=1, r_max=4.0, hidden=8, latent_dim=4, num_layers=1, num_basis=4
+        )
         model = BayesianPotential(backbone, [29], 4.0, torch.tensor([-0.01]), init_std=0.3).double()
-    model.save(path, metadata={"uncertainty_levels": {"max_force_std": 1e-3, "energy_std_per_atom": 1e-3}})
+    model.save(
+        path, metadata={"uncertainty_levels": {"max_force_std": 1e-3, "energy_std_per_atom": 1e-3}}
+    )
 
 
 def child(args: argparse.Namespace) -> None:
@@ -79,14 +87,26 @@ def child(args: argparse.Namespace) -> None:
 
     make_calc = functools.partial(UncertaintyCalculator, args.model, uncertainty="exact")
     start = time.perf_counter()
-    result = screen_file(args.data, make_calc, top_k=10, workers=args.workers[0], chunk_size=args.chunk_size,
-                         scores_csv=args.scores)  # fmt: skip
+    result = screen_file(
+        args.data,
+        make_calc,
+        top_k=10,
+        workers=args.workers[0],
+        chunk_size=args.chunk_size,
+        scores_csv=args.scores,
+    )
     seconds = time.perf_counter() - start
-    print(json.dumps({
-        "seconds": seconds, "n_frames": result.n_frames, "n_selected": len(result.selected),
-        "rss_self_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-        "rss_children_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "n_frames": result.n_frames,
+                "n_selected": len(result.selected),
+                "rss_self_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                "rss_children_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+            }
+        )
+    )
 
 
 def run_in_process(data: Path, model: Path, n_frames: int, workers: int, chunk_size: int) -> dict:
@@ -104,9 +124,16 @@ def run_in_process(data: Path, model: Path, n_frames: int, workers: int, chunk_s
     assert result.n_frames == n_frames
     parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if workers > 1 else 0
-    return {"frames": n_frames, "workers": workers, "finished": True, "seconds": round(seconds, 2),
-            "frames_per_s": round(n_frames / seconds, 1), "peak_rss_MiB": round(max(parent, worker) / 1024, 1),
-            "parent_rss_MiB": round(parent / 1024, 1), "worker_rss_MiB": round(worker / 1024, 1) if worker else None}
+    return {
+        "frames": n_frames,
+        "workers": workers,
+        "finished": True,
+        "seconds": round(seconds, 2),
+        "frames_per_s": round(n_frames / seconds, 1),
+        "peak_rss_MiB": round(max(parent, worker) / 1024, 1),
+        "parent_rss_MiB": round(parent / 1024, 1),
+        "worker_rss_MiB": round(worker / 1024, 1) if worker else None,
+    }
 
 
 def _tree(pid: int) -> list[int]:
@@ -132,15 +159,36 @@ def _hwm_kib(pid: int) -> int:
     return 0
 
 
-def run_one(data: Path, model: Path, n_frames: int, workers: int, chunk_size: int, limit: float,
-            tmp: Path) -> dict:  # fmt: skip
+def run_one(
+    data: Path, model: Path, n_frames: int, workers: int, chunk_size: int, limit: float, tmp: Path
+) -> dict:
     scores = tmp / f"scores_{n_frames}_{workers}.csv"
-    cmd = [sys.executable, __file__, "--child", "--data", str(data), "--model", str(model),
-           "--workers", str(workers), "--chunk-size", str(chunk_size), "--scores", str(scores)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--data",
+        str(data),
+        "--model",
+        str(model),
+        "--workers",
+        str(workers),
+        "--chunk-size",
+        str(chunk_size),
+        "--scores",
+        str(scores),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True, cwd=ROOT)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        cwd=ROOT,
+    )
     hwm: dict[int, int] = {}
     finished = True
     while proc.poll() is None:
@@ -154,7 +202,9 @@ def run_one(data: Path, model: Path, n_frames: int, workers: int, chunk_size: in
     out, err = proc.communicate()
     row = {"frames": n_frames, "workers": workers, "finished": finished}
     parent = hwm.get(proc.pid, 0)
-    worker_peak = max([v for k, v in hwm.items() if k != proc.pid] or [0])  # none: one chunk, run here
+    worker_peak = max(
+        [v for k, v in hwm.items() if k != proc.pid] or [0]
+    )  # none: one chunk, run here
     if finished:
         if proc.returncode != 0:
             raise RuntimeError(f"screening run failed:\n{err[-3000:]}")
@@ -162,18 +212,35 @@ def run_one(data: Path, model: Path, n_frames: int, workers: int, chunk_size: in
         assert report["n_frames"] == n_frames, report
         parent = max(parent, report["rss_self_kib"])
         worker_peak = max(worker_peak, report["rss_children_kib"]) if workers > 1 else 0
-        row.update(seconds=round(report["seconds"], 2), frames_per_s=round(n_frames / report["seconds"], 1))
+        row.update(
+            seconds=round(report["seconds"], 2), frames_per_s=round(n_frames / report["seconds"], 1)
+        )
     else:
         temps = list(tmp.glob(f".{scores.name}.*.tmp"))
         done = max(0, len(temps[0].read_text().splitlines()) - 1) if temps else 0
-        row.update(seconds=None, frames_done=done, time_limit_s=limit, frames_per_s=round(done / limit, 1))
-    row.update(peak_rss_MiB=round(max(parent, worker_peak) / 1024, 1), parent_rss_MiB=round(parent / 1024, 1),
-               worker_rss_MiB=round(worker_peak / 1024, 1) if worker_peak else None)  # fmt: skip
+        row.update(
+            seconds=None, frames_done=done, time_limit_s=limit, frames_per_s=round(done / limit, 1)
+        )
+    row.update(
+        peak_rss_MiB=round(max(parent, worker_peak) / 1024, 1),
+        parent_rss_MiB=round(parent / 1024, 1),
+        worker_rss_MiB=round(worker_peak / 1024, 1) if worker_peak else None,
+    )
     return row
 
 
-FLAG_COLUMNS = ["frames", "workers", "finished", "seconds", "frames_per_s", "peak_rss_MiB", "parent_rss_MiB",
-                "worker_rss_MiB", "frames_done", "time_limit_s"]
+FLAG_COLUMNS = [
+    "frames",
+    "workers",
+    "finished",
+    "seconds",
+    "frames_per_s",
+    "peak_rss_MiB",
+    "parent_rss_MiB",
+    "worker_rss_MiB",
+    "frames_done",
+    "time_limit_s",
+]
 
 
 def _table(rows: list[dict], columns: list[str] | None = None) -> list[str]:
@@ -191,53 +258,110 @@ def _cell(value: object) -> str:
 
 def render(result: dict, out: Path) -> str:
     lines = [
-        "# Scale: streamed, sharded screening (`mlip-unc flag`)", "",
-        f"Command: `{result['command']}` (seed {result['seed']}). {result['setup']}", "",
-        f"Memory: {result['memory_measure']}", "",
+        "# Scale: streamed, sharded screening (`mlip-unc flag`)",
+        "",
+        f"Command: `{result['command']}` (seed {result['seed']}). {result['setup']}",
+        "",
+        f"Memory: {result['memory_measure']}",
+        "",
         *_table(result["rows"], FLAG_COLUMNS),
-        "", ("Rows with `finished` False were stopped after `time_limit_s`; their `frames_per_s` is "
-             "`frames_done / time_limit_s` (start-up included), their peaks those reached by then."), "",
-        f"Machine: {result['machine']}.", "",
-    ]  # fmt: skip
-    earlier = out / "scale_earlier.json"  # a list of earlier results of this script, kept (every run is reported)
+        "",
+        (
+            "Rows with `finished` False were stopped after `time_limit_s`; their `frames_per_s` is "
+            "`frames_done / time_limit_s` (start-up included), their peaks those reached by then."
+        ),
+        "",
+        f"Machine: {result['machine']}.",
+        "",
+    ]
+    earlier = (
+        out / "scale_earlier.json"
+    )  # a list of earlier results of this script, kept (every run is reported)
     if earlier.is_file():
         for old in json.loads(earlier.read_text()):
-            lines += ["## Earlier flag run", "", (f"Command: `{old['command']}` (seed {old['seed']}). "
-                      f"Machine: {old['machine']}."), "",
-                      *_table(old["rows"], FLAG_COLUMNS), ""]  # fmt: skip
+            lines += [
+                "## Earlier flag run",
+                "",
+                (f"Command: `{old['command']}` (seed {old['seed']}). Machine: {old['machine']}."),
+                "",
+                *_table(old["rows"], FLAG_COLUMNS),
+                "",
+            ]
     train = out / "scale_train.json"
     if train.is_file():
         data = json.loads(train.read_text())
         head = f"Command: `{data.get('command', '?')}` (seed {data.get('seed', '?')})."
         notes = [f"{k}: {data[k]}." for k in ("setup", "machine") if data.get(k)]
-        lines += ["## Training throughput (torchrun processes)", "", head, *notes, "",
-                  *_table(data.get("rows", []), ["processes", "mode", "batch_per_process", "structures_per_s",
-                                                 "speedup", "oversubscribed", "steps"]), "",
-                  ("mode allreduce: this project's gradient all-reduce (what `mlip-unc train` uses under torchrun); "
-                   "ddp_wrapper: torch's DistributedDataParallel around the same model, for comparison."), "",
-                  ("GPU: not measured. Every run of this project so far was on a CPU-only machine; `train.device: cuda` "
-                   "(mlip_unc/train/device.py) and its CUDA tests (skipped without a GPU) are in place for a run "
-                   "on one."), ""]  # fmt: skip
+        lines += [
+            "## Training throughput (torchrun processes)",
+            "",
+            head,
+            *notes,
+            "",
+            *_table(
+                data.get("rows", []),
+                [
+                    "processes",
+                    "mode",
+                    "batch_per_process",
+                    "structures_per_s",
+                    "speedup",
+                    "oversubscribed",
+                    "steps",
+                ],
+            ),
+            "",
+            (
+                "mode allreduce: this project's gradient all-reduce (what `mlip-unc train` uses under torchrun); "
+                "ddp_wrapper: torch's DistributedDataParallel around the same model, for comparison."
+            ),
+            "",
+            (
+                "GPU: not measured. Every run of this project so far was on a CPU-only machine; `train.device: cuda` "
+                "(mlip_unc/train/device.py) and its CUDA tests (skipped without a GPU) are in place for a run "
+                "on one."
+            ),
+            "",
+        ]
     exploration = out / "exploration.json"
     if exploration.is_file():
         data = json.loads(exploration.read_text())
-        lines += ["## Exploration (uncertainty-biased MD)", "", (f"Command: `{data.get('command', '?')}`; summary "
-                  "over seeds in [exploration.md](exploration.md). Every row:"), "",
-                  *_table(data.get("rows", [])), ""]  # fmt: skip
+        lines += [
+            "## Exploration (uncertainty-biased MD)",
+            "",
+            (
+                f"Command: `{data.get('command', '?')}`; summary "
+                "over seeds in [exploration.md](exploration.md). Every row:"
+            ),
+            "",
+            *_table(data.get("rows", [])),
+            "",
+        ]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="10^2 and 3x10^2 frames in this process (smoke test, < 30 s of CPU).")
-    parser.add_argument("--sizes", type=int, nargs="+", default=None, help="Frame counts (default 10^4 10^5).")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="10^2 and 3x10^2 frames in this process (smoke test, < 30 s of CPU).",
+    )
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=None, help="Frame counts (default 10^4 10^5)."
+    )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--chunk-size", type=int, default=None, help="Frames per chunk (default 256; quick 32).")
-    parser.add_argument("--time-limit", type=float, default=600.0, help="Seconds per run before it is stopped.")
+    parser.add_argument(
+        "--chunk-size", type=int, default=None, help="Frames per chunk (default 256; quick 32)."
+    )
+    parser.add_argument(
+        "--time-limit", type=float, default=600.0, help="Seconds per run before it is stopped."
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--report-only", action="store_true", help="Only rewrite scale.md from OUT/*.json.")
+    parser.add_argument(
+        "--report-only", action="store_true", help="Only rewrite scale.md from OUT/*.json."
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
@@ -265,11 +389,16 @@ def main() -> None:
             data = tmp / f"traj_{n}.xyz"
             start = time.perf_counter()
             write_trajectory(data, n, args.seed)
-            print(f"{n} frames written in {time.perf_counter() - start:.1f} s ({data.stat().st_size / 2**20:.1f} MiB)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"{n} frames written in {time.perf_counter() - start:.1f} s ({data.stat().st_size / 2**20:.1f} MiB)",
+                file=sys.stderr,
+            )
             for workers in args.workers:
-                row = (run_in_process(data, model, n, workers, args.chunk_size) if args.quick else
-                       run_one(data, model, n, workers, args.chunk_size, args.time_limit, tmp))  # fmt: skip
+                row = (
+                    run_in_process(data, model, n, workers, args.chunk_size)
+                    if args.quick
+                    else run_one(data, model, n, workers, args.chunk_size, args.time_limit, tmp)
+                )
                 print(json.dumps(row), file=sys.stderr)
                 rows.append(row)
             data.unlink()
@@ -283,17 +412,20 @@ def main() -> None:
         "command": " ".join(["OMP_NUM_THREADS=1 python benchmarks/scale.py", *argv]),
         "seed": args.seed,
         "setup": "Trajectories: 8-atom fcc Cu cells, Gaussian rattle 0.05 A, extxyz. Model: tiny UNTRAINED GIN "
-                 "potential (8 hidden, 4 latent, 1 layer), exact force uncertainty; `--top-k 10`, metric "
-                 f"max_force_std, chunk size {args.chunk_size}, 1 torch thread per process, OMP_NUM_THREADS=1.",
+        "potential (8 hidden, 4 latent, 1 layer), exact force uncertainty; `--top-k 10`, metric "
+        f"max_force_std, chunk size {args.chunk_size}, 1 torch thread per process, OMP_NUM_THREADS=1.",
         "memory_measure": "peak RSS (VmHWM of /proc/PID/status = getrusage ru_maxrss) of the screening process "
-                          "(parent_rss_MiB) and of the largest worker process (worker_rss_MiB); peak_rss_MiB is "
-                          "the larger. Not tracemalloc: torch's own memory is included."
-                          + (" --quick: all runs in one process, so the peaks are cumulative over the rows."
-                             if args.quick else " Each row is a fresh process."),
+        "(parent_rss_MiB) and of the largest worker process (worker_rss_MiB); peak_rss_MiB is "
+        "the larger. Not tracemalloc: torch's own memory is included."
+        + (
+            " --quick: all runs in one process, so the peaks are cumulative over the rows."
+            if args.quick
+            else " Each row is a fresh process."
+        ),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs; "
-                   f"load average at the end {os.getloadavg()[0]:.1f})",
+        f"load average at the end {os.getloadavg()[0]:.1f})",
         "rows": rows,
-    }  # fmt: skip
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "scale.json", json.dumps(result, indent=1) + "\n")
     atomic_write_text(args.out / "scale.md", render(result, args.out) + "\n")

@@ -67,13 +67,21 @@ def make_data(path: Path, n: int, seed: int) -> None:
 
 
 def _config(data: Path, batch: int, seed: int):
-    return potential_config_from_dict({
-        "seed": seed, "out": str(data.parent / "unused"), "dtype": "float32",
-        "data": {"train": str(data), "valid_fraction": 0.0, "r_max": 4.0},
-        "model": {"backbone": "gin", "backbone_kwargs": {"hidden": 32, "num_layers": 2}, "latent_dim": 16,
-                  "posterior": "diagonal"},
-        "train": {"epochs": 2, "batch_size": batch, "lr": 0.005, "progress": False},
-    })  # fmt: skip
+    return potential_config_from_dict(
+        {
+            "seed": seed,
+            "out": str(data.parent / "unused"),
+            "dtype": "float32",
+            "data": {"train": str(data), "valid_fraction": 0.0, "r_max": 4.0},
+            "model": {
+                "backbone": "gin",
+                "backbone_kwargs": {"hidden": 32, "num_layers": 2},
+                "latent_dim": 16,
+                "posterior": "diagonal",
+            },
+            "train": {"epochs": 2, "batch_size": batch, "lr": 0.005, "progress": False},
+        }
+    )
 
 
 class _DDP(torch.nn.parallel.DistributedDataParallel):
@@ -88,9 +96,17 @@ class _DDP(torch.nn.parallel.DistributedDataParallel):
             return getattr(self.module, name)
 
 
-def _worker(rank: int, world: int, port: int, data: str, batch: int, seed: int, ddp: bool, result: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")  # fmt: skip
+def _worker(
+    rank: int, world: int, port: int, data: str, batch: int, seed: int, ddp: bool, result: str
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     with distributed.session():
         config = _config(Path(data), batch // world, seed)
@@ -111,12 +127,21 @@ def _worker(rank: int, world: int, port: int, data: str, batch: int, seed: int, 
         seconds = time.perf_counter() - t0
         if rank == 0:
             steps = -(-len(graphs) // batch)
-            Path(result).write_text(json.dumps({
-                "processes": world, "mode": "ddp_wrapper" if ddp else "allreduce", "global_batch": batch,
-                "batch_per_process": batch // world, "structures": len(graphs), "steps": steps,
-                "seconds": seconds, "structures_per_s": len(graphs) / seconds,
-                "train_loss": record["train_loss"],
-            }))  # fmt: skip
+            Path(result).write_text(
+                json.dumps(
+                    {
+                        "processes": world,
+                        "mode": "ddp_wrapper" if ddp else "allreduce",
+                        "global_batch": batch,
+                        "batch_per_process": batch // world,
+                        "structures": len(graphs),
+                        "steps": steps,
+                        "seconds": seconds,
+                        "structures_per_s": len(graphs) / seconds,
+                        "train_loss": record["train_loss"],
+                    }
+                )
+            )
 
 
 def _free_port() -> int:
@@ -130,7 +155,9 @@ def run(processes: int, data: Path, batch: int, seed: int, ddp: bool) -> dict[st
         raise SystemExit(f"--batch {batch} is not a multiple of {processes} processes")
     result = data.parent / f"row_{processes}_{int(ddp)}.json"
     args = (processes, _free_port(), str(data), batch, seed, ddp, str(result))
-    mp.spawn(_worker, args=args, nprocs=processes, join=True)  # 1 process: a group of one, no collectives
+    mp.spawn(
+        _worker, args=args, nprocs=processes, join=True
+    )  # 1 process: a group of one, no collectives
     return json.loads(result.read_text())
 
 
@@ -138,9 +165,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--structures", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=8, help="global batch (structures per optimiser step)")
+    parser.add_argument(
+        "--batch", type=int, default=8, help="global batch (structures per optimiser step)"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ddp", action="store_true", help="also time the DistributedDataParallel wrapper")
+    parser.add_argument(
+        "--ddp", action="store_true", help="also time the DistributedDataParallel wrapper"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "scale_train.json")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
@@ -154,12 +185,19 @@ def main() -> None:
         for p, ddp in plan:
             rows.append(run(p, data, args.batch, args.seed, ddp=ddp))
             print(json.dumps(rows[-1]), flush=True)
-            _write(args, rows, cores, complete=len(rows) == len(plan))  # a partial run leaves partial results
+            _write(
+                args, rows, cores, complete=len(rows) == len(plan)
+            )  # a partial run leaves partial results
     print(f"wrote {args.out}")
 
 
-def _write(args: argparse.Namespace, rows: list[dict[str, Any]], cores: int, *, complete: bool) -> None:
-    base = next((r["structures_per_s"] for r in rows if r["processes"] == 1 and r["mode"] == "allreduce"), None)
+def _write(
+    args: argparse.Namespace, rows: list[dict[str, Any]], cores: int, *, complete: bool
+) -> None:
+    base = next(
+        (r["structures_per_s"] for r in rows if r["processes"] == 1 and r["mode"] == "allreduce"),
+        None,
+    )
     for r in rows:
         r["speedup"] = None if base is None else r["structures_per_s"] / base
         r["oversubscribed"] = r["processes"] > cores
@@ -167,14 +205,14 @@ def _write(args: argparse.Namespace, rows: list[dict[str, Any]], cores: int, *, 
         "command": "python benchmarks/scale_train.py " + shlex.join(sys.argv[1:]),
         "seed": args.seed,
         "machine": f"{cores} CPU cores ({platform.machine()}, {platform.system()}); rows with more processes "
-                   "than cores oversubscribe them and measure contention, not scaling",
+        "than cores oversubscribe them and measure contention, not scaling",
         "load_average_at_end": list(os.getloadavg()),
         "setup": f"{args.structures} rattled 32-atom EMT Cu cells, GIN hidden 32 x 2 layers, latent 16, float32, "
-                 f"global batch {args.batch}, gloo, 1 torch thread per process, one timed epoch",
+        f"global batch {args.batch}, gloo, 1 torch thread per process, one timed epoch",
         "torch": torch.__version__,
         "complete": complete,
         "rows": rows,
-    }  # fmt: skip
+    }
     atomic_write_text(args.out, json.dumps(report, indent=1) + "\n")
 
 

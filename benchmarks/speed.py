@@ -65,18 +65,39 @@ STAGES = ("calls", "train", "memory")
 # ================================================================ arguments
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results; needed with --quick)")
-    p.add_argument("--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (also OMP_NUM_THREADS of the probes)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default benchmarks/results; needed with --quick)",
+    )
+    p.add_argument(
+        "--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data"
+    )
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (also OMP_NUM_THREADS of the probes)"
+    )
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 20; quick 3)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls per row first (default 3; quick 1)")
-    p.add_argument("--quick", action="store_true", help="tiny models and systems, < 30 s; needs --out")
-    p.add_argument("--mace-only", action="store_true",
-                   help="part 'mace': the MACE rows and the native equivariant E+F beside them (needs mace-torch)")
-    p.add_argument("--stages", default=",".join(STAGES),
-                   help="any of calls,train,memory; without 'calls' the part's calls are read from OUT/speed.json "
-                        "and the other stages are added to them (a resumed run)")
-    p.add_argument("--probe", default=None, help=argparse.SUPPRESS)  # internal: one memory section as JSON
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed calls per row first (default 3; quick 1)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="tiny models and systems, < 30 s; needs --out"
+    )
+    p.add_argument(
+        "--mace-only",
+        action="store_true",
+        help="part 'mace': the MACE rows and the native equivariant E+F beside them (needs mace-torch)",
+    )
+    p.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help="any of calls,train,memory; without 'calls' the part's calls are read from OUT/speed.json "
+        "and the other stages are added to them (a resumed run)",
+    )
+    p.add_argument(
+        "--probe", default=None, help=argparse.SUPPRESS
+    )  # internal: one memory section as JSON
     args = p.parse_args(argv)
     args.stages = [x.strip() for x in args.stages.split(",") if x.strip()]
     if not args.stages or set(args.stages) - set(STAGES):
@@ -97,7 +118,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class Row:
     """One timed call: ``fn()`` is one calculator call; grouped by (model, system)."""
 
-    def __init__(self, model: str, system: str, n_atoms: int, row: str, fn: Callable[[], Any]) -> None:
+    def __init__(
+        self, model: str, system: str, n_atoms: int, row: str, fn: Callable[[], Any]
+    ) -> None:
         self.model, self.system, self.n_atoms, self.row, self.fn = model, system, n_atoms, row, fn
         self.ms: list[float] = []
 
@@ -112,7 +135,9 @@ def time_rows(rows: list[Row], repeats: int, warmup: int) -> None:
         for _ in range(warmup):
             row.fn()
     for r in range(repeats):
-        shift = (r * 7) % len(rows)  # a rotation: each row meets other neighbours from round to round
+        shift = (r * 7) % len(
+            rows
+        )  # a rotation: each row meets other neighbours from round to round
         for row in rows[shift:] + rows[:shift]:
             start = time.perf_counter()
             row.fn()
@@ -126,23 +151,35 @@ def summarise(rows: list[Row], reference: str = "E+F") -> list[dict[str, Any]]:
     for row in rows:
         ref = refs.get(row.group)
         med = statistics.median(row.ms)
-        entry = {"model": row.model, "system": row.system, "n_atoms": row.n_atoms, "row": row.row,
-                 "ms_median": med, "ms_q25": float(np.percentile(row.ms, 25)),
-                 "ms_q75": float(np.percentile(row.ms, 75)), "repeats": len(row.ms), "ratio": None,
-                 "ratio_paired": None}  # fmt: skip
+        entry = {
+            "model": row.model,
+            "system": row.system,
+            "n_atoms": row.n_atoms,
+            "row": row.row,
+            "ms_median": med,
+            "ms_q25": float(np.percentile(row.ms, 25)),
+            "ms_q75": float(np.percentile(row.ms, 75)),
+            "repeats": len(row.ms),
+            "ratio": None,
+            "ratio_paired": None,
+        }
         if ref is not None:
             entry["ratio"] = med / statistics.median(ref.ms)
-            entry["ratio_paired"] = statistics.median(a / b for a, b in zip(row.ms, ref.ms))
+            entry["ratio_paired"] = statistics.median(a / b for a, b in zip(row.ms, ref.ms, strict=False))
         out.append(entry)
     return out
 
 
-def calculator_rows(args: argparse.Namespace, systems: dict[str, Any], models: list[str]) -> list[Row]:
+def calculator_rows(
+    args: argparse.Namespace, systems: dict[str, Any], models: list[str]
+) -> list[Row]:
     """Every (model, system, row) of the part as a :class:`Row`."""
     rows: list[Row] = []
     for model in models:
         for system, atoms in systems.items():
-            for name, fn in setup.calls(model, atoms, quick=args.quick, mace_only=args.mace_only).items():
+            for name, fn in setup.calls(
+                model, atoms, quick=args.quick, mace_only=args.mace_only
+            ).items():
                 rows.append(Row(model, system, len(atoms), name, fn))
     return rows
 
@@ -153,14 +190,34 @@ def training(args: argparse.Namespace) -> list[dict[str, Any]]:
     systems = setup.systems(args.data_root, quick=args.quick)
     with tempfile.TemporaryDirectory(prefix="mlip_unc_speed_") as work:
         for model, system in setup.train_cases(args.quick):
-            trainer, n, batch = setup.potential_trainer(model, systems[system], Path(work), quick=args.quick)
-            out.append({"trainer": "potential", "model": model, "data": setup.train_data_label(system, n),
-                        "batch_size": batch, "per_s": setup.throughput(trainer, n, epochs=1 if args.quick else 2),
-                        "unit": "structures/s"})  # fmt: skip
-            print(f"[train] potential {model} {system}: {out[-1]['per_s']:.1f} structures/s", flush=True)
+            trainer, n, batch = setup.potential_trainer(
+                model, systems[system], Path(work), quick=args.quick
+            )
+            out.append(
+                {
+                    "trainer": "potential",
+                    "model": model,
+                    "data": setup.train_data_label(system, n),
+                    "batch_size": batch,
+                    "per_s": setup.throughput(trainer, n, epochs=1 if args.quick else 2),
+                    "unit": "structures/s",
+                }
+            )
+            print(
+                f"[train] potential {model} {system}: {out[-1]['per_s']:.1f} structures/s",
+                flush=True,
+            )
         trainer, n, batch = setup.property_trainer(quick=args.quick)
-        out.append({"trainer": "property", "model": "gin_bgnn", "data": f"{n} generated SMILES", "batch_size": batch,
-                    "per_s": setup.throughput(trainer, n, epochs=1 if args.quick else 2), "unit": "molecules/s"})
+        out.append(
+            {
+                "trainer": "property",
+                "model": "gin_bgnn",
+                "data": f"{n} generated SMILES",
+                "batch_size": batch,
+                "per_s": setup.throughput(trainer, n, epochs=1 if args.quick else 2),
+                "unit": "molecules/s",
+            }
+        )
         print(f"[train] property gin: {out[-1]['per_s']:.1f} molecules/s", flush=True)
     return out
 
@@ -197,15 +254,29 @@ def memory(args: argparse.Namespace, sections: list[str]) -> list[dict[str, Any]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     out = []
     for section in sections:
-        cmd = [sys.executable, __file__, "--probe", section, "--threads", str(args.threads),
-               "--data-root", str(args.data_root), *(["--quick"] if args.quick else [])]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+        cmd = [
+            sys.executable,
+            __file__,
+            "--probe",
+            section,
+            "--threads",
+            str(args.threads),
+            "--data-root",
+            str(args.data_root),
+            *(["--quick"] if args.quick else []),
+        ]
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, timeout=600, check=False
+        )
         if done.returncode != 0:
             raise RuntimeError(f"memory probe {section} failed:\n{done.stderr[-2000:]}")
         rec = json.loads(done.stdout.strip().splitlines()[-1])
         rec["increase_mib"] = rec["peak_mib"] - rec["setup_mib"]
         out.append(rec)
-        print(f"[memory] {section}: peak {rec['peak_mib']:.0f} MiB (+{rec['increase_mib']:.0f})", flush=True)
+        print(
+            f"[memory] {section}: peak {rec['peak_mib']:.0f} MiB (+{rec['increase_mib']:.0f})",
+            flush=True,
+        )
     return out
 
 
@@ -222,7 +293,9 @@ def memory_sections(args: argparse.Namespace, calls_done: list[dict[str, Any]]) 
     calls = [f"call/{m}/{s}/{r}" for m, s, r, n in rows if n == largest and r in MEMORY_ROWS]
     if args.mace_only:
         return calls
-    train = [f"train/potential/{m}/{s}" for m, s in setup.train_cases(False) if s == "3bpa_27"] + ["train/property"]
+    train = [f"train/potential/{m}/{s}" for m, s in setup.train_cases(False) if s == "3bpa_27"] + [
+        "train/property"
+    ]
     return calls + train
 
 
@@ -247,18 +320,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         probe(args)
         return {}
     part = "mace" if args.mace_only else "main"
-    command = shlex.join(["python", "benchmarks/speed.py", *(sys.argv[1:] if argv is None else argv)])
-    stage_log = {"command": command, "python": sys.executable, "started": time.strftime("%Y-%m-%d %H:%M"),
-                 "load_avg_start": load_avg(), "stages": args.stages}  # fmt: skip
+    command = shlex.join(
+        ["python", "benchmarks/speed.py", *(sys.argv[1:] if argv is None else argv)]
+    )
+    stage_log = {
+        "command": command,
+        "python": sys.executable,
+        "started": time.strftime("%Y-%m-%d %H:%M"),
+        "load_avg_start": load_avg(),
+        "stages": args.stages,
+    }
     if "calls" in args.stages:
         entry = run_calls(args, command)
     else:  # resumed: the calls of an earlier invocation of this part
-        previous = json.loads((args.out / f"{STEM}.json").read_text())["parts"] if (args.out / f"{STEM}.json").is_file() else {}
+        previous = (
+            json.loads((args.out / f"{STEM}.json").read_text())["parts"]
+            if (args.out / f"{STEM}.json").is_file()
+            else {}
+        )
         if part not in previous:
-            raise SystemExit(f"--stages without 'calls' needs part {part!r} in {args.out / STEM}.json")
+            raise SystemExit(
+                f"--stages without 'calls' needs part {part!r} in {args.out / STEM}.json"
+            )
         entry = previous[part]
     entry["meta"].setdefault("invocations", []).append(stage_log)
-    save(args, part, entry, stage_log, status="calls done" if "calls" in args.stages else entry["meta"]["status"])
+    save(
+        args,
+        part,
+        entry,
+        stage_log,
+        status="calls done" if "calls" in args.stages else entry["meta"]["status"],
+    )
     if "train" in args.stages and not args.mace_only:
         entry["training"] = training(args)
         save(args, part, entry, stage_log, status="training done")
@@ -275,18 +367,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def run_calls(args: argparse.Namespace, command: str) -> dict[str, Any]:
     """The calculator stage: every row timed, interleaved; the part's entry."""
     meta = {
-        "command": command, "python": sys.executable, "quick": args.quick, "threads": args.threads,
-        "repeats": args.repeats, "warmup": args.warmup, "started": time.strftime("%Y-%m-%d %H:%M"),
-        "load_avg_start": load_avg(), "versions": setup.versions(), "cpu": platform.processor() or platform.machine(),
-        "weights": "untrained (random init, random full posterior)", "skipped": {},
-    }  # fmt: skip
+        "command": command,
+        "python": sys.executable,
+        "quick": args.quick,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "started": time.strftime("%Y-%m-%d %H:%M"),
+        "load_avg_start": load_avg(),
+        "versions": setup.versions(),
+        "cpu": platform.processor() or platform.machine(),
+        "weights": "untrained (random init, random full posterior)",
+        "skipped": {},
+    }
     systems = setup.systems(args.data_root, quick=args.quick)
-    meta["systems"] = {name: setup.describe(name, atoms, args.data_root, args.quick) for name, atoms in systems.items()}
+    meta["systems"] = {
+        name: setup.describe(name, atoms, args.data_root, args.quick)
+        for name, atoms in systems.items()
+    }
     models = setup.models_for(args.quick, mace_only=args.mace_only)
     if not setup.mace_available():
         if args.mace_only:
             raise SystemExit("--mace-only needs mace-torch (`pip install mlip-unc[mace]`)")
-        meta["skipped"]["mace"] = "mace-torch not importable in this Python (run --mace-only in an env with it)"
+        meta["skipped"]["mace"] = (
+            "mace-torch not importable in this Python (run --mace-only in an env with it)"
+        )
     rows = calculator_rows(args, systems, models)
     print(f"[calc] {len(rows)} rows x {args.repeats} rounds", flush=True)
     time_rows(rows, args.repeats, args.warmup)
@@ -294,8 +399,14 @@ def run_calls(args: argparse.Namespace, command: str) -> dict[str, Any]:
     return {"meta": meta, "calls": summarise(rows)}
 
 
-def save(args: argparse.Namespace, part: str, entry: dict[str, Any], stage_log: dict[str, Any], *,
-         status: str) -> dict[str, Any]:  # fmt: skip
+def save(
+    args: argparse.Namespace,
+    part: str,
+    entry: dict[str, Any],
+    stage_log: dict[str, Any],
+    *,
+    status: str,
+) -> dict[str, Any]:
     """Merge ``entry`` as ``part`` into OUT/speed.json and rewrite speed.md (after every stage)."""
     entry["meta"]["status"] = status
     stage_log.update(load_avg_end=load_avg(), finished=time.strftime("%Y-%m-%d %H:%M"))

@@ -38,12 +38,25 @@ from mlip_unc.models.potential import BayesianPotential
 REPO = Path(__file__).resolve().parents[1]
 TYPE_MAP = [1, 6, 7, 8, 29]  # H C N O Cu: one model covers every system
 CONFIGS = {"equivariant": "3bpa_equivariant.yaml", "gin": "ethanol_gin.yaml"}
-QUICK_MODEL = ["model.backbone_kwargs={hidden: 16, num_layers: 2, num_basis: 4}", "model.latent_dim=8"]
-MACE_SIZES = {"num_channels": 32, "max_L": 1, "max_ell": 3, "correlation": 3, "num_interactions": 2,
-              "num_radial_basis": 8}  # fmt: skip  # benchmarks/accuracy.py MACE_MODEL
+QUICK_MODEL = [
+    "model.backbone_kwargs={hidden: 16, num_layers: 2, num_basis: 4}",
+    "model.latent_dim=8",
+]
+MACE_SIZES = {
+    "num_channels": 32,
+    "max_L": 1,
+    "max_ell": 3,
+    "correlation": 3,
+    "num_interactions": 2,
+    "num_radial_basis": 8,
+}  # benchmarks/accuracy.py MACE_MODEL
 THREE_BPA = "Nc1ncccc1OCc1ccccc1"  # 3-(benzyloxy)pyridin-2-amine, C12H12N2O, 27 atoms
-UNC_ROWS = {"E+F+energy_var": ("energy", "energy_std"), "E+F+exact": ("exact", "forces_std"),
-            "E+F+lowrank": ("lowrank", "forces_std"), "E+F+sampled4": ("sampled", "forces_std")}  # fmt: skip
+UNC_ROWS = {
+    "E+F+energy_var": ("energy", "energy_std"),
+    "E+F+exact": ("exact", "forces_std"),
+    "E+F+lowrank": ("lowrank", "forces_std"),
+    "E+F+sampled4": ("sampled", "forces_std"),
+}
 
 
 # ================================================================ systems
@@ -62,7 +75,9 @@ def _three_bpa(data_root: Path) -> tuple[Atoms, str]:
 
     mol = Chem.AddHs(Chem.MolFromSmiles(THREE_BPA))
     AllChem.EmbedMolecule(mol, randomSeed=0)
-    return Atoms([a.GetSymbol() for a in mol.GetAtoms()], mol.GetConformer().GetPositions()), "RDKit-embedded 3BPA"
+    return Atoms(
+        [a.GetSymbol() for a in mol.GetAtoms()], mol.GetConformer().GetPositions()
+    ), "RDKit-embedded 3BPA"
 
 
 @functools.lru_cache(maxsize=4)
@@ -75,7 +90,9 @@ def _systems(data_root: str, quick: bool) -> tuple[tuple[str, Atoms, str], ...]:
     if not quick:
         bpa, source = _three_bpa(Path(data_root))
         out.append(("3bpa_27", bpa, source))
-    out.append((f"cu_{len(cu)}", cu, f"fcc Cu a = 3.61 A, cubic cell x {cells}, rattled 0.05 A, periodic"))
+    out.append(
+        (f"cu_{len(cu)}", cu, f"fcc Cu a = 3.61 A, cubic cell x {cells}, rattled 0.05 A, periodic")
+    )
     return tuple(out)
 
 
@@ -86,29 +103,51 @@ def systems(data_root: Path, *, quick: bool) -> dict[str, Atoms]:
 
 def describe(name: str, atoms: Atoms, data_root: Path, quick: bool) -> dict[str, Any]:
     source = next(s for n, _, s in _systems(str(data_root), quick) if n == name)
-    return {"n_atoms": len(atoms), "formula": atoms.get_chemical_formula(), "periodic": bool(atoms.pbc.all()),
-            "source": source}  # fmt: skip
+    return {
+        "n_atoms": len(atoms),
+        "formula": atoms.get_chemical_formula(),
+        "periodic": bool(atoms.pbc.all()),
+        "source": source,
+    }
 
 
 # ================================================================ models
 def config_of(model: str, quick: bool, overrides: list[str] = ()) -> Any:
     extra = list(QUICK_MODEL) if quick and model == "gin" else []
-    return load_potential_config(REPO / "configs" / CONFIGS[model], ["data_root=/nonexistent", *extra, *overrides])
+    return load_potential_config(
+        REPO / "configs" / CONFIGS[model], ["data_root=/nonexistent", *extra, *overrides]
+    )
 
 
-def potential(model: str, *, quick: bool, seed: int = 0, full_posterior: bool = True) -> BayesianPotential:
+def potential(
+    model: str, *, quick: bool, seed: int = 0, full_posterior: bool = True
+) -> BayesianPotential:
     """An untrained potential of the config's model section over H C N O Cu (+ random full posterior)."""
     cfg = config_of(model, quick)
-    kwargs = {"num_types": len(TYPE_MAP), "r_max": cfg.data.r_max, "latent_dim": cfg.model.latent_dim,
-              "avg_num_neighbors": 10.0, **cfg.model.backbone_kwargs}  # fmt: skip
+    kwargs = {
+        "num_types": len(TYPE_MAP),
+        "r_max": cfg.data.r_max,
+        "latent_dim": cfg.model.latent_dim,
+        "avg_num_neighbors": 10.0,
+        **cfg.model.backbone_kwargs,
+    }
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        pot = BayesianPotential(build_backbone(cfg.model.backbone.value, **kwargs), TYPE_MAP, cfg.data.r_max,
-                                posterior_rank=cfg.model.posterior_rank)  # fmt: skip
+        pot = BayesianPotential(
+            build_backbone(cfg.model.backbone.value, **kwargs),
+            TYPE_MAP,
+            cfg.data.r_max,
+            posterior_rank=cfg.model.posterior_rank,
+        )
         if full_posterior:
             d = pot.latent_dim
-            factor = torch.linalg.qr(torch.randn(d, d, dtype=torch.float64))[0] * torch.logspace(-1, -3, d)[:, None]
-            pot.set_full_posterior(factor, torch.tensor([1.0, 1.0, 1e-4, 1e-2], dtype=torch.float64))
+            factor = (
+                torch.linalg.qr(torch.randn(d, d, dtype=torch.float64))[0]
+                * torch.logspace(-1, -3, d)[:, None]
+            )
+            pot.set_full_posterior(
+                factor, torch.tensor([1.0, 1.0, 1e-4, 1e-2], dtype=torch.float64)
+            )
     return pot.to(cfg.dtype.torch).eval()
 
 
@@ -122,15 +161,27 @@ def mace_calculator() -> Any:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = modules.ScaleShiftMACE(
-            r_max=5.0, num_bessel=s["num_radial_basis"], num_polynomial_cutoff=5, max_ell=s["max_ell"],
+            r_max=5.0,
+            num_bessel=s["num_radial_basis"],
+            num_polynomial_cutoff=5,
+            max_ell=s["max_ell"],
             interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-            interaction_cls_first=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-            num_interactions=s["num_interactions"], num_elements=len(TYPE_MAP),
+            interaction_cls_first=modules.interaction_classes[
+                "RealAgnosticResidualInteractionBlock"
+            ],
+            num_interactions=s["num_interactions"],
+            num_elements=len(TYPE_MAP),
             hidden_irreps=o3.Irreps(f"{s['num_channels']}x0e + {s['num_channels']}x1o"),
-            MLP_irreps=o3.Irreps("16x0e"), atomic_energies=np.zeros(len(TYPE_MAP)), avg_num_neighbors=10.0,
-            atomic_numbers=TYPE_MAP, correlation=s["correlation"], gate=torch.nn.functional.silu,
-            radial_MLP=[64, 64, 64], atomic_inter_scale=1.0, atomic_inter_shift=0.0,
-        ).float()  # fmt: skip
+            MLP_irreps=o3.Irreps("16x0e"),
+            atomic_energies=np.zeros(len(TYPE_MAP)),
+            avg_num_neighbors=10.0,
+            atomic_numbers=TYPE_MAP,
+            correlation=s["correlation"],
+            gate=torch.nn.functional.silu,
+            radial_MLP=[64, 64, 64],
+            atomic_inter_scale=1.0,
+            atomic_inter_shift=0.0,
+        ).float()
     return MACECalculator(models=[model], device="cpu", default_dtype="float32")
 
 
@@ -143,18 +194,23 @@ def models_for(quick: bool, *, mace_only: bool) -> list[str]:
 
 def _call(calc: Any, atoms: Atoms, properties: list[str]) -> Callable[[], Any]:
     def run() -> Any:
-        calc.calculate(atoms, properties, all_changes)  # what get_forces() etc. run on a new geometry
+        calc.calculate(
+            atoms, properties, all_changes
+        )  # what get_forces() etc. run on a new geometry
         return calc.results
 
     return run
 
 
-def calls(model: str, atoms: Atoms, *, quick: bool, only: str | None = None,
-          mace_only: bool = False) -> dict[str, Callable[[], Any]]:  # fmt: skip
+def calls(
+    model: str, atoms: Atoms, *, quick: bool, only: str | None = None, mace_only: bool = False
+) -> dict[str, Callable[[], Any]]:
     """Row name -> one calculator call on ``atoms`` (``only``: build just that row)."""
     periodic = bool(atoms.pbc.all())
     if model == "mace":
-        return {"E+F": _call(mace_calculator(), atoms, ["energy", "forces"])}  # MACECalculator also computes stress
+        return {
+            "E+F": _call(mace_calculator(), atoms, ["energy", "forces"])
+        }  # MACECalculator also computes stress
     pot = potential(model, quick=quick)
 
     def calc(mode: str, model_: Any = pot) -> UncertaintyCalculator:
@@ -177,8 +233,12 @@ def calls(model: str, atoms: Atoms, *, quick: bool, only: str | None = None,
         elif row == "E+F+stress":
             out[row] = _call(plain, atoms, ["energy", "forces", "stress"])
         elif row == "committee5":
-            members = [potential(model, quick=quick, seed=k, full_posterior=False) for k in range(1, 6)]
-            out[row] = _call(calc("exact", Committee(members).eval()), atoms, ["energy", "forces", "forces_std"])
+            members = [
+                potential(model, quick=quick, seed=k, full_posterior=False) for k in range(1, 6)
+            ]
+            out[row] = _call(
+                calc("exact", Committee(members).eval()), atoms, ["energy", "forces", "forces_std"]
+            )
         else:
             mode, key = UNC_ROWS[row]
             out[row] = _call(calc(mode), atoms, ["energy", "forces", key])
@@ -190,7 +250,12 @@ def train_cases(quick: bool) -> list[tuple[str, str]]:
     """(model, system) of the potential-trainer throughput."""
     if quick:
         return [("gin", "ethanol_9")]
-    return [("equivariant", "ethanol_9"), ("equivariant", "3bpa_27"), ("gin", "ethanol_9"), ("gin", "3bpa_27")]
+    return [
+        ("equivariant", "ethanol_9"),
+        ("equivariant", "3bpa_27"),
+        ("gin", "ethanol_9"),
+        ("gin", "3bpa_27"),
+    ]
 
 
 def train_data_label(system: str, n: int) -> str:
@@ -216,8 +281,18 @@ def potential_trainer(model: str, atoms: Atoms, work: Path, *, quick: bool) -> t
 
     path = work / f"{model}_{len(atoms)}.xyz"
     ase.io.write(path, _labelled_frames(atoms, 10 if quick else 34))
-    cfg = config_of(model, quick, [f"data.train={path}", "data.valid_fraction=0.1", "data.isolated_atoms=null",
-                                   "data.test=null", f"out={work / model}", "train.progress=false"])  # fmt: skip
+    cfg = config_of(
+        model,
+        quick,
+        [
+            f"data.train={path}",
+            "data.valid_fraction=0.1",
+            "data.isolated_atoms=null",
+            "data.test=null",
+            f"out={work / model}",
+            "train.progress=false",
+        ],
+    )
     data = prepare_data(cfg)
     task = PotentialTask(cfg, data, Path(cfg.out))
     return Trainer(task, cfg.train, seed=0, out=None), len(data.train), cfg.train.batch_size
@@ -231,10 +306,17 @@ def property_trainer(*, quick: bool) -> tuple[Any, int, int]:
 
     smiles = SMILES if quick else SMILES * 5
     graphs = [smiles_to_graph(s, y=0.3 * len(s) + 0.1 * (k % 7)) for k, s in enumerate(smiles)]
-    sizes = {"hidden": 16, "layers": 2, "latent_dim": 8} if quick else {"hidden": 64, "layers": 3, "latent_dim": 32}
-    config = PropertyConfig(model=ModelConfig(method="bgnn", **sizes),
-                            train=TrainConfig(epochs=100, batch_size=32, lr_schedule="cosine", patience=0,
-                                              progress=False))  # fmt: skip
+    sizes = (
+        {"hidden": 16, "layers": 2, "latent_dim": 8}
+        if quick
+        else {"hidden": 64, "layers": 3, "latent_dim": 32}
+    )
+    config = PropertyConfig(
+        model=ModelConfig(method="bgnn", **sizes),
+        train=TrainConfig(
+            epochs=100, batch_size=32, lr_schedule="cosine", patience=0, progress=False
+        ),
+    )
     train, val = graphs[: -len(graphs) // 10], graphs[-len(graphs) // 10 :]
     return make(seeded_model(config, train), config, train, val), len(train), 32
 
@@ -259,75 +341,130 @@ def versions() -> dict[str, str]:
 
 
 def _f(value: Any, fmt: str = "{:.2f}") -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+    return (
+        "n/a"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else fmt.format(value)
+    )
 
 
 def _calls_table(entry: dict[str, Any]) -> list[str]:
     calls = entry["calls"]
-    native = {c["system"]: c["ms_median"] for c in calls if c["model"] == "equivariant" and c["row"] == "E+F"}
-    lines = ["| model | system | atoms | row | ms (median) | IQR ms | x E+F | x E+F paired |", "|---|---|---|---|---|---|---|---|"]
+    native = {
+        c["system"]: c["ms_median"]
+        for c in calls
+        if c["model"] == "equivariant" and c["row"] == "E+F"
+    }
+    lines = [
+        "| model | system | atoms | row | ms (median) | IQR ms | x E+F | x E+F paired |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in calls:
         ratio = _f(c["ratio"])
         if c["model"] == "mace" and c["system"] in native:
             ratio += f" (x native equivariant E+F: {c['ms_median'] / native[c['system']]:.2f})"
-        lines.append(f"| {c['model']} | {c['system']} | {c['n_atoms']} | {c['row']} | {c['ms_median']:.2f} | "
-                     f"{c['ms_q25']:.2f}-{c['ms_q75']:.2f} | {ratio} | {_f(c['ratio_paired'])} |")  # fmt: skip
+        lines.append(
+            f"| {c['model']} | {c['system']} | {c['n_atoms']} | {c['row']} | {c['ms_median']:.2f} | "
+            f"{c['ms_q25']:.2f}-{c['ms_q75']:.2f} | {ratio} | {_f(c['ratio_paired'])} |"
+        )
     return lines
 
 
 def render(results: dict[str, Any]) -> str:
     parts = results["parts"]
-    lines = ["# Speed: the ASE calculator, the trainers, peak memory", "", "Commands (one per part, merged here):", ""]
+    lines = [
+        "# Speed: the ASE calculator, the trainers, peak memory",
+        "",
+        "Commands (one per part, merged here):",
+        "",
+    ]
     for name, entry in parts.items():
         m = entry["meta"]
-        lines.append(f"- part `{name}` (status: {m.get('status', 'complete')}); calculator timing "
-                     f"{m['started']} - {m['finished']}, load average (1, 5, 15 min) {m['load_avg_start']} at its "
-                     f"start, {m['load_avg_end']} at its end:")  # fmt: skip
+        lines.append(
+            f"- part `{name}` (status: {m.get('status', 'complete')}); calculator timing "
+            f"{m['started']} - {m['finished']}, load average (1, 5, 15 min) {m['load_avg_start']} at its "
+            f"start, {m['load_avg_end']} at its end:"
+        )
         for inv in m.get("invocations") or [{**m, "stages": ["calls"]}]:
-            lines.append(f"  - `{inv['command']}` (stages {', '.join(inv['stages'])}) with `{inv['python']}`, "
-                         f"{inv['started']} - {inv.get('finished', '?')}; load average {inv['load_avg_start']} at "
-                         f"start, {inv.get('load_avg_end')} at end")  # fmt: skip
+            lines.append(
+                f"  - `{inv['command']}` (stages {', '.join(inv['stages'])}) with `{inv['python']}`, "
+                f"{inv['started']} - {inv.get('finished', '?')}; load average {inv['load_avg_start']} at "
+                f"start, {inv.get('load_avg_end')} at end"
+            )
     lines += [""]
     for name, entry in parts.items():
         m = entry["meta"]
         lines += [
-            f"## Calculator: per-call time (part `{name}`)", "",
+            f"## Calculator: per-call time (part `{name}`)",
+            "",
             f"{m['threads']} torch thread(s); {m['repeats']} timed rounds after {m['warmup']} warm-up calls per row; "
             "in each round every row is called once (order rotated between rounds), so load drifts hit all rows "
             f"alike; versions {m['versions']}; weights: {m['weights']}"
-            + ("; QUICK mode (tiny models and systems)" if m["quick"] else "") + ".", "",
-            "Systems: " + "; ".join(f"{k}: {v['formula']} ({v['source']})" for k, v in m["systems"].items()) + ".", "",
-            *_calls_table(entry), "",
-        ]  # fmt: skip
-        done = {"mace": "mace" in parts, "memory": bool(entry.get("memory"))}  # a later invocation filled it in
+            + ("; QUICK mode (tiny models and systems)" if m["quick"] else "")
+            + ".",
+            "",
+            "Systems: "
+            + "; ".join(f"{k}: {v['formula']} ({v['source']})" for k, v in m["systems"].items())
+            + ".",
+            "",
+            *_calls_table(entry),
+            "",
+        ]
+        done = {
+            "mace": "mace" in parts,
+            "memory": bool(entry.get("memory")),
+        }  # a later invocation filled it in
         skipped = {k: v for k, v in m.get("skipped", {}).items() if not done.get(k)}
         if skipped:
             lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), ""]
     train = [(n, t) for n, e in parts.items() for t in e.get("training", [])]
     lines += ["## Training throughput", ""]
     if train:
-        lines += [("Training-core epochs (`Trainer.train_epoch`: step, loss with forces, backward, Adam, EMA; no "
-                  "validation) after one warm-up epoch, untrained models of the configs' sizes."), "",
-                  "| part | trainer | model | data | batch | throughput |", "|---|---|---|---|---|---|"]  # fmt: skip
-        lines += [f"| {n} | {t['trainer']} | {t['model']} | {t['data']} | {t['batch_size']} | "
-                  f"{t['per_s']:.1f} {t['unit']} |" for n, t in train]  # fmt: skip
+        lines += [
+            (
+                "Training-core epochs (`Trainer.train_epoch`: step, loss with forces, backward, Adam, EMA; no "
+                "validation) after one warm-up epoch, untrained models of the configs' sizes."
+            ),
+            "",
+            "| part | trainer | model | data | batch | throughput |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {n} | {t['trainer']} | {t['model']} | {t['data']} | {t['batch_size']} | "
+            f"{t['per_s']:.1f} {t['unit']} |"
+            for n, t in train
+        ]
     else:
         lines.append("(not measured)")
     mem = [(n, r) for n, e in parts.items() for r in e.get("memory", [])]
     lines += ["", "## Peak memory", ""]
     if mem:
-        lines += [("`resource.getrusage(RUSAGE_SELF).ru_maxrss` of a fresh subprocess per section (a selection: a probe costs a process start): after its set-up "
-                  "(imports, model, structure or data) and after 3 calls of the section (training: one epoch); the "
-                  "increase is what the section added to the process's high-water mark."), "",
-                  "| part | section | peak RSS MiB | after set-up MiB | increase MiB |", "|---|---|---|---|---|"]  # fmt: skip
-        lines += [f"| {n} | {r['section']} | {r['peak_mib']:.0f} | {r['setup_mib']:.0f} | {r['increase_mib']:.0f} |"
-                  for n, r in mem]  # fmt: skip
+        lines += [
+            (
+                "`resource.getrusage(RUSAGE_SELF).ru_maxrss` of a fresh subprocess per section (a selection: a probe costs a process start): after its set-up "
+                "(imports, model, structure or data) and after 3 calls of the section (training: one epoch); the "
+                "increase is what the section added to the process's high-water mark."
+            ),
+            "",
+            "| part | section | peak RSS MiB | after set-up MiB | increase MiB |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {n} | {r['section']} | {r['peak_mib']:.0f} | {r['setup_mib']:.0f} | {r['increase_mib']:.0f} |"
+            for n, r in mem
+        ]
     else:
         lines.append("(not measured)")
-    lines += ["", ("Rows: energy = energy only (one forward pass); E+F = energy and forces (one backward pass); "
-              "+energy_var = the closed-form energy variance (same passes); +exact / +lowrank / +sampled4 = force "
-              "variances of those modes (d + 1, rank + 1 and 4 + 1 vector-Jacobian products); +stress = E, F and "
-              "stress; committee5 = 5 members, E+F with the members' force variance; mace = mace-torch's "
-              "MACECalculator (which always computes the stress too). x E+F = median / median of E+F of the same "
-              "model and system; paired = median over rounds of the per-round ratio."), ""]  # fmt: skip
+    lines += [
+        "",
+        (
+            "Rows: energy = energy only (one forward pass); E+F = energy and forces (one backward pass); "
+            "+energy_var = the closed-form energy variance (same passes); +exact / +lowrank / +sampled4 = force "
+            "variances of those modes (d + 1, rank + 1 and 4 + 1 vector-Jacobian products); +stress = E, F and "
+            "stress; committee5 = 5 members, E+F with the members' force variance; mace = mace-torch's "
+            "MACECalculator (which always computes the stress too). x E+F = median / median of E+F of the same "
+            "model and system; paired = median over rounds of the per-round ratio."
+        ),
+        "",
+    ]
     return "\n".join(lines)

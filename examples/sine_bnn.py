@@ -70,7 +70,9 @@ class FullBNN(nn.Module):
 
     def __init__(self, hidden: tuple[int, ...] = (32, 32), n_samples: int = 200) -> None:
         super().__init__()
-        self.net = BayesianMLP(1, hidden, 1, prior_std=PRIOR_STD, init_std=INIT_STD, activation=nn.ReLU)
+        self.net = BayesianMLP(
+            1, hidden, 1, prior_std=PRIOR_STD, init_std=INIT_STD, activation=nn.ReLU
+        )
         self.n_samples = n_samples
 
     def forward(self, x: Tensor, *, generator: torch.Generator | None = None) -> Tensor:
@@ -81,10 +83,14 @@ class FullBNN(nn.Module):
 
     @torch.no_grad()
     def predictive(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        return self.net.predictive(x, n_samples=self.n_samples, generator=torch.Generator().manual_seed(0))
+        return self.net.predictive(
+            x, n_samples=self.n_samples, generator=torch.Generator().manual_seed(0)
+        )
 
 
-def train_head(model: nn.Module, x: Tensor, y: Tensor, *, steps: int, seed: int, lr: float = 1e-2) -> nn.Module:
+def train_head(
+    model: nn.Module, x: Tensor, y: Tensor, *, steps: int, seed: int, lr: float = 1e-2
+) -> nn.Module:
     """Full-batch Adam on the negative ELBO (KL / N with N = len(x)), learned noise.
 
     beta rises linearly from 0 to 1 over the first half of the steps (KL annealing).
@@ -124,7 +130,9 @@ def summarise(model: nn.Module, grid: Tensor, x: Tensor, y: Tensor) -> dict[str,
     }
 
 
-def plot(grid: Tensor, x: Tensor, y: Tensor, results: dict[str, dict[str, Any]], path: Path) -> Path:
+def plot(
+    grid: Tensor, x: Tensor, y: Tensor, results: dict[str, dict[str, Any]], path: Path
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,7 +140,7 @@ def plot(grid: Tensor, x: Tensor, y: Tensor, results: dict[str, dict[str, Any]],
 
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6), sharey=True)
     g = grid.squeeze(1).numpy()
-    for ax, (name, res) in zip(axes, results.items()):
+    for ax, (name, res) in zip(axes, results.items(), strict=False):
         m, s = res["mean"].numpy(), res["std"].numpy()
         ax.fill_between(g, m - 2 * s, m + 2 * s, alpha=0.3, label="mean +- 2 std")
         ax.plot(g, m, label="mean")
@@ -169,7 +177,10 @@ def run(fast: bool = False, seed: int = 0, out: str | Path | None = None) -> dic
             model.n_samples = 200 if fast else 1000
         results[name] = summarise(train_head(model, x, y, steps=steps, seed=seed), grid, x, y)
     path = None if out is None else plot(grid, x, y, results, Path(out) / "sine_bnn.png")
-    summary = {name: {k: v for k, v in res.items() if k not in ("mean", "std")} for name, res in results.items()}
+    summary = {
+        name: {k: v for k, v in res.items() if k not in ("mean", "std")}
+        for name, res in results.items()
+    }
     return {**summary, "plot": None if path is None else str(path)}
 
 

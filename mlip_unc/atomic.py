@@ -82,6 +82,10 @@ def remove_stale_temps(folder: str | os.PathLike | None, *, recursive: bool = Fa
             path.unlink(missing_ok=True)
             removed.append(path)
     if removed:
-        log.info("removed %d temporary file(s) left by an interrupted write in %s: %s", len(removed), folder,
-                 ", ".join(str(p.relative_to(folder)) for p in removed))  # fmt: skip
+        log.info(
+            "removed %d temporary file(s) left by an interrupted write in %s: %s",
+            len(removed),
+            folder,
+            ", ".join(str(p.relative_to(folder)) for p in removed),
+        )
     return removed

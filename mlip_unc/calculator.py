@@ -56,20 +56,36 @@ from mlip_unc.models.full_posterior import default_uncertainty_mode
 from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
 
 __all__ = [
-    "UncertaintyCalculator", "Thresholds", "ThresholdError", "NonFiniteResultError",
-    "UNCERTAINTY_MODES", "LEVELS_KEY", "DOMAIN_KEY",
-]  # fmt: skip
+    "UncertaintyCalculator",
+    "Thresholds",
+    "ThresholdError",
+    "NonFiniteResultError",
+    "UNCERTAINTY_MODES",
+    "LEVELS_KEY",
+    "DOMAIN_KEY",
+]
 
 UNCERTAINTY_MODES = ("exact", "sampled", "lowrank", "energy", "none")
 _FORCE_MODES = ("exact", "sampled", "lowrank")  # modes with force (and stress) variances
 LEVELS_KEY = "uncertainty_levels"  # payload["metadata"][LEVELS_KEY] = {"max_force_std": ..., ...}
 DOMAIN_KEY = "domain"  # payload["metadata"][DOMAIN_KEY] = DomainGuard.to_dict()
 
-_ENERGY_UNC = (keys.CALC_ENERGY_STD, keys.CALC_ENERGY_VAR, keys.CALC_ENERGIES_STD, keys.CALC_ENERGY_EPISTEMIC_VAR,
-               keys.CALC_ENERGY_ALEATORIC_VAR, keys.CALC_ALIGNMENT)  # fmt: skip
+_ENERGY_UNC = (
+    keys.CALC_ENERGY_STD,
+    keys.CALC_ENERGY_VAR,
+    keys.CALC_ENERGIES_STD,
+    keys.CALC_ENERGY_EPISTEMIC_VAR,
+    keys.CALC_ENERGY_ALEATORIC_VAR,
+    keys.CALC_ALIGNMENT,
+)
 _STRESS_UNC = (keys.CALC_STRESS_STD, keys.CALC_STRESS_VAR, keys.CALC_STRESS_EPISTEMIC_VAR)
-_FORCE_UNC = (keys.CALC_FORCES_STD, keys.CALC_FORCES_VAR, keys.CALC_FORCES_EPISTEMIC_VAR, keys.CALC_MAX_FORCE_STD,
-              *_STRESS_UNC)  # fmt: skip
+_FORCE_UNC = (
+    keys.CALC_FORCES_STD,
+    keys.CALC_FORCES_VAR,
+    keys.CALC_FORCES_EPISTEMIC_VAR,
+    keys.CALC_MAX_FORCE_STD,
+    *_STRESS_UNC,
+)
 _FLAGS = (keys.CALC_UNCERTAINTY_FLAG, keys.CALC_FLAG)
 _DOMAIN = (keys.CALC_OUT_OF_DOMAIN, keys.CALC_OUT_OF_DOMAIN_REASON)
 _NEEDS_STRESS = ("stress", *_STRESS_UNC)
@@ -127,7 +143,9 @@ class Thresholds:
             return value
         unknown = set(value) - {"max_force_std", "energy_std_per_atom", "relative"}
         if unknown:
-            raise ThresholdError(f"unknown threshold keys {sorted(unknown)}; use max_force_std, energy_std_per_atom, relative")
+            raise ThresholdError(
+                f"unknown threshold keys {sorted(unknown)}; use max_force_std, energy_std_per_atom, relative"
+            )
         return cls(**value)
 
     def absolute(self, levels: Mapping[str, float] | None) -> Thresholds:
@@ -150,7 +168,10 @@ class Thresholds:
         """True when any configured (absolute) threshold is exceeded by ``values``."""
         if self.relative:
             raise ThresholdError("call absolute(levels) before comparing relative thresholds")
-        limits = (("max_force_std", self.max_force_std), ("energy_std_per_atom", self.energy_std_per_atom))
+        limits = (
+            ("max_force_std", self.max_force_std),
+            ("energy_std_per_atom", self.energy_std_per_atom),
+        )
         return any(limit is not None and float(values[name]) > limit for name, limit in limits)
 
 
@@ -161,7 +182,9 @@ def _load_model(model: Any, device: torch.device) -> tuple[torch.nn.Module, dict
     if isinstance(model, (str, os.PathLike)):
         model = load_checkpoint(Path(model), map_location=device, kind="potential")
     if not isinstance(model, Mapping):
-        raise TypeError(f"expected a BayesianPotential, a checkpoint path or payload, got {type(model).__name__}")
+        raise TypeError(
+            f"expected a BayesianPotential, a checkpoint path or payload, got {type(model).__name__}"
+        )
     return BayesianPotential.from_checkpoint(model), dict(model.get("metadata") or {})
 
 
@@ -201,15 +224,32 @@ class UncertaintyCalculator(Calculator):
         ValueError: an unknown mode, or one the model does not support.
     """
 
-    implemented_properties = ["energy", "free_energy", "forces", "stress", "energies",
-                              *_ENERGY_UNC, *_FORCE_UNC, *_FLAGS, *_DOMAIN]  # fmt: skip
+    implemented_properties = [
+        "energy",
+        "free_energy",
+        "forces",
+        "stress",
+        "energies",
+        *_ENERGY_UNC,
+        *_FORCE_UNC,
+        *_FLAGS,
+        *_DOMAIN,
+    ]
     default_parameters: dict[str, Any] = {}
 
     def __init__(
-        self, model: Any, *, device: str | torch.device = "cpu", uncertainty: str | None = None, n_samples: int = 4,
-        dtype: torch.dtype | str | None = None, thresholds: Thresholds | Mapping[str, Any] | None = None,
-        seed: int = 0, domain: DomainGuard | Mapping[str, Any] | bool | None = None, **kwargs: Any,
-    ) -> None:  # fmt: skip
+        self,
+        model: Any,
+        *,
+        device: str | torch.device = "cpu",
+        uncertainty: str | None = None,
+        n_samples: int = 4,
+        dtype: torch.dtype | str | None = None,
+        thresholds: Thresholds | Mapping[str, Any] | None = None,
+        seed: int = 0,
+        domain: DomainGuard | Mapping[str, Any] | bool | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.device = torch.device(device)
         self.model, self.metadata = _load_model(model, self.device)
@@ -238,7 +278,9 @@ class UncertaintyCalculator(Calculator):
         self.thresholds_config = Thresholds.coerce(thresholds)
         self.thresholds = self.thresholds_config.absolute(self.uncertainty_levels)
         if self.thresholds.needs_forces and uncertainty in ("energy", "none"):
-            raise ThresholdError(f"a max_force_std threshold needs uncertainty in {_FORCE_MODES}, got {uncertainty!r}")
+            raise ThresholdError(
+                f"a max_force_std threshold needs uncertainty in {_FORCE_MODES}, got {uncertainty!r}"
+            )
         # Per instance: only what this configuration can deliver (class list copied, not mutated).
         drop: set[str] = set()
         if uncertainty == "none":
@@ -249,13 +291,18 @@ class UncertaintyCalculator(Calculator):
             drop |= set(_DOMAIN)
         if isinstance(self.model, Committee):
             drop.add(keys.CALC_ALIGNMENT)  # no single latent posterior
-        self.implemented_properties = [p for p in type(self).implemented_properties if p not in drop]
+        self.implemented_properties = [
+            p for p in type(self).implemented_properties if p not in drop
+        ]
         self.n_model_calls = 0  # forward passes run (for tests and profiling)
         self.last_domain_check: DomainCheck | None = None
 
     # ------------------------------------------------------------------ ASE entry point
     def calculate(
-        self, atoms: Atoms | None = None, properties: list[str] | None = None, system_changes: list[str] = all_changes
+        self,
+        atoms: Atoms | None = None,
+        properties: list[str] | None = None,
+        system_changes: list[str] = all_changes,
     ) -> None:
         """Compute ``properties`` (default: all implemented ones) for ``atoms``.
 
@@ -264,21 +311,29 @@ class UncertaintyCalculator(Calculator):
         Calculator.calculate(self, atoms, properties, system_changes)
         periodic = bool(self.atoms.pbc.all())
         if properties is None:  # everything this structure allows
-            properties = [p for p in self.implemented_properties if p not in _NEEDS_STRESS or periodic]
+            properties = [
+                p for p in self.implemented_properties if p not in _NEEDS_STRESS or periodic
+            ]
         if system_changes:
             self.results = {}
         unknown = [p for p in properties if p not in self.implemented_properties]
         if unknown:
-            raise PropertyNotImplementedError(f"{unknown} not available with uncertainty={self.uncertainty!r}")
+            raise PropertyNotImplementedError(
+                f"{unknown} not available with uncertainty={self.uncertainty!r}"
+            )
         if any(p in _NEEDS_STRESS for p in properties) and not periodic:
-            raise PropertyNotImplementedError("stress needs a fully periodic cell (atoms.pbc all True)")
+            raise PropertyNotImplementedError(
+                "stress needs a fully periodic cell (atoms.pbc all True)"
+            )
         force_unc = self.uncertainty in _FORCE_MODES and (
             any(p in _FORCE_UNC for p in properties)
             or (keys.CALC_FLAG in properties and self.thresholds.needs_forces)
         )
         want_stress = any(p in _NEEDS_STRESS for p in properties)
         want_forces = force_unc or "forces" in properties
-        mode = self.uncertainty if force_unc else ("none" if self.uncertainty == "none" else "energy")
+        mode = (
+            self.uncertainty if force_unc else ("none" if self.uncertainty == "none" else "energy")
+        )
         batch = self._graph_batch(self.atoms)
         domain = self._check_domain(batch)  # raises on coincident atoms before the model runs
         out = self._run(batch, mode, forces=want_forces, stress=want_stress)
@@ -287,7 +342,9 @@ class UncertaintyCalculator(Calculator):
             res[keys.CALC_OUT_OF_DOMAIN] = domain.out_of_domain
             res[keys.CALC_OUT_OF_DOMAIN_REASON] = domain.reason
         if keys.CALC_UNCERTAINTY_FLAG in res:
-            res[keys.CALC_FLAG] = res[keys.CALC_UNCERTAINTY_FLAG] or bool(domain and domain.out_of_domain)
+            res[keys.CALC_FLAG] = res[keys.CALC_UNCERTAINTY_FLAG] or bool(
+                domain and domain.out_of_domain
+            )
         self._check_finite(res)
         self.results.update(res)
 
@@ -308,12 +365,24 @@ class UncertaintyCalculator(Calculator):
             self.last_domain_check = self.domain.check(self.atoms)
         return self.last_domain_check
 
-    def _run(self, batch: Batch, mode: str, *, forces: bool, stress: bool) -> dict[str, torch.Tensor]:
-        generator = torch.Generator(device=self.device).manual_seed(self.seed) if mode == "sampled" else None
+    def _run(
+        self, batch: Batch, mode: str, *, forces: bool, stress: bool
+    ) -> dict[str, torch.Tensor]:
+        generator = (
+            torch.Generator(device=self.device).manual_seed(self.seed)
+            if mode == "sampled"
+            else None
+        )
         self.n_model_calls += 1
         with torch.set_grad_enabled(forces or stress):
-            out = self.model(batch, compute_forces=forces, compute_stress=stress, uncertainty=mode,
-                             n_samples=self.n_samples, generator=generator)  # fmt: skip
+            out = self.model(
+                batch,
+                compute_forces=forces,
+                compute_stress=stress,
+                uncertainty=mode,
+                n_samples=self.n_samples,
+                generator=generator,
+            )
         out = {k: v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)}
         if mode in _FORCE_MODES:
             with torch.no_grad():
@@ -323,7 +392,9 @@ class UncertaintyCalculator(Calculator):
                 out["_stress_noise"] = noise[keys.STRESS].detach()  # (n_graphs, 3, 3)
         return out
 
-    def _convert(self, out: dict[str, torch.Tensor], *, forces: bool, stress: bool, force_unc: bool) -> dict[str, Any]:
+    def _convert(
+        self, out: dict[str, torch.Tensor], *, forces: bool, stress: bool, force_unc: bool
+    ) -> dict[str, Any]:
         def arr(key: str) -> np.ndarray:
             return out[key].to(dtype=torch.float64, device="cpu").numpy()
 
@@ -346,7 +417,9 @@ class UncertaintyCalculator(Calculator):
         res[keys.CALC_ENERGY_EPISTEMIC_VAR] = scalar(keys.ENERGY_EPISTEMIC_VAR)
         res[keys.CALC_ENERGY_ALEATORIC_VAR] = scalar(keys.ENERGY_ALEATORIC_VAR)
         if keys.LOCAL_ENERGY_VAR in out:
-            res[keys.CALC_ENERGIES_STD] = np.sqrt(np.clip(arr(keys.LOCAL_ENERGY_VAR).reshape(n_atoms), 0.0, None))
+            res[keys.CALC_ENERGIES_STD] = np.sqrt(
+                np.clip(arr(keys.LOCAL_ENERGY_VAR).reshape(n_atoms), 0.0, None)
+            )
         if keys.KAPPA in out:
             res[keys.CALC_ALIGNMENT] = scalar(keys.KAPPA)
         if force_unc:
@@ -356,19 +429,34 @@ class UncertaintyCalculator(Calculator):
             res[keys.CALC_FORCES_STD] = np.sqrt(total)
             res[keys.CALC_MAX_FORCE_STD] = float(np.sqrt(epistemic.sum(axis=1)).max())
             if stress:
-                epistemic = np.clip(full_3x3_to_voigt_6_stress(arr(keys.STRESS_VAR).reshape(3, 3)), 0, None)  # (6,)
-                noise = full_3x3_to_voigt_6_stress(arr("_stress_noise").reshape(3, 3)) if "_stress_noise" in out else 0.0
-                res[keys.CALC_STRESS_EPISTEMIC_VAR], res[keys.CALC_STRESS_VAR] = epistemic, epistemic + noise
+                epistemic = np.clip(
+                    full_3x3_to_voigt_6_stress(arr(keys.STRESS_VAR).reshape(3, 3)), 0, None
+                )  # (6,)
+                noise = (
+                    full_3x3_to_voigt_6_stress(arr("_stress_noise").reshape(3, 3))
+                    if "_stress_noise" in out
+                    else 0.0
+                )
+                res[keys.CALC_STRESS_EPISTEMIC_VAR], res[keys.CALC_STRESS_VAR] = (
+                    epistemic,
+                    epistemic + noise,
+                )
                 res[keys.CALC_STRESS_STD] = np.sqrt(epistemic + noise)
         if force_unc or not self.thresholds.needs_forces:
-            res[keys.CALC_UNCERTAINTY_FLAG] = self.thresholds.exceeded({
-                "max_force_std": res.get(keys.CALC_MAX_FORCE_STD, 0.0),
-                "energy_std_per_atom": self.energy_std_per_atom(res, n_atoms),
-            })  # fmt: skip
+            res[keys.CALC_UNCERTAINTY_FLAG] = self.thresholds.exceeded(
+                {
+                    "max_force_std": res.get(keys.CALC_MAX_FORCE_STD, 0.0),
+                    "energy_std_per_atom": self.energy_std_per_atom(res, n_atoms),
+                }
+            )
         return res
 
     def _check_finite(self, res: Mapping[str, Any]) -> None:
-        bad = [k for k, v in res.items() if not isinstance(v, (str, bool)) and not np.all(np.isfinite(v))]
+        bad = [
+            k
+            for k, v in res.items()
+            if not isinstance(v, (str, bool)) and not np.all(np.isfinite(v))
+        ]
         if bad:
             raise NonFiniteResultError(
                 f"the model gave non-finite {', '.join(bad)} for a structure of {len(self.atoms)} atoms "
@@ -384,7 +472,9 @@ class UncertaintyCalculator(Calculator):
         """
         check_coincident(batch := self._graph_batch(atoms))
         out = self.model(batch, compute_forces=False, uncertainty="none")
-        latent = out[keys.LATENT].to(dtype=torch.float64, device="cpu").numpy().reshape(-1) / len(atoms)
+        latent = out[keys.LATENT].to(dtype=torch.float64, device="cpu").numpy().reshape(-1) / len(
+            atoms
+        )
         if not np.all(np.isfinite(latent)):
             raise NonFiniteResultError(f"non-finite latent for a structure of {len(atoms)} atoms")
         return latent

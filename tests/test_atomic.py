@@ -37,7 +37,10 @@ def test_atomic_write_replaces_and_cleans_up_on_error(tmp_path):
     target = tmp_path / "a.json"
     atomic_write_text(target, "old")
     with pytest.raises(RuntimeError):
-        atomic_write(target, lambda handle: (handle.write(b"partial"), (_ for _ in ()).throw(RuntimeError("boom"))))
+        atomic_write(
+            target,
+            lambda handle: (handle.write(b"partial"), (_ for _ in ()).throw(RuntimeError("boom"))),
+        )
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
 
 
@@ -55,7 +58,11 @@ def test_kill_9_mid_write_leaves_a_temp_file_that_is_removed(tmp_path):
         child.wait(timeout=30)
     assert child.returncode == -signal.SIGKILL
     stale = [p for p in tmp_path.iterdir() if TEMP_PATTERN.match(p.name)]
-    assert len(stale) == 1 and stale[0].name.startswith(".last.pt.") and stale[0].read_bytes() == b"new-half"
+    assert (
+        len(stale) == 1
+        and stale[0].name.startswith(".last.pt.")
+        and stale[0].read_bytes() == b"new-half"
+    )
     assert target.read_bytes() == b"previous"  # the target is the previous version
     assert remove_stale_temps(tmp_path) == stale
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "ready"]
@@ -63,8 +70,14 @@ def test_kill_9_mid_write_leaves_a_temp_file_that_is_removed(tmp_path):
 
 def test_remove_stale_temps_only_touches_our_pattern(tmp_path):
     ours = [tmp_path / ".model.pt.a1b2_c3d.tmp", tmp_path / ".state.json.zzzzzzzz.tmp"]
-    others = [tmp_path / "notes.tmp", tmp_path / ".hidden.tmp", tmp_path / ".x.json.SHORT.tmp",
-              tmp_path / ".x.json.abc.tmp", tmp_path / "model.pt", tmp_path / ".y.json.abcdefgh.tmp.bak"]  # fmt: skip
+    others = [
+        tmp_path / "notes.tmp",
+        tmp_path / ".hidden.tmp",
+        tmp_path / ".x.json.SHORT.tmp",
+        tmp_path / ".x.json.abc.tmp",
+        tmp_path / "model.pt",
+        tmp_path / ".y.json.abcdefgh.tmp.bak",
+    ]
     nested = tmp_path / "round_0" / "labels" / ".0123.json.abcdefgh.tmp"
     nested.parent.mkdir(parents=True)
     for path in (*ours, *others, nested):
@@ -86,17 +99,25 @@ def test_the_training_core_removes_stale_temps_on_start_and_resume(tmp_path):
     from mlip_unc.train.property import property_trainer, target_statistics
 
     graphs = []
-    for k, smi in enumerate(["C", "CC", "CCC", "CO", "CCO", "CCCO", "CN", "CCN", "c1ccccc1", "CC(=O)O"]):
+    for k, smi in enumerate(
+        ["C", "CC", "CCC", "CO", "CCO", "CCCO", "CN", "CCN", "c1ccccc1", "CC(=O)O"]
+    ):
         g = from_smiles(smi)
         g.y, g.row_id = torch.tensor([[0.3 * g.x.shape[0]]]), torch.tensor([k])
         graphs.append(g)
-    cfg = PropertyConfig.from_dict({"model": {"method": "bgnn", "hidden": 8, "layers": 1, "latent_dim": 4},
-                                    "train": {"epochs": 2, "batch_size": 4, "progress": False}})  # fmt: skip
+    cfg = PropertyConfig.from_dict(
+        {
+            "model": {"method": "bgnn", "hidden": 8, "layers": 1, "latent_dim": 4},
+            "train": {"epochs": 2, "batch_size": 4, "progress": False},
+        }
+    )
 
     def trainer():
         torch.manual_seed(0)
         mean, std = target_statistics(graphs[:8])
-        return property_trainer(build_model(cfg, y_mean=mean, y_std=std), cfg, graphs[:8], graphs[8:], out_dir=tmp_path)
+        return property_trainer(
+            build_model(cfg, y_mean=mean, y_std=std), cfg, graphs[:8], graphs[8:], out_dir=tmp_path
+        )
 
     stale = tmp_path / ".last.pt.k1ll3d_x.tmp"
     stale.write_bytes(b"half a checkpoint")

@@ -17,7 +17,12 @@ from ase.md.verlet import VelocityVerlet
 from torch_geometric.data import Batch
 
 from mlip_unc import keys
-from mlip_unc.calculator import NonFiniteResultError, ThresholdError, Thresholds, UncertaintyCalculator
+from mlip_unc.calculator import (
+    NonFiniteResultError,
+    ThresholdError,
+    Thresholds,
+    UncertaintyCalculator,
+)
 from mlip_unc.data import TypeMap, atoms_to_graph
 from mlip_unc.data.domain import CoincidentAtomsError, DomainGuard
 from mlip_unc.data.errors import DataError
@@ -31,7 +36,9 @@ HAS_LOWRANK = "lowrank" in {m.value for m in UncertaintyMode}
 
 def tiny_model(dtype=torch.float64, seed=0) -> BayesianPotential:
     torch.manual_seed(seed)
-    backbone = build_backbone("gin", num_types=2, r_max=R_MAX, hidden=8, latent_dim=4, num_layers=1, num_basis=4)
+    backbone = build_backbone(
+        "gin", num_types=2, r_max=R_MAX, hidden=8, latent_dim=4, num_layers=1, num_basis=4
+    )
     model = BayesianPotential(backbone, [8, 29], R_MAX, torch.tensor([-1.0, -3.0]), init_std=0.3)
     return model.to(dtype)
 
@@ -85,7 +92,9 @@ def test_stress_matches_strain_derivative(cu, calc):
 def test_results_cached_and_energy_only_has_no_backward(cu, calc, monkeypatch):
     grads = []
     original = torch.autograd.grad
-    monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: grads.append(1) or original(*a, **k))
+    monkeypatch.setattr(
+        torch.autograd, "grad", lambda *a, **k: grads.append(1) or original(*a, **k)
+    )
     cu.calc = calc
     e1 = cu.get_potential_energy()
     assert cu.get_potential_energy() == e1 and calc.get_property("energy_std", cu) > 0
@@ -103,18 +112,32 @@ def test_results_cached_and_energy_only_has_no_backward(cu, calc, monkeypatch):
 
 
 FORCE_MODES = ["exact", "sampled"] + [
-    pytest.param("lowrank", marks=pytest.mark.skipif(not HAS_LOWRANK, reason="the model has no lowrank mode yet"))
+    pytest.param(
+        "lowrank",
+        marks=pytest.mark.skipif(not HAS_LOWRANK, reason="the model has no lowrank mode yet"),
+    )
 ]
 
 
 @pytest.mark.parametrize("mode", FORCE_MODES)
 def test_every_listed_property_is_reachable(cu, mode, guarded_checkpoint):
     model = tiny_model()
-    calc = UncertaintyCalculator(guarded_checkpoint, uncertainty=mode, thresholds=Thresholds(max_force_std=1e-6))
+    calc = UncertaintyCalculator(
+        guarded_checkpoint, uncertainty=mode, thresholds=Thresholds(max_force_std=1e-6)
+    )
     n = len(cu)
-    shapes = {"forces": (n, 3), "forces_std": (n, 3), "forces_var": (n, 3), "forces_epistemic_var": (n, 3),
-              "energies": (n,), "energies_std": (n,), "stress": (6,), "stress_var": (6,), "stress_std": (6,),
-              "stress_epistemic_var": (6,)}  # fmt: skip
+    shapes = {
+        "forces": (n, 3),
+        "forces_std": (n, 3),
+        "forces_var": (n, 3),
+        "forces_epistemic_var": (n, 3),
+        "energies": (n,),
+        "energies_std": (n,),
+        "stress": (6,),
+        "stress_var": (6,),
+        "stress_std": (6,),
+        "stress_epistemic_var": (6,),
+    }
     assert calc.implemented_properties == UncertaintyCalculator.implemented_properties
     for name in UncertaintyCalculator.implemented_properties:
         value = calc.get_property(name, cu)
@@ -130,8 +153,13 @@ def test_every_listed_property_is_reachable(cu, mode, guarded_checkpoint):
     assert r["energy_var"] == pytest.approx(r["energy_epistemic_var"] + r["energy_aleatoric_var"])
     assert r["energy_std"] ** 2 == pytest.approx(r["energy_var"])
     assert np.allclose(r["forces_var"], r["forces_epistemic_var"] + sigma_f2, rtol=1e-12, atol=0)
-    assert np.allclose(r["forces_std"] ** 2, r["forces_var"]) and r["forces_epistemic_var"].max() > 0
-    assert np.allclose(r["stress_var"], r["stress_epistemic_var"]) and r["stress_epistemic_var"].max() > 0
+    assert (
+        np.allclose(r["forces_std"] ** 2, r["forces_var"]) and r["forces_epistemic_var"].max() > 0
+    )
+    assert (
+        np.allclose(r["stress_var"], r["stress_epistemic_var"])
+        and r["stress_epistemic_var"].max() > 0
+    )
     assert np.allclose(r["stress_std"] ** 2, r["stress_var"])
     # max_force_std is EPISTEMIC (the flagging score): the noise would add sqrt(3) sigma_f everywhere
     assert r["max_force_std"] == pytest.approx(np.sqrt(r["forces_epistemic_var"].sum(1)).max())
@@ -144,7 +172,9 @@ def test_totals_use_the_models_noise_variances_with_a_full_posterior(cu, mode):
     if not hasattr(model, "set_full_posterior"):
         pytest.skip("the model has no full posterior yet")
     d = model.latent_dim
-    factor = torch.linalg.cholesky(0.05 * torch.eye(d, dtype=torch.float64) + 0.01).T  # Sigma = F^T F
+    factor = torch.linalg.cholesky(
+        0.05 * torch.eye(d, dtype=torch.float64) + 0.01
+    ).T  # Sigma = F^T F
     model.set_full_posterior(factor, torch.tensor([2.0, 3.0, 4e-4, 0.09], dtype=torch.float64))
     calc = UncertaintyCalculator(model, uncertainty=mode)
     calc.get_property("stress_var", cu)
@@ -162,9 +192,13 @@ def test_stress_variance_is_the_models_in_voigt_order(cu):
     calc = UncertaintyCalculator(model, uncertainty="exact")
     var = calc.get_property("stress_epistemic_var", cu)
     graph = atoms_to_graph(cu, R_MAX, TypeMap.from_list(model.type_map))
-    full = model(Batch.from_data_list([graph]), compute_stress=True, uncertainty="exact")[keys.STRESS_VAR][0]
+    full = model(Batch.from_data_list([graph]), compute_stress=True, uncertainty="exact")[
+        keys.STRESS_VAR
+    ][0]
     full = full.detach().numpy()  # (3, 3)
-    assert np.allclose(var, [full[0, 0], full[1, 1], full[2, 2], full[1, 2], full[0, 2], full[0, 1]])
+    assert np.allclose(
+        var, [full[0, 0], full[1, 1], full[2, 2], full[1, 2], full[0, 2], full[0, 1]]
+    )
     molecule = Atoms("O2", positions=[[0, 0, 0], [0, 0, 1.2]])
     with pytest.raises(PropertyNotImplementedError, match="periodic"):
         calc.get_property("stress_var", molecule)
@@ -182,7 +216,10 @@ def test_committee_with_stress(cu):
     stresses = np.stack([c.get_property("stress", cu) for c in singles])  # (M, 6)
     forces = np.stack([c.get_property("forces", cu) for c in singles])  # (M, n, 3)
     assert np.allclose(r["stress"], stresses.mean(0)) and np.allclose(r["forces"], forces.mean(0))
-    assert np.allclose(r["stress_epistemic_var"], stresses.var(0)) and r["stress_epistemic_var"].max() > 0
+    assert (
+        np.allclose(r["stress_epistemic_var"], stresses.var(0))
+        and r["stress_epistemic_var"].max() > 0
+    )
     assert np.allclose(r["stress_var"], r["stress_epistemic_var"])
     sigma_f2 = np.mean([m.force_noise.item() ** 2 for m in members])
     assert np.allclose(r["forces_epistemic_var"], forces.var(0))
@@ -225,7 +262,10 @@ def test_unknown_element_named_and_modes_restrict_properties(cu):
     calc = UncertaintyCalculator(tiny_model(), uncertainty="energy")
     with pytest.raises(DataError, match="element Au"):
         calc.get_property("energy", bulk("Au"))
-    assert "forces_std" not in calc.implemented_properties and "energy_std" in calc.implemented_properties
+    assert (
+        "forces_std" not in calc.implemented_properties
+        and "energy_std" in calc.implemented_properties
+    )
     with pytest.raises(PropertyNotImplementedError):
         calc.get_property("forces_std", cu)
     molecule = Atoms("O2", positions=[[0, 0, 0], [0, 0, 1.2]])
@@ -238,16 +278,28 @@ def test_unknown_element_named_and_modes_restrict_properties(cu):
 
 def test_thresholds_absolute_and_relative(tmp_path, cu):
     model = tiny_model()
-    loose = UncertaintyCalculator(model, thresholds={"max_force_std": 1e3, "energy_std_per_atom": 1e3})
+    loose = UncertaintyCalculator(
+        model, thresholds={"max_force_std": 1e3, "energy_std_per_atom": 1e3}
+    )
     assert loose.get_property("flag", cu) is False
     with pytest.raises(ThresholdError, match="uncertainty_levels"):
         UncertaintyCalculator(model, thresholds=Thresholds(max_force_std=2.0, relative=True))
     with pytest.raises(ThresholdError, match="needs uncertainty"):
         UncertaintyCalculator(model, uncertainty="energy", thresholds={"max_force_std": 0.1})
-    model.save(tmp_path / "m.pt", metadata={"uncertainty_levels": {"max_force_std": 0.01, "energy_std_per_atom": 0.002}})
-    rel = UncertaintyCalculator(tmp_path / "m.pt", thresholds={"max_force_std": 3.0, "relative": True})
-    assert rel.thresholds.max_force_std == pytest.approx(0.03) and rel.thresholds.energy_std_per_atom is None
-    energy_only = UncertaintyCalculator(model, uncertainty="energy", thresholds={"energy_std_per_atom": 1e-9})
+    model.save(
+        tmp_path / "m.pt",
+        metadata={"uncertainty_levels": {"max_force_std": 0.01, "energy_std_per_atom": 0.002}},
+    )
+    rel = UncertaintyCalculator(
+        tmp_path / "m.pt", thresholds={"max_force_std": 3.0, "relative": True}
+    )
+    assert (
+        rel.thresholds.max_force_std == pytest.approx(0.03)
+        and rel.thresholds.energy_std_per_atom is None
+    )
+    energy_only = UncertaintyCalculator(
+        model, uncertainty="energy", thresholds={"energy_std_per_atom": 1e-9}
+    )
     assert energy_only.get_property("flag", cu) is True and "forces" not in energy_only.results
 
 
@@ -257,16 +309,24 @@ def test_domain_guard_from_the_checkpoint(guarded_checkpoint, mode):
     assert isinstance(calc.domain, DomainGuard) and "out_of_domain" in calc.implemented_properties
     for atoms in training_cells():  # the training structures themselves are in domain
         assert calc.get_property("out_of_domain", atoms) is False
-        assert calc.results["out_of_domain_reason"] == "" and calc.results.get("flag", False) is False
+        assert (
+            calc.results["out_of_domain_reason"] == "" and calc.results.get("flag", False) is False
+        )
     close = training_cells()[0]
     close.positions[1] = close.positions[0] + [0.1, 0.0, 0.0]
     assert calc.get_property("out_of_domain", close) is True
-    assert "short_pair" in calc.results["out_of_domain_reason"] and "atoms 0 and 1" in calc.results["out_of_domain_reason"]
+    assert (
+        "short_pair" in calc.results["out_of_domain_reason"]
+        and "atoms 0 and 1" in calc.results["out_of_domain_reason"]
+    )
     assert calc.results.get("flag", True) is True  # flagged without any sigma threshold
     stretched = training_cells()[1]
     stretched.set_cell(stretched.cell * 1.25, scale_atoms=True)
     calc.calculate(stretched, ["energy"])  # computed with the energy, whatever was asked
-    assert calc.results["out_of_domain"] is True and "stretched" in calc.results["out_of_domain_reason"]
+    assert (
+        calc.results["out_of_domain"] is True
+        and "stretched" in calc.results["out_of_domain_reason"]
+    )
     if mode != "none":
         assert calc.results["flag"] is True and calc.results["uncertainty_flag"] is False
 
@@ -347,6 +407,8 @@ def test_nve_20000_steps_drift(capsys):
     t_ps = np.arange(len(etot)) * 10 * 1e-3
     slope = np.polyfit(t_ps, etot, 1)[0]  # eV/atom/ps
     with capsys.disabled():
-        print(f"\nNVE 20,000 x 1 fs: drift {slope:.2e} eV/atom/ps, max |dE| {np.abs(etot - etot[0]).max():.2e} eV/atom")
+        print(
+            f"\nNVE 20,000 x 1 fs: drift {slope:.2e} eV/atom/ps, max |dE| {np.abs(etot - etot[0]).max():.2e} eV/atom"
+        )
     assert np.all(np.isfinite(etot)) and len(etot) == 2001
     assert abs(slope) < 1e-5 and np.abs(etot - etot[0]).max() < 1e-4

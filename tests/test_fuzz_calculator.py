@@ -23,8 +23,12 @@ R_MAX = 3.5
 @pytest.fixture(scope="module")
 def calc() -> UncertaintyCalculator:
     torch.manual_seed(0)
-    backbone = build_backbone("gin", num_types=2, r_max=R_MAX, hidden=8, latent_dim=4, num_layers=1, num_basis=4)
-    model = BayesianPotential(backbone, [13, 29], R_MAX, torch.tensor([-0.1, -0.2]), init_std=0.2).double()
+    backbone = build_backbone(
+        "gin", num_types=2, r_max=R_MAX, hidden=8, latent_dim=4, num_layers=1, num_basis=4
+    )
+    model = BayesianPotential(
+        backbone, [13, 29], R_MAX, torch.tensor([-0.1, -0.2]), init_std=0.2
+    ).double()
     return UncertaintyCalculator(model, uncertainty="exact")
 
 
@@ -34,7 +38,9 @@ def structures(draw) -> Atoms:
     numbers = draw(st.lists(st.sampled_from([13, 29]), min_size=n, max_size=n))
     scale = draw(st.sampled_from([0.05, 1.0, 3.0, 50.0]))  # tiny to far outside the cell
     coords = st.floats(-1.0, 1.0, allow_nan=False, allow_infinity=False)
-    positions = np.array(draw(st.lists(st.tuples(coords, coords, coords), min_size=n, max_size=n)), dtype=float)
+    positions = np.array(
+        draw(st.lists(st.tuples(coords, coords, coords), min_size=n, max_size=n)), dtype=float
+    )
     positions = positions.reshape(n, 3) * scale
     if n >= 2 and draw(st.booleans()):  # a near-coincident pair
         positions[1] = positions[0] + draw(st.sampled_from([1e-4, 5e-3, 0.02, 0.3]))
@@ -56,14 +62,18 @@ def _check(calc: UncertaintyCalculator, atoms: Atoms) -> None:
         assert np.all(np.isfinite(calc.results[key])), (key, atoms)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(atoms=structures())
 def test_clear_error_or_finite_results(calc, atoms):
     _check(calc, atoms)
 
 
 @pytest.mark.slow
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(atoms=structures())
 def test_clear_error_or_finite_results_full(calc, atoms):
     _check(calc, atoms)

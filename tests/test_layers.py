@@ -26,9 +26,22 @@ PACKAGE = ROOT / "mlip_unc"
 _BASE = frozenset({"keys", "atomic", "geometry", "config", "uncertainty"})
 _MODELS = _BASE | {"data", "nn", "models"}
 ALL_PARTS = frozenset(
-    {"keys", "atomic", "geometry", "config", "uncertainty", "data", "nn", "models", "train", "study",
-     "calculator", "active", "cli"}
-)  # fmt: skip
+    {
+        "keys",
+        "atomic",
+        "geometry",
+        "config",
+        "uncertainty",
+        "data",
+        "nn",
+        "models",
+        "train",
+        "study",
+        "calculator",
+        "active",
+        "cli",
+    }
+)
 
 #: part -> the parts of mlip_unc it may import (its own part is always allowed)
 MAY_IMPORT: dict[str, frozenset[str]] = {
@@ -62,7 +75,9 @@ class Violation:
             rule = "nothing imports cli (except cli itself)"
         else:
             allowed = sorted(MAY_IMPORT[self.part] - {self.part})
-            rule = f"{self.part} may import " + (f"only {', '.join(allowed)}" if allowed else "nothing")
+            rule = f"{self.part} may import " + (
+                f"only {', '.join(allowed)}" if allowed else "nothing"
+            )
             rule += " of mlip_unc (and itself)"
         return f"{self.path}:{self.line}: {self.part} imports {self.module} -- rule: {rule}"
 
@@ -139,7 +154,10 @@ def test_every_module_has_a_layer():
         if (part := _part_of(_module_name(file.relative_to(ROOT).as_posix()))) not in MAY_IMPORT
     )
     if unknown:
-        pytest.fail("not in the layer table (tests/test_layers.py MAY_IMPORT):\n" + "\n".join(unknown), pytrace=False)
+        pytest.fail(
+            "not in the layer table (tests/test_layers.py MAY_IMPORT):\n" + "\n".join(unknown),
+            pytrace=False,
+        )
 
 
 def test_no_forbidden_imports():
@@ -148,27 +166,50 @@ def test_no_forbidden_imports():
         rel = file.relative_to(ROOT).as_posix()
         violations += check_source(rel, file.read_text(encoding="utf-8"))
     if violations:
-        pytest.fail(f"{len(violations)} forbidden import(s):\n" + "\n".join(map(str, violations)), pytrace=False)
+        pytest.fail(
+            f"{len(violations)} forbidden import(s):\n" + "\n".join(map(str, violations)),
+            pytrace=False,
+        )
 
 
 @pytest.mark.parametrize(
     ("path", "source", "line", "target"),
     [
         ("mlip_unc/data/x.py", "def f():\n    from ..models import potential\n", 2, "models"),
-        ("mlip_unc/data/x.py", "import torch\nimport mlip_unc.train.losses as losses\n", 2, "train"),
+        (
+            "mlip_unc/data/x.py",
+            "import torch\nimport mlip_unc.train.losses as losses\n",
+            2,
+            "train",
+        ),
         ("mlip_unc/data/x.py", "from mlip_unc import nn\n", 1, "nn"),
         ("mlip_unc/nn/x.py", "from mlip_unc.data.graphs import build\n", 1, "data"),
         ("mlip_unc/nn/__init__.py", "from ..data import graphs\n", 1, "data"),
         ("mlip_unc/nn/sub/x.py", "from ...data import graphs\n", 1, "data"),
         ("mlip_unc/config/x.py", "from mlip_unc.uncertainty import moments\n", 1, "uncertainty"),
         ("mlip_unc/uncertainty/x.py", "from .. import geometry\n", 1, "geometry"),
-        ("mlip_unc/models/x.py", "class A:\n    def m(self):\n        from mlip_unc.train.core import T\n", 3, "train"),
-        ("mlip_unc/train/x.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mlip_unc.study import lpa\n", 3, "study"),
+        (
+            "mlip_unc/models/x.py",
+            "class A:\n    def m(self):\n        from mlip_unc.train.core import T\n",
+            3,
+            "train",
+        ),
+        (
+            "mlip_unc/train/x.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mlip_unc.study import lpa\n",
+            3,
+            "study",
+        ),
         ("mlip_unc/calculator.py", "from .train import evaluate\n", 1, "train"),
         ("mlip_unc/active/x.py", "from mlip_unc.cli import app\n", 1, "cli"),
         ("mlip_unc/keys.py", "from mlip_unc import geometry\n", 1, "geometry"),
         ("mlip_unc/geometry.py", "from mlip_unc.data import neighbours\n", 1, "data"),
-        ("mlip_unc/models/x.py", "import importlib\nm = importlib.import_module('mlip_unc.train.core')\n", 2, "train"),
+        (
+            "mlip_unc/models/x.py",
+            "import importlib\nm = importlib.import_module('mlip_unc.train.core')\n",
+            2,
+            "train",
+        ),
         ("mlip_unc/__init__.py", "from . import cli\n", 1, "cli"),
     ],
 )
@@ -181,10 +222,19 @@ def test_the_checker_catches_a_forbidden_import(path, source, line, target):
 @pytest.mark.parametrize(
     ("path", "source"),
     [
-        ("mlip_unc/data/x.py", "from mlip_unc import keys\nfrom ..geometry import edge_vectors\nimport torch\n"),
+        (
+            "mlip_unc/data/x.py",
+            "from mlip_unc import keys\nfrom ..geometry import edge_vectors\nimport torch\n",
+        ),
         ("mlip_unc/data/x.py", "from . import splits\nfrom .graphs import build\n"),
-        ("mlip_unc/nn/x.py", "from mlip_unc.config.enums import Estimator\nfrom ..uncertainty import moments\n"),
-        ("mlip_unc/models/x.py", "from mlip_unc.nn import bayesian\nfrom mlip_unc.data import graphs\n"),
+        (
+            "mlip_unc/nn/x.py",
+            "from mlip_unc.config.enums import Estimator\nfrom ..uncertainty import moments\n",
+        ),
+        (
+            "mlip_unc/models/x.py",
+            "from mlip_unc.nn import bayesian\nfrom mlip_unc.data import graphs\n",
+        ),
         ("mlip_unc/study/x.py", "from mlip_unc.train.core import Trainer\n"),
         ("mlip_unc/cli/x.py", "from mlip_unc.active import loop\nfrom . import _common\n"),
         ("mlip_unc/calculator.py", "from mlip_unc.models.checkpoint import load_checkpoint\n"),
@@ -196,7 +246,9 @@ def test_the_checker_allows_permitted_imports(path, source):
 
 
 def test_violation_message_names_file_line_and_rule():
-    (v,) = check_source("mlip_unc/nn/x.py", "import torch\n\n\ndef f():\n    from mlip_unc.data import graphs\n")
+    (v,) = check_source(
+        "mlip_unc/nn/x.py", "import torch\n\n\ndef f():\n    from mlip_unc.data import graphs\n"
+    )
     assert str(v) == (
         "mlip_unc/nn/x.py:5: nn imports mlip_unc.data -- "
         "rule: nn may import only atomic, config, geometry, keys, uncertainty of mlip_unc (and itself)"
@@ -214,7 +266,9 @@ def test_no_module_over_400_lines():
         if n > MAX_LINES:
             long.append(f"{file.relative_to(ROOT).as_posix()}: {n} lines")
     if long:
-        pytest.fail(f"{len(long)} module(s) over {MAX_LINES} lines:\n" + "\n".join(long), pytrace=False)
+        pytest.fail(
+            f"{len(long)} module(s) over {MAX_LINES} lines:\n" + "\n".join(long), pytrace=False
+        )
 
 
 # ---------------------------------------------------------------------- CLI start-up
@@ -238,11 +292,15 @@ def test_cli_help_answers_within_two_seconds():
     times = []
     for _ in range(2):
         start = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
+        )
         times.append(time.perf_counter() - start)
         assert done.returncode == 0, done.stderr
         assert "Usage" in done.stdout and "property" in done.stdout, done.stdout
         if times[-1] < HELP_SECONDS:
             return
-    pytest.fail(f"`{' '.join(Path(c).name for c in command)}` took {', '.join(f'{t:.2f}' for t in times)} s "
-                f"(limit {HELP_SECONDS} s)")
+    pytest.fail(
+        f"`{' '.join(Path(c).name for c in command)}` took {', '.join(f'{t:.2f}' for t in times)} s "
+        f"(limit {HELP_SECONDS} s)"
+    )

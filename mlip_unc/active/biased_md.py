@@ -55,7 +55,14 @@ from mlip_unc.models.derivatives import differentiable_inputs, graph_index
 __all__ = ["BIAS_KINDS", "BiasError", "BiasedCalculator", "bias_energy", "biased_calculator"]
 
 BIAS_KINDS = ("none", "variance", "udd")
-_EXTRA = ("energy_unbiased", "forces_unbiased", "stress_unbiased", "energy_bias", "forces_bias", "stress_bias")
+_EXTRA = (
+    "energy_unbiased",
+    "forces_unbiased",
+    "stress_unbiased",
+    "energy_bias",
+    "forces_bias",
+    "stress_bias",
+)
 
 
 class BiasError(ValueError):
@@ -72,7 +79,9 @@ def check_bias(kind: str, strength: float, width: float | None) -> None:
         raise BiasError(f"the udd bias needs a width B > 0 (eV/atom^(1/2)), got {width!r}")
 
 
-def bias_energy(s2: Tensor, n_atoms: int, kind: str, strength: float, width: float | None = None) -> Tensor:
+def bias_energy(
+    s2: Tensor, n_atoms: int, kind: str, strength: float, width: float | None = None
+) -> Tensor:
     """``E_bias`` (eV) of the epistemic energy variance ``s2`` (eV^2, any shape): module docstring."""
     if kind == "variance":
         return -strength * s2
@@ -97,12 +106,22 @@ class BiasedCalculator(Calculator):
     are the base calculator's; ``n_bias_calls`` counts the extra model passes.
     """
 
-    def __init__(self, base: Any, kind: str = "variance", strength: float = 0.0, width: float | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base: Any,
+        kind: str = "variance",
+        strength: float = 0.0,
+        width: float | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check_bias(kind, float(strength), width)
         self.base = base
-        self.kind, self.strength, self.width = kind, float(strength), None if width is None else float(width)
+        self.kind, self.strength, self.width = (
+            kind,
+            float(strength),
+            None if width is None else float(width),
+        )
         props = [p for p in base.implemented_properties if p != "energies"]
         self.implemented_properties = [*props, "energies_unbiased", *_EXTRA]
         self._type_map = TypeMap.from_list(base.model.type_map)
@@ -122,8 +141,12 @@ class BiasedCalculator(Calculator):
         """Whether a bias is applied (``kind`` not ``none`` and ``strength > 0``)."""
         return self.kind != "none" and self.strength > 0
 
-    def calculate(self, atoms: Atoms | None = None, properties: list[str] | None = None,
-                  system_changes: list[str] = all_changes) -> None:  # fmt: skip
+    def calculate(
+        self,
+        atoms: Atoms | None = None,
+        properties: list[str] | None = None,
+        system_changes: list[str] = all_changes,
+    ) -> None:
         Calculator.calculate(self, atoms, properties, system_changes)
         if system_changes:
             self._cache = {}
@@ -132,8 +155,12 @@ class BiasedCalculator(Calculator):
             properties = [p for p in self.implemented_properties if "stress" not in p or periodic]
         unknown = [p for p in properties if p not in self.implemented_properties]
         if unknown:
-            raise PropertyNotImplementedError(f"{unknown} not available from this biased calculator")
-        want_forces = any(p.startswith("forces") for p in properties)  # forces, forces_unbiased, forces_bias
+            raise PropertyNotImplementedError(
+                f"{unknown} not available from this biased calculator"
+            )
+        want_forces = any(
+            p.startswith("forces") for p in properties
+        )  # forces, forces_unbiased, forces_bias
         want_stress = any(p.startswith("stress") for p in properties)
         base_props = {p for p in properties if p in self.base.implemented_properties} | {"energy"}
         base_props |= {"forces"} if want_forces else set()
@@ -158,7 +185,11 @@ class BiasedCalculator(Calculator):
 
     def _cached_bias(self, *, forces: bool, stress: bool) -> dict[str, Any]:
         """The bias at the current atoms, computed once per structure (again only for more parts)."""
-        if not (self._cache and (not forces or "forces" in self._cache) and (not stress or "stress" in self._cache)):
+        if not (
+            self._cache
+            and (not forces or "forces" in self._cache)
+            and (not stress or "stress" in self._cache)
+        ):
             self._cache = self._bias(forces=forces, stress=stress)
         return self._cache
 
@@ -174,33 +205,48 @@ class BiasedCalculator(Calculator):
             return out
         model = self.base.model
         dtype, device = next(model.parameters()).dtype, self.base.device
-        batch = Batch.from_data_list([atoms_to_graph(self.atoms, float(model.r_max), self._type_map, dtype=dtype)])
+        batch = Batch.from_data_list(
+            [atoms_to_graph(self.atoms, float(model.r_max), self._type_map, dtype=dtype)]
+        )
         batch = batch.to(device)  # coincident atoms were refused by the base calculator already
         self.n_bias_calls += 1
         with torch.enable_grad():
             graph = graph_index(batch)
             cell = batch[keys.CELL].reshape(-1, 3, 3)
             pos, cell_strained, inputs, _ = differentiable_inputs(
-                batch[keys.POSITIONS], cell, graph, 1, forces=True, stress=stress)  # fmt: skip
+                batch[keys.POSITIONS], cell, graph, 1, forces=True, stress=stress
+            )
             inputs_batch = copy.copy(batch)
             inputs_batch[keys.POSITIONS], inputs_batch[keys.CELL] = pos, cell_strained
-            s2 = model(inputs_batch, compute_forces=False, uncertainty="energy")[keys.ENERGY_EPISTEMIC_VAR]  # (1,)
+            s2 = model(inputs_batch, compute_forces=False, uncertainty="energy")[
+                keys.ENERGY_EPISTEMIC_VAR
+            ]  # (1,)
             if not s2.requires_grad:
-                raise BiasError(f"the energy variance of {type(model).__name__} is not differentiable with respect "
-                                "to the positions (a committee detaches its members); bias a BayesianPotential")  # fmt: skip
+                raise BiasError(
+                    f"the energy variance of {type(model).__name__} is not differentiable with respect "
+                    "to the positions (a committee detaches its members); bias a BayesianPotential"
+                )
             energy = bias_energy(s2, n, self.kind, self.strength, self.width).sum()
-            grads = torch.autograd.grad(energy, inputs, allow_unused=True, materialize_grads=True) if forces or stress \
-                else []  # fmt: skip
+            grads = (
+                torch.autograd.grad(energy, inputs, allow_unused=True, materialize_grads=True)
+                if forces or stress
+                else []
+            )
         out = {"energy": float(energy.detach())}
         if forces:
             out["forces"] = -grads[0].detach().to(torch.float64).cpu().numpy().reshape(n, 3)
         if stress:
-            full = grads[1].detach().to(torch.float64).cpu().numpy().reshape(3, 3) / self.atoms.get_volume()
+            full = (
+                grads[1].detach().to(torch.float64).cpu().numpy().reshape(3, 3)
+                / self.atoms.get_volume()
+            )
             out["stress"] = full_3x3_to_voigt_6_stress(full)
         if not all(np.all(np.isfinite(v)) for v in out.values()):
             from mlip_unc.calculator import NonFiniteResultError
 
-            raise NonFiniteResultError(f"non-finite bias for a structure of {n} atoms ({self.atoms.get_chemical_formula()})")
+            raise NonFiniteResultError(
+                f"non-finite bias for a structure of {n} atoms ({self.atoms.get_chemical_formula()})"
+            )
         return out
 
 

@@ -36,7 +36,9 @@ def evaluate_structures(calc: Any, labelled: Sequence[Atoms]) -> dict[str, float
         n_comp += ref_f.size
         e_abs.append(abs(res["energy"] - ref_e) / len(atoms))
         mfs.append(res["max_force_std"])
-        rel.append(res["max_force_std"] / max(float(np.linalg.norm(res["forces"], axis=1).max()), 1e-12))
+        rel.append(
+            res["max_force_std"] / max(float(np.linalg.norm(res["forces"], axis=1).max()), 1e-12)
+        )
         esa.append(calc.energy_std_per_atom(res))
         flags.append(bool(res.get("flag", False)))
     return {

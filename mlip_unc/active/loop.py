@@ -46,14 +46,20 @@ def select_flagged(flagged: list[Atoms], selection: SelectionSettings) -> list[A
     """The ``top_k`` flagged frames by ``selection.metric`` (from their info), FPS-diversified."""
     if not flagged:
         return []
-    scores = np.asarray([a.info.get(selection.metric, np.nan) for a in flagged], dtype=float)  # (n,)
+    scores = np.asarray(
+        [a.info.get(selection.metric, np.nan) for a in flagged], dtype=float
+    )  # (n,)
     scores = np.nan_to_num(scores, nan=-np.inf)
     features = distance_histograms(flagged) if selection.diverse else None  # (n, n_bins)
     return [flagged[k] for k in select(scores, top_k=selection.top_k, features=features)]
 
 
 def label_selected(
-    chosen: list[Atoms], oracle: Any, selection: SelectionSettings, *, cache: CachedLabels | None = None,
+    chosen: list[Atoms],
+    oracle: Any,
+    selection: SelectionSettings,
+    *,
+    cache: CachedLabels | None = None,
     progress: bool = False,
 ) -> tuple[list[Atoms], int]:
     """Label ``chosen`` with ``oracle`` (through ``cache`` when given); returns (kept frames,
@@ -66,25 +72,46 @@ def label_selected(
     return kept, len(labelled) - len(kept)
 
 
-def _model_row(calc: Any, r: int, model: Path, train: list, valid: list, test: list) -> dict[str, Any]:
+def _model_row(
+    calc: Any, r: int, model: Path, train: list, valid: list, test: list
+) -> dict[str, Any]:
     """Report row of one model: data sizes, levels, thresholds, held-out metrics."""
     levels = calc.uncertainty_levels or {}
     row: dict[str, Any] = {
-        "round": r, "model": str(model), "n_train": len(train), "n_valid": len(valid),
+        "round": r,
+        "model": str(model),
+        "n_train": len(train),
+        "n_valid": len(valid),
         "level_max_force_std": levels.get("max_force_std"),
         "level_energy_std_per_atom": levels.get("energy_std_per_atom"),
         "threshold_max_force_std": calc.thresholds.max_force_std,
         "threshold_energy_std_per_atom": calc.thresholds.energy_std_per_atom,
-    }  # fmt: skip
+    }
     if test:
         metrics = evaluate_structures(calc, test)
-        row.update({f"test_{k}": metrics[k] for k in (
-            "force_rmse", "energy_mae_per_atom", "mean_max_force_std", "mean_energy_std_per_atom")})  # fmt: skip
+        row.update(
+            {
+                f"test_{k}": metrics[k]
+                for k in (
+                    "force_rmse",
+                    "energy_mae_per_atom",
+                    "mean_max_force_std",
+                    "mean_energy_std_per_atom",
+                )
+            }
+        )
     return row
 
 
-def _explore(config: ActiveLearningConfig, calc: Any, starts: list[Atoms], rdir: Path, r: int,
-             level: float | None, progress: bool = False) -> tuple[list[Atoms], int]:  # fmt: skip
+def _explore(
+    config: ActiveLearningConfig,
+    calc: Any,
+    starts: list[Atoms],
+    rdir: Path,
+    r: int,
+    level: float | None,
+    progress: bool = False,
+) -> tuple[list[Atoms], int]:
     """MD from every starting structure; returns (flagged frames, number of logged frames).
     With ``config.md.bias`` the MD runs on the biased energy (:mod:`mlip_unc.active.biased_md`)."""
     flagged: list[Atoms] = []
@@ -92,8 +119,15 @@ def _explore(config: ActiveLearningConfig, calc: Any, starts: list[Atoms], rdir:
     md_calc = biased_calculator(calc, config.md)
     for k, start in enumerate(starts):
         settings = config.md.updated(seed=config.md.seed + 1000 * r + k)
-        md = run_md(start, md_calc, settings, rdir / f"md_{k}", reference_level=level, title=f"round {r}, structure {k}",
-                    progress=progress)  # fmt: skip
+        md = run_md(
+            start,
+            md_calc,
+            settings,
+            rdir / f"md_{k}",
+            reference_level=level,
+            title=f"round {r}, structure {k}",
+            progress=progress,
+        )
         flagged.extend(md.flagged)
         n_frames += len(md.log["step"])
     return flagged, n_frames
@@ -109,8 +143,14 @@ def _check_thresholds(config: ActiveLearningConfig) -> None:
         raise ThresholdError(f"thresholds: {err}") from None
 
 
-def _data(config: ActiveLearningConfig, oracle: Any, starts: list[Atoms], out: Path, state: RunState,
-          cache: CachedLabels) -> tuple[list[Atoms], list[Atoms], list[Atoms]]:  # fmt: skip
+def _data(
+    config: ActiveLearningConfig,
+    oracle: Any,
+    starts: list[Atoms],
+    out: Path,
+    state: RunState,
+    cache: CachedLabels,
+) -> tuple[list[Atoms], list[Atoms], list[Atoms]]:
     """Round-0 data, generated once and committed to ``out/data`` (read back on resume); oracle
     MD goes through ``cache``, so a bootstrap killed half-way is read back, not recomputed."""
     from mlip_unc.data.readers import read_structures
@@ -119,16 +159,20 @@ def _data(config: ActiveLearningConfig, oracle: Any, starts: list[Atoms], out: P
     if state.data.get("data"):
         return tuple(read_structures(files[n]) if state.data["data"][n] else [] for n in files)  # type: ignore[return-value]
     parts = initial_data(config, cache.calculator(oracle), starts)
-    for name, frames in zip(files, parts):
+    for name, frames in zip(files, parts, strict=False):
         if frames:
             write_frames(files[name], frames)
-    state.data["data"] = {name: bool(frames) for name, frames in zip(files, parts)}
+    state.data["data"] = {name: bool(frames) for name, frames in zip(files, parts, strict=False)}
     state.commit()
     return parts
 
 
 def run_active_learning(
-    config: ActiveLearningConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = False
+    config: ActiveLearningConfig,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = False,
 ) -> list[dict[str, Any]]:
     """Run ``config.rounds`` rounds; returns one row per model (row k: the model after k rounds).
 
@@ -161,12 +205,21 @@ def run_active_learning(
     model = Path(start_model) if start_model else None
     if model is None:
         log.info("training the initial model on %d structures", len(train))
-        model = train_model(train, valid, config.training, out / "initial", seed=config.seed,
-                            refit_offsets=config.refit_offsets, resume=resume)  # fmt: skip
+        model = train_model(
+            train,
+            valid,
+            config.training,
+            out / "initial",
+            seed=config.seed,
+            refit_offsets=config.refit_offsets,
+            resume=resume,
+        )
         state.data["initial_model"] = str(model)
         state.commit()
     rows: list[dict[str, Any]] = []
-    rounds = tqdm(range(config.rounds + 1), desc="active learning", unit="round", disable=not progress)
+    rounds = tqdm(
+        range(config.rounds + 1), desc="active learning", unit="round", disable=not progress
+    )
     for r in rounds:
         rdir = out / f"round_{r}"
         if r < len(state.data["rounds"]):  # committed by an earlier invocation
@@ -180,35 +233,67 @@ def run_active_learning(
             rng.bit_generator.state = done["rng"]
             continue
         t0 = time.monotonic()
-        calc = UncertaintyCalculator(model, uncertainty=config.uncertainty, thresholds=config.thresholds,
-                                     seed=config.seed)  # fmt: skip
+        calc = UncertaintyCalculator(
+            model, uncertainty=config.uncertainty, thresholds=config.thresholds, seed=config.seed
+        )
         row = _model_row(calc, r, model, train, valid, test)
         rows.append(row)
         if r == config.rounds:  # the final model: evaluated, no more MD
             log.info("final model (after %d rounds): %s", r, round_summary(row))
             break
-        flagged, n_frames = _explore(config, calc, starts, rdir, r, row["level_max_force_std"], progress)
+        flagged, n_frames = _explore(
+            config, calc, starts, rdir, r, row["level_max_force_std"], progress
+        )
         chosen = select_flagged(flagged, config.selection)
-        labelled, n_dropped = label_selected(chosen, oracle, config.selection, cache=cache, progress=progress)
-        row.update({"n_md_frames": n_frames, "n_flagged": len(flagged), "n_labelled": len(labelled),
-                    "n_dropped": n_dropped})  # fmt: skip
+        labelled, n_dropped = label_selected(
+            chosen, oracle, config.selection, cache=cache, progress=progress
+        )
+        row.update(
+            {
+                "n_md_frames": n_frames,
+                "n_flagged": len(flagged),
+                "n_labelled": len(labelled),
+                "n_dropped": n_dropped,
+            }
+        )
         if not labelled:
             row["minutes"] = (time.monotonic() - t0) / 60
-            log.info("round %d: %s; nothing to label (the model stayed under the thresholds): stopping", r,
-                     round_summary(row))  # fmt: skip
-            state.data["rounds"].append({"round": r, "row": row, "model": None, "rng": rng.bit_generator.state})
+            log.info(
+                "round %d: %s; nothing to label (the model stayed under the thresholds): stopping",
+                r,
+                round_summary(row),
+            )
+            state.data["rounds"].append(
+                {"round": r, "row": row, "model": None, "rng": rng.bit_generator.state}
+            )
             state.commit()
             break
         write_frames(rdir / "labelled.xyz", labelled)
         new_train, new_valid = split_labelled(labelled, config.selection.valid_fraction, rng)
         train, valid = train + new_train, valid + new_valid
-        model = train_model(train, valid, config.training, rdir / "retrained", init_from=model,
-                            epochs=config.retrain_epochs, seed=config.seed + r + 1,
-                            refit_offsets=config.refit_offsets, resume=resume)  # fmt: skip
+        model = train_model(
+            train,
+            valid,
+            config.training,
+            rdir / "retrained",
+            init_from=model,
+            epochs=config.retrain_epochs,
+            seed=config.seed + r + 1,
+            refit_offsets=config.refit_offsets,
+            resume=resume,
+        )
         row["minutes"] = (time.monotonic() - t0) / 60
-        state.data["rounds"].append({"round": r, "row": row, "model": str(model), "rng": rng.bit_generator.state})
+        state.data["rounds"].append(
+            {"round": r, "row": row, "model": str(model), "rng": rng.bit_generator.state}
+        )
         state.commit()
-        log.info("round %d: %s; retrained on %d + %d structures", r, round_summary(row), len(train), len(valid))
+        log.info(
+            "round %d: %s; retrained on %d + %d structures",
+            r,
+            round_summary(row),
+            len(train),
+            len(valid),
+        )
         write_rounds_report(rows, out)
     rounds.close()
     report = write_rounds_report(rows, out)
@@ -222,9 +307,13 @@ def round_summary(row: dict[str, Any]) -> str:
     if row.get("test_force_rmse") is not None:
         parts.append(f"test force RMSE {row['test_force_rmse']:.4g} eV/A")
     if "n_flagged" in row:
-        dropped = f" ({row['n_dropped']} dropped by max_label_force)" if row.get("n_dropped") else ""
-        parts.append(f"{row['n_flagged']} of {row['n_md_frames']} MD frames flagged, {row['n_labelled']} labelled"
-                     + dropped)  # fmt: skip
+        dropped = (
+            f" ({row['n_dropped']} dropped by max_label_force)" if row.get("n_dropped") else ""
+        )
+        parts.append(
+            f"{row['n_flagged']} of {row['n_md_frames']} MD frames flagged, {row['n_labelled']} labelled"
+            + dropped
+        )
     if row.get("minutes") is not None:
         parts.append(f"{row['minutes']:.2f} min")
     return "; ".join(parts)

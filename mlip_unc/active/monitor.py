@@ -53,16 +53,36 @@ from mlip_unc.config import MDSettings
 from mlip_unc.data.domain import CoincidentAtomsError
 
 __all__ = [
-    "UncertaintyMonitor", "UncertaintyLimitReached", "MDFailed", "CALCULATOR_FAILURES", "CSV_COLUMNS",
-    "frame_uncertainties", "flag_reason", "MDResult", "run_md",
-]  # fmt: skip
+    "UncertaintyMonitor",
+    "UncertaintyLimitReached",
+    "MDFailed",
+    "CALCULATOR_FAILURES",
+    "CSV_COLUMNS",
+    "frame_uncertainties",
+    "flag_reason",
+    "MDResult",
+    "run_md",
+]
 
 #: Columns of the CSV log (all numbers): energies eV, time ps, temperature K, stds eV, eV/atom,
 #: eV/A; max/mean_force_std and energy_std_per_atom epistemic; flags 0/1.
 CSV_COLUMNS = (
-    "step", "time_ps", "epot", "ekin", "etot", "temperature", "energy_std", "energy_std_per_atom",
-    "max_force_std", "mean_force_std", "alignment", "flag", "uncertainty_flag", "out_of_domain", "failed",
-)  # fmt: skip
+    "step",
+    "time_ps",
+    "epot",
+    "ekin",
+    "etot",
+    "temperature",
+    "energy_std",
+    "energy_std_per_atom",
+    "max_force_std",
+    "mean_force_std",
+    "alignment",
+    "flag",
+    "uncertainty_flag",
+    "out_of_domain",
+    "failed",
+)
 #: the calculator's refusals of a frame that end a run as failed (not as a crash)
 CALCULATOR_FAILURES: tuple[type[Exception], ...] = (NonFiniteResultError, CoincidentAtomsError)
 
@@ -92,7 +112,11 @@ def flag_reason(unc: dict[str, Any]) -> str:
     domain guard), ``"uncertainty+out_of_domain"``, or ``""`` (not flagged)."""
     if not unc.get("flag"):
         return ""
-    parts = [name for name, key in (("uncertainty", "uncertainty_flag"), ("out_of_domain", "out_of_domain")) if unc.get(key)]
+    parts = [
+        name
+        for name, key in (("uncertainty", "uncertainty_flag"), ("out_of_domain", "out_of_domain"))
+        if unc.get(key)
+    ]
     return "+".join(parts) or "uncertainty"
 
 
@@ -126,9 +150,13 @@ def frame_uncertainties(atoms: Atoms) -> dict[str, Any]:
         "out_of_domain_reason": str(res.get("out_of_domain_reason", "")),
     }
     # a calculator without the split: its flag is the sigma part unless the domain guard fired
-    out["uncertainty_flag"] = bool(res.get("uncertainty_flag", out["flag"] and not out["out_of_domain"]))
+    out["uncertainty_flag"] = bool(
+        res.get("uncertainty_flag", out["flag"] and not out["out_of_domain"])
+    )
     epi = res.get("energy_epistemic_var")
-    out["energy_std_per_atom"] = math.sqrt(max(float(epi), 0.0)) / n if epi is not None else math.nan
+    out["energy_std_per_atom"] = (
+        math.sqrt(max(float(epi), 0.0)) / n if epi is not None else math.nan
+    )
     out["mean_force_std"] = math.nan
     if "forces_std" in res:
         out["forces_std"] = np.asarray(res["forces_std"])
@@ -201,7 +229,9 @@ class UncertaintyMonitor:
     def _step_and_time(self) -> tuple[int, float]:
         if self.dyn is not None:
             step = int(getattr(self.dyn, "nsteps", self.n_calls))
-            time_fs = float(self.dyn.get_time()) / units.fs if hasattr(self.dyn, "get_time") else math.nan
+            time_fs = (
+                float(self.dyn.get_time()) / units.fs if hasattr(self.dyn, "get_time") else math.nan
+            )
         else:
             step = self.n_calls * self.interval
             time_fs = step * self.timestep if self.timestep is not None else math.nan
@@ -260,7 +290,9 @@ class UncertaintyMonitor:
         step = now if step is None else step
         log.warning("MD frame failed at step %d, stopping: %s", step, error)
         row: dict[str, Any] = {k: math.nan for k in CSV_COLUMNS}
-        row.update(step=step, time_ps=time_ps, flag=0, uncertainty_flag=0, out_of_domain=0, failed=1)
+        row.update(
+            step=step, time_ps=time_ps, flag=0, uncertainty_flag=0, out_of_domain=0, failed=1
+        )
         self._append(row)
         self.failure = str(error)
         self.stop_requested = True
@@ -268,7 +300,14 @@ class UncertaintyMonitor:
     def _write_flagged(self, row: dict[str, Any], unc: dict[str, Any]) -> None:
         calc = self.atoms.calc
         frame = self.atoms.copy()  # copy() drops the calculator: no model values pass as labels
-        keys = ("step", "time_ps", "energy_std", "energy_std_per_atom", "max_force_std", "alignment")
+        keys = (
+            "step",
+            "time_ps",
+            "energy_std",
+            "energy_std_per_atom",
+            "max_force_std",
+            "alignment",
+        )
         frame.info.update({k: row[k] for k in keys})
         frame.info["mlip_energy"] = row["epot"]
         frame.info["flag_reason"] = flag_reason(unc)
@@ -354,15 +393,33 @@ def run_md(
         dyn = VelocityVerlet(atoms, dt)
     else:
         dyn = Langevin(
-            atoms, dt, temperature_K=settings.temperature, friction=settings.friction / units.fs,
-            fixcm=False, rng=rng,
-        )  # fmt: skip
-    paths = {"trajectory": out_dir / "md.traj", "csv": out_dir / "md.csv", "flagged_path": out_dir / "flagged.xyz"}
+            atoms,
+            dt,
+            temperature_K=settings.temperature,
+            friction=settings.friction / units.fs,
+            fixcm=False,
+            rng=rng,
+        )
+    paths = {
+        "trajectory": out_dir / "md.traj",
+        "csv": out_dir / "md.csv",
+        "flagged_path": out_dir / "flagged.xyz",
+    }
     stopped, failure = False, None
-    bar = tqdm(total=settings.steps, desc=title or "md", unit="step", disable=not progress, leave=False)
-    with Trajectory(paths["trajectory"], "w", atoms) as traj, UncertaintyMonitor(
-        atoms, paths["csv"], flagged_path=paths["flagged_path"], dyn=dyn, max_flags=settings.max_flags
-    ) as monitor, bar:
+    bar = tqdm(
+        total=settings.steps, desc=title or "md", unit="step", disable=not progress, leave=False
+    )
+    with (
+        Trajectory(paths["trajectory"], "w", atoms) as traj,
+        UncertaintyMonitor(
+            atoms,
+            paths["csv"],
+            flagged_path=paths["flagged_path"],
+            dyn=dyn,
+            max_flags=settings.max_flags,
+        ) as monitor,
+        bar,
+    ):
         dyn.attach(monitor, interval=settings.interval)  # first: computes the uncertainties
         dyn.attach(traj.write, interval=settings.interval)
         dyn.attach(lambda: bar.update(int(dyn.nsteps) - bar.n), interval=settings.interval)
@@ -382,9 +439,15 @@ def run_md(
         write(out_dir / "failed.xyz", failed, format="extxyz")
     flagged = read(paths["flagged_path"], ":", format="extxyz") if monitor.n_flags else []
     result = MDResult(
-        out_dir=out_dir, log=md_log, flagged=flagged, steps_done=int(dyn.nsteps), stopped_early=stopped,
-        final=atoms, failure=failure, **paths,
-    )  # fmt: skip
+        out_dir=out_dir,
+        log=md_log,
+        flagged=flagged,
+        steps_done=int(dyn.nsteps),
+        stopped_early=stopped,
+        final=atoms,
+        failure=failure,
+        **paths,
+    )
     if plot and len(monitor.rows) > 1:
         from mlip_unc.active.report import plot_md_log
 

@@ -79,7 +79,10 @@ class PySCFCalculator(Calculator):
             raise OracleError("the pyscf oracle needs PySCF: pip install 'mlip-unc[dft]'") from err
         p = self.parameters
         mol = gto.M(
-            atom=[(s, tuple(r)) for s, r in zip(self.atoms.get_chemical_symbols(), self.atoms.positions)],
+            atom=[
+                (s, tuple(r))
+                for s, r in zip(self.atoms.get_chemical_symbols(), self.atoms.positions, strict=False)
+            ],
             unit="Angstrom",
             basis=p.basis,
             charge=int(p.charge),
@@ -137,7 +140,9 @@ def _from_factory(path: str, kwargs: Mapping[str, Any]) -> Calculator:
         raise OracleError(f"cannot import oracle factory {path!r}: {err}") from err
     calc = factory(**kwargs)
     if not hasattr(calc, "get_potential_energy"):
-        raise OracleError(f"oracle factory {path!r} returned {type(calc).__name__}, not an ASE calculator")
+        raise OracleError(
+            f"oracle factory {path!r} returned {type(calc).__name__}, not an ASE calculator"
+        )
     return calc
 
 
@@ -165,7 +170,11 @@ def make_oracle(spec: str | Mapping[str, Any] | Calculator) -> Calculator:
 
 
 def label_structures(
-    structures: Iterable[Atoms], oracle: Calculator, *, stress: bool | None = None, cache: Any = None
+    structures: Iterable[Atoms],
+    oracle: Calculator,
+    *,
+    stress: bool | None = None,
+    cache: Any = None,
 ) -> list[Atoms]:
     """Label copies of ``structures`` with ``oracle``: energy, forces and (periodic) stress.
 
@@ -184,15 +193,21 @@ def label_structures(
         atoms = atoms.copy()
         atoms.calc = None
         try:
-            results: dict[str, Any] = {"energy": float(calc.get_potential_energy(atoms)),
-                                       "forces": np.asarray(calc.get_forces(atoms), dtype=np.float64)}  # fmt: skip
+            results: dict[str, Any] = {
+                "energy": float(calc.get_potential_energy(atoms)),
+                "forces": np.asarray(calc.get_forces(atoms), dtype=np.float64),
+            }
             want_stress = stress
             if want_stress is None:
-                want_stress = bool(atoms.pbc.all()) and "stress" in getattr(calc, "implemented_properties", ())
+                want_stress = bool(atoms.pbc.all()) and "stress" in getattr(
+                    calc, "implemented_properties", ()
+                )
             if want_stress:
                 results["stress"] = np.asarray(calc.get_stress(atoms), dtype=np.float64)
         except PropertyNotImplementedError as err:
-            raise OracleError(f"oracle {type(calc).__name__} cannot label structure {k}: {err}") from err
+            raise OracleError(
+                f"oracle {type(calc).__name__} cannot label structure {k}: {err}"
+            ) from err
         atoms.calc = SinglePointCalculator(atoms, **results)
         return atoms
 

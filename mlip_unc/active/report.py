@@ -91,7 +91,9 @@ def plot_md_log(
         ax_f.axhline(reference, ls=":", color="C2", lw=1.5, label="training level")
     flagged = data["flag"] > 0
     if flagged.any():
-        ax_f.scatter(t[flagged], data["max_force_std"][flagged], s=12, color="k", zorder=3, label="flagged")
+        ax_f.scatter(
+            t[flagged], data["max_force_std"][flagged], s=12, color="k", zorder=3, label="flagged"
+        )
     ax_f.set_ylabel("eV/Å")
     ax_f.legend(fontsize=7, loc="upper left")
     ax_e.plot(t, data["energy_std_per_atom"] * 1000, color="C0")
@@ -131,8 +133,15 @@ def plot_rounds(rows: Sequence[Mapping[str, Any]], path: str | Path, *, title: s
     ax_err.set_xlabel("round")
     ax_err.set_ylabel("eV/Å")
     ax_err.legend(fontsize=7)
-    ax_n.bar([x - 0.2 for x in r], [row.get("n_train", 0) for row in rows], width=0.4, label="training set")
-    ax_n.bar([x + 0.2 for x in r], [row.get("n_flagged", 0) for row in rows], width=0.4, label="flagged")
+    ax_n.bar(
+        [x - 0.2 for x in r],
+        [row.get("n_train", 0) for row in rows],
+        width=0.4,
+        label="training set",
+    )
+    ax_n.bar(
+        [x + 0.2 for x in r], [row.get("n_flagged", 0) for row in rows], width=0.4, label="flagged"
+    )
     ax_n.set_xlabel("round")
     ax_n.set_ylabel("structures")
     ax_n.legend(fontsize=7)
@@ -197,10 +206,16 @@ def plot_demo(numbers: Mapping[str, Any], path: str | Path) -> Path:
         ("mean_energy_std_per_atom", "epistemic energy std (meV/atom)", 1000.0),
     )
     colours = {"before": "C3", "after": "C0", "control": "C7"}
-    for ax, (key, title, scale) in zip(axes, panels):
+    for ax, (key, title, scale) in zip(axes, panels, strict=False):
         for k, (stage, label) in enumerate(stages):
             values = [scale * numbers[stage][g][key] for g in groups]
-            ax.bar(x + (k - (len(stages) - 1) / 2) * width, values, width=width, color=colours[stage], label=label)
+            ax.bar(
+                x + (k - (len(stages) - 1) / 2) * width,
+                values,
+                width=width,
+                color=colours[stage],
+                label=label,
+            )
         ax.set_xticks(x, labels, fontsize=8)
         ax.set_title(title, fontsize=9)
     axes[0].legend(fontsize=7)
@@ -211,27 +226,43 @@ def plot_demo(numbers: Mapping[str, Any], path: str | Path) -> Path:
 
 _STAGE_TEXT = {
     "before": ("first model", "trained on the training-temperature data"),
-    "after": ("after active learning", "the first model trained on with the labelled flagged frames added"),
+    "after": (
+        "after active learning",
+        "the first model trained on with the labelled flagged frames added",
+    ),
     "control": ("control", "the first model trained on as long, training-temperature data only"),
 }
 
 
-def write_demo_report(numbers: Mapping[str, Any], out_dir: str | Path, *, md_plot: Path | None = None) -> Path:
+def write_demo_report(
+    numbers: Mapping[str, Any], out_dir: str | Path, *, md_plot: Path | None = None
+) -> Path:
     """``report.md`` and ``demo.png`` of ``mlip-unc demo`` in ``out_dir``."""
     out_dir = Path(out_dir)
     png = plot_demo(numbers, out_dir / "demo.png")
     temps = numbers["temperatures"]
     rows = []
-    for group, label in (("valid", f"validation, {temps['train']:.0f} K"), ("hot", f"held-out test, {temps['hot']:.0f} K")):
+    for group, label in (
+        ("valid", f"validation, {temps['train']:.0f} K"),
+        ("hot", f"held-out test, {temps['hot']:.0f} K"),
+    ):
         for stage, _ in _stages(numbers):
             m = numbers[stage][group]
-            rows.append({
-                "set": label, "model": _STAGE_TEXT[stage][0], "frames": m["n"],
-                "force RMSE (eV/Å)": m["force_rmse"], "energy MAE (meV/atom)": 1e3 * m["energy_mae_per_atom"],
-                "mean max force std (eV/Å)": m["mean_max_force_std"],
-                "energy std (meV/atom)": 1e3 * m["mean_energy_std_per_atom"], "flagged": m["flagged_fraction"],
-            })  # fmt: skip
-    checks = "\n".join(f"- {k.replace('_', ' ')}: **{'yes' if v else 'no'}**" for k, v in numbers["checks"].items())
+            rows.append(
+                {
+                    "set": label,
+                    "model": _STAGE_TEXT[stage][0],
+                    "frames": m["n"],
+                    "force RMSE (eV/Å)": m["force_rmse"],
+                    "energy MAE (meV/atom)": 1e3 * m["energy_mae_per_atom"],
+                    "mean max force std (eV/Å)": m["mean_max_force_std"],
+                    "energy std (meV/atom)": 1e3 * m["mean_energy_std_per_atom"],
+                    "flagged": m["flagged_fraction"],
+                }
+            )
+    checks = "\n".join(
+        f"- {k.replace('_', ' ')}: **{'yes' if v else 'no'}**" for k, v in numbers["checks"].items()
+    )
     models = "\n".join(f"- *{_STAGE_TEXT[k][0]}*: {_STAGE_TEXT[k][1]}" for k, _ in _stages(numbers))
     thr = numbers["thresholds"]
     e_thr = thr["energy_std_per_atom"]
@@ -242,21 +273,23 @@ def write_demo_report(numbers: Mapping[str, Any], out_dir: str | Path, *, md_plo
     rel_reading = (
         "The std grows faster than the force on the unfamiliar frames: the flag carries information "
         "beyond the force magnitude (the full-covariance posterior over rich latents, docs/method.md s.3b)."
-        if ratio > 1.5 else
-        "Nearly equal ratios: the std is close to a fixed fraction of the force here, so hot frames are "
+        if ratio > 1.5
+        else "Nearly equal ratios: the std is close to a fixed fraction of the force here, so hot frames are "
         "flagged mainly because their forces are larger (a rank-one latent Jacobian, docs/method.md s.3b)."
-    )  # fmt: skip
+    )
     md_line = f"\n![MD at high temperature](md_hot/{md_plot.name})\n" if md_plot is not None else ""
-    stop = f", stopped after {numbers['md_steps_done']} steps" if numbers["md_stopped_early"] else ""
+    stop = (
+        f", stopped after {numbers['md_steps_done']} steps" if numbers["md_stopped_early"] else ""
+    )
     text = f"""# mlip-unc demo: uncertainty-driven active learning (EMT copper)
 
-EMT plays the role of DFT. A Bayesian potential trained on {numbers['n_train']} frames of
-{numbers['n_atoms']}-atom fcc Cu at {temps['train']:.0f} K drove Langevin MD at {temps['hot']:.0f} K, far
-outside its data. The monitor flagged {numbers['n_flagged']} of {numbers['n_md_frames']} logged frames{stop}
-(thresholds: max force std > {fmt(thr['max_force_std'])} eV/Å or epistemic energy std >
-{fmt(1e3 * e_thr) if e_thr else '-'} meV/atom, i.e. multiples of the validation levels stored in the
-checkpoint); {numbers['n_labelled']} of them ({numbers['n_dropped']} dropped as unphysical) were
-labelled with EMT and the model was trained on with {numbers['n_train_after']} training frames.
+EMT plays the role of DFT. A Bayesian potential trained on {numbers["n_train"]} frames of
+{numbers["n_atoms"]}-atom fcc Cu at {temps["train"]:.0f} K drove Langevin MD at {temps["hot"]:.0f} K, far
+outside its data. The monitor flagged {numbers["n_flagged"]} of {numbers["n_md_frames"]} logged frames{stop}
+(thresholds: max force std > {fmt(thr["max_force_std"])} eV/Å or epistemic energy std >
+{fmt(1e3 * e_thr) if e_thr else "-"} meV/atom, i.e. multiples of the validation levels stored in the
+checkpoint); {numbers["n_labelled"]} of them ({numbers["n_dropped"]} dropped as unphysical) were
+labelled with EMT and the model was trained on with {numbers["n_train_after"]} training frames.
 The hot test set is an independent EMT trajectory, never used in training; "flagged" is the
 fraction of its frames over each model's own thresholds.
 
@@ -268,9 +301,9 @@ Checks (measured):
 {checks}
 
 Definitions: max force std = max over atoms of sqrt(sum over x, y, z of the epistemic force
-variance), in the calculator's mode ({numbers.get('uncertainty_mode', 'exact')}); energy std = sqrt(epistemic energy variance) / n_atoms. The
-training level is the validation-set mean: max force std {fmt(numbers['training_level_max_force_std'])} eV/Å,
-energy std {fmt(1e3 * (numbers['training_level_energy_std_per_atom'] or float('nan')))} meV/atom.
+variance), in the calculator's mode ({numbers.get("uncertainty_mode", "exact")}); energy std = sqrt(epistemic energy variance) / n_atoms. The
+training level is the validation-set mean: max force std {fmt(numbers["training_level_max_force_std"])} eV/Å,
+energy std {fmt(1e3 * (numbers["training_level_energy_std_per_atom"] or float("nan")))} meV/atom.
 Compare "after active learning" with "control" to separate the effect of the new data from the effect of
 training longer (the posterior keeps contracting while training goes on).
 
@@ -280,7 +313,7 @@ What the force std follows here: with the first model, max force std / max |F| i
 
 ![before and after]({png.name})
 {md_line}
-Timings (s): {', '.join(f'{k} {v:.0f}' for k, v in numbers['timings_s'].items())}; total {numbers['seconds']:.0f}.
+Timings (s): {", ".join(f"{k} {v:.0f}" for k, v in numbers["timings_s"].items())}; total {numbers["seconds"]:.0f}.
 Files: `data/` (EMT frames), `initial/`, `retrained/`, `control/` (training runs), `md_hot/`
 (MD log, trajectory, flagged frames, plot), `numbers.json`, `model.pt` (final model:
 `UncertaintyCalculator("model.pt")`).

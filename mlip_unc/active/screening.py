@@ -122,13 +122,20 @@ def _score_task(calc: Any, path: Path, task: Task, opts: dict[str, Any]) -> _Chu
             raise DataError(f"{where(path, frame)}: {err}") from err
         value = scores[metric]
         if np.isnan(value):
-            raise DataError(f"{where(path, frame)}: {metric} is NaN (the calculator gives no force uncertainty; "
-                            "use --metric energy_std_per_atom or a force-uncertainty mode)")  # fmt: skip
+            raise DataError(
+                f"{where(path, frame)}: {metric} is NaN (the calculator gives no force uncertainty; "
+                "use --metric energy_std_per_atom or a force-uncertainty mode)"
+            )
         out.n += 1
         for name, acc in out.sums.items():
             v = scores[name]
             if not np.isnan(v):
-                acc[0], acc[1], acc[2], acc[3] = acc[0] + v, min(acc[1], v), max(acc[2], v), acc[3] + 1
+                acc[0], acc[1], acc[2], acc[3] = (
+                    acc[0] + v,
+                    min(acc[1], v),
+                    max(acc[2], v),
+                    acc[3] + 1,
+                )
         if opts["rows"]:
             out.rows.append([frame, *(scores[k] for k in SCORE_KEYS)])
         if threshold is not None and not value > threshold:
@@ -217,29 +224,44 @@ def screen_file(
 
     if threshold is not None and relative:
         threshold = absolute_threshold(calc(), metric, threshold, relative)
-    keep = None if top_k is None else (max(top_k, pool_factor * top_k) if diverse != "none" else top_k)
+    keep = (
+        None if top_k is None else (max(top_k, pool_factor * top_k) if diverse != "none" else top_k)
+    )
     opts = {"metric": metric, "threshold": threshold, "keep": keep, "rows": scores_csv is not None}
     n_total, tasks = plan_chunks(path, chunk_size)
     if n_total is not None and workers > len(tasks):
         workers = max(1, len(tasks))
     heap: list = []
     totals = _Chunk(sums={k: [0.0, np.inf, -np.inf, 0] for k in SCORE_KEYS if k != "flag"})
-    with _csv_rows(scores_csv) as write_rows, tqdm(total=n_total, desc="flag", unit="frame", disable=not progress) as bar:
+    with (
+        _csv_rows(scores_csv) as write_rows,
+        tqdm(total=n_total, desc="flag", unit="frame", disable=not progress) as bar,
+    ):
         for chunk in _run(path, tasks, opts, make_calc, calc, workers, threads_per_worker):
             totals.n += chunk.n
             totals.n_above += chunk.n_above
             for name, acc in chunk.sums.items():
                 t = totals.sums[name]
-                t[0], t[1], t[2], t[3] = t[0] + acc[0], min(t[1], acc[1]), max(t[2], acc[2]), t[3] + acc[3]
+                t[0], t[1], t[2], t[3] = (
+                    t[0] + acc[0],
+                    min(t[1], acc[1]),
+                    max(t[2], acc[2]),
+                    t[3] + acc[3],
+                )
             for item in chunk.candidates:
                 _push(heap, item, keep)
             write_rows(chunk.rows)
             bar.update(chunk.n)
     selected = _select(heap, top_k, threshold, diverse, calc)
-    stats = {name: {"mean": acc[0] / acc[3], "min": acc[1], "max": acc[2]} if acc[3] else
-             {"mean": float("nan"), "min": float("nan"), "max": float("nan")}
-             for name, acc in totals.sums.items()}  # fmt: skip
-    return ScreenResult(selected, totals.n, stats, totals.n_above if threshold is not None else None)
+    stats = {
+        name: {"mean": acc[0] / acc[3], "min": acc[1], "max": acc[2]}
+        if acc[3]
+        else {"mean": float("nan"), "min": float("nan"), "max": float("nan")}
+        for name, acc in totals.sums.items()
+    }
+    return ScreenResult(
+        selected, totals.n, stats, totals.n_above if threshold is not None else None
+    )
 
 
 @contextlib.contextmanager
@@ -262,8 +284,15 @@ def _csv_rows(path: str | Path | None) -> Iterator[Callable[[list[list[Any]]], N
         tmp.unlink(missing_ok=True)
 
 
-def _run(path: Path, tasks: list[Task], opts: dict[str, Any], make_calc: Callable[[], Any],
-         calc: Callable[[], Any], workers: int, threads: int) -> Iterator[_Chunk]:  # fmt: skip
+def _run(
+    path: Path,
+    tasks: list[Task],
+    opts: dict[str, Any],
+    make_calc: Callable[[], Any],
+    calc: Callable[[], Any],
+    workers: int,
+    threads: int,
+) -> Iterator[_Chunk]:
     """Chunk results in file order, here or from a pool of ``workers`` processes."""
     if workers == 1:
         for task in tasks:
@@ -274,8 +303,9 @@ def _run(path: Path, tasks: list[Task], opts: dict[str, Any], make_calc: Callabl
         yield from pool.imap(_worker_task, [(path, task, opts) for task in tasks], chunksize=1)
 
 
-def _select(heap: list, top_k: int | None, threshold: float | None, diverse: str,
-            calc: Callable[[], Any]) -> list[ase.Atoms]:  # fmt: skip
+def _select(
+    heap: list, top_k: int | None, threshold: float | None, diverse: str, calc: Callable[[], Any]
+) -> list[ase.Atoms]:
     """:func:`select` on the merged candidates, in frame order as the in-memory ranking sees them."""
     cands = sorted(heap, key=lambda item: -item[1])  # by frame index
     if not cands:
@@ -287,4 +317,7 @@ def _select(heap: list, top_k: int | None, threshold: float | None, diverse: str
     elif diverse == "latent":
         features = np.stack([calc().latent(c[2]) for c in cands])
     chosen = select(scores, top_k=top_k, threshold=threshold, features=features)
-    return [flagged_copy(cands[int(k)][2], -cands[int(k)][1], rank, cands[int(k)][3]) for rank, k in enumerate(chosen)]
+    return [
+        flagged_copy(cands[int(k)][2], -cands[int(k)][1], rank, cands[int(k)][3])
+        for rank, k in enumerate(chosen)
+    ]

@@ -97,7 +97,9 @@ def select(
     return pool[farthest_point_sampling(feats[pool], top_k, start=0)]
 
 
-def distance_histograms(structures: Sequence[Atoms], *, r_max: float = 5.0, n_bins: int = 32) -> np.ndarray:
+def distance_histograms(
+    structures: Sequence[Atoms], *, r_max: float = 5.0, n_bins: int = 32
+) -> np.ndarray:
     """(n_structures, n_bins) interatomic-distance histograms per atom, Gaussian-smeared.
 
     The FPS features of active learning: :func:`~mlip_unc.uncertainty.density.structure_descriptor`
@@ -112,7 +114,9 @@ def distance_histograms(structures: Sequence[Atoms], *, r_max: float = 5.0, n_bi
 SCORE_METRICS = ("max_force_std", "energy_std_per_atom")
 
 
-def score_structures(calc: Any, structures: Sequence[Atoms], *, forces: bool = True) -> dict[str, np.ndarray]:
+def score_structures(
+    calc: Any, structures: Sequence[Atoms], *, forces: bool = True
+) -> dict[str, np.ndarray]:
     """Uncertainties of each structure under ``calc`` (an ``UncertaintyCalculator``).
 
     Returns ``(n,)`` arrays: ``max_force_std`` (eV/A; NaN without force uncertainty),
@@ -135,7 +139,9 @@ SCORE_KEYS = (*SCORE_METRICS, "energy_std", "alignment", "flag")
 
 def score_properties(calc: Any, *, forces: bool = True) -> list[str]:
     """The calculator properties :func:`score_one` asks for."""
-    props = ["energy_std"] + (["max_force_std"] if forces and "max_force_std" in calc.implemented_properties else [])
+    props = ["energy_std"] + (
+        ["max_force_std"] if forces and "max_force_std" in calc.implemented_properties else []
+    )
     if "flag" in calc.implemented_properties:
         props.append("flag")
     return props
@@ -155,13 +161,17 @@ def score_one(calc: Any, atoms: Atoms, props: Sequence[str]) -> dict[str, float 
     }
 
 
-def absolute_threshold(calc: Any, metric: str, threshold: float | None, relative: bool) -> float | None:
+def absolute_threshold(
+    calc: Any, metric: str, threshold: float | None, relative: bool
+) -> float | None:
     """``threshold`` in the metric's units (a multiple of the checkpoint's level when ``relative``)."""
     if threshold is None or not relative:
         return threshold
     from mlip_unc.calculator import Thresholds
 
-    return getattr(Thresholds(**{metric: threshold}, relative=True).absolute(calc.uncertainty_levels), metric)
+    return getattr(
+        Thresholds(**{metric: threshold}, relative=True).absolute(calc.uncertainty_levels), metric
+    )
 
 
 def flag_structures(
@@ -216,5 +226,7 @@ def flagged_copy(atoms: Atoms, source_index: int, rank: int, scores: dict[str, A
     :data:`INFO_SCORES` in ``info``."""
     out = atoms.copy()
     out.calc = atoms.calc
-    out.info.update({"source_index": source_index, "rank": rank, **{k: float(scores[k]) for k in INFO_SCORES}})
+    out.info.update(
+        {"source_index": source_index, "rank": rank, **{k: float(scores[k]) for k in INFO_SCORES}}
+    )
     return out

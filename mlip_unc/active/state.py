@@ -55,7 +55,10 @@ class CachedLabels:
         path = self.folder / f"{structure_hash(atoms)}.json"
         if not path.is_file():
             return None
-        return {k: np.asarray(v) if isinstance(v, list) else v for k, v in json.loads(path.read_text()).items()}
+        return {
+            k: np.asarray(v) if isinstance(v, list) else v
+            for k, v in json.loads(path.read_text()).items()
+        }
 
     def store(self, atoms: Atoms, results: dict[str, Any]) -> None:
         """Write the oracle ``results`` of ``atoms`` (atomically, as soon as they exist)."""
@@ -78,7 +81,9 @@ class CachedLabels:
         """``oracle`` behind this cache, as an ASE calculator (for oracle-driven MD)."""
         return _CachedOracle(self, oracle)
 
-    def label_all(self, structures: Iterable[Atoms], oracle: Calculator, compute: Any) -> list[Atoms]:
+    def label_all(
+        self, structures: Iterable[Atoms], oracle: Calculator, compute: Any
+    ) -> list[Atoms]:
         return [self.label(a, oracle, compute) for a in structures]
 
 
@@ -89,15 +94,22 @@ class _CachedOracle(Calculator):
     def __init__(self, cache: CachedLabels, oracle: Calculator) -> None:
         super().__init__()
         self.cache, self.oracle = cache, oracle
-        self.implemented_properties = list(getattr(oracle, "implemented_properties", ("energy", "forces")))
+        self.implemented_properties = list(
+            getattr(oracle, "implemented_properties", ("energy", "forces"))
+        )
 
-    def calculate(self, atoms: Atoms | None = None, properties: Any = None, system_changes: Any = all_changes) -> None:
+    def calculate(
+        self, atoms: Atoms | None = None, properties: Any = None, system_changes: Any = all_changes
+    ) -> None:
         Calculator.calculate(self, atoms, properties, system_changes)
         results = self.cache.lookup(self.atoms)
         if results is None or any(p not in results for p in properties or ()):
             work = self.atoms.copy()
             work.calc = self.oracle
-            results = {"energy": float(work.get_potential_energy()), "forces": np.asarray(work.get_forces())}
+            results = {
+                "energy": float(work.get_potential_energy()),
+                "forces": np.asarray(work.get_forces()),
+            }
             if work.pbc.all() and "stress" in self.implemented_properties:
                 results["stress"] = np.asarray(work.get_stress())
             self.cache.calls += 1
@@ -115,10 +127,17 @@ class RunState:
 
     def __init__(self, out: str | Path, config: dict[str, Any]) -> None:
         self.path = Path(out) / STATE_FILE
-        self.data: dict[str, Any] = {"config": config, "initial_model": None, "rounds": [], "rng": None}
+        self.data: dict[str, Any] = {
+            "config": config,
+            "initial_model": None,
+            "rounds": [],
+            "rng": None,
+        }
 
     @classmethod
-    def start(cls, out: str | Path, config: dict[str, Any], *, resume: bool, overwrite: bool) -> RunState:
+    def start(
+        cls, out: str | Path, config: dict[str, Any], *, resume: bool, overwrite: bool
+    ) -> RunState:
         """A new state, or the committed one when resuming.
 
         Raises:
@@ -137,8 +156,11 @@ class RunState:
                 "or replace it with --overwrite"
             )
         saved = json.loads(state.path.read_text())
-        changed = sorted(k for k in set(saved["config"]) | set(config)
-                         if k != "out" and saved["config"].get(k) != config.get(k))  # fmt: skip
+        changed = sorted(
+            k
+            for k in set(saved["config"]) | set(config)
+            if k != "out" and saved["config"].get(k) != config.get(k)
+        )
         if changed:
             raise ValueError(f"cannot resume {state.path.parent}: the config differs in {changed}")
         state.data = saved

@@ -28,8 +28,16 @@ __all__ = ["train_model", "refit_energy_offsets", "ensure_uncertainty_levels"]
 log = logging.getLogger(__name__)
 
 
-def _training_config(train_file: Path, valid_file: Path | None, training: Mapping[str, Any], out_dir: Path, *,
-                     init_from: str | Path | None, epochs: int | None, seed: int) -> Any:  # fmt: skip
+def _training_config(
+    train_file: Path,
+    valid_file: Path | None,
+    training: Mapping[str, Any],
+    out_dir: Path,
+    *,
+    init_from: str | Path | None,
+    epochs: int | None,
+    seed: int,
+) -> Any:
     """The :class:`~mlip_unc.config.PotentialConfig` of ``training`` with the files, ``out``,
     ``seed`` (unless set), ``train.progress`` off (unless set), ``epochs`` and ``init_from``."""
     from mlip_unc.config import potential_config_from_dict
@@ -87,22 +95,32 @@ def train_model(
     out_dir = Path(out_dir)
     train_file = write_frames(out_dir / "train.xyz", train)
     valid_file = write_frames(out_dir / "valid.xyz", valid) if valid else None
-    config = _training_config(train_file, valid_file, training, out_dir, init_from=init_from, epochs=epochs,
-                              seed=seed)  # fmt: skip
+    config = _training_config(
+        train_file, valid_file, training, out_dir, init_from=init_from, epochs=epochs, seed=seed
+    )
     # the run's own state guards the folder: a round's training resumes, or starts over
     config = config.updated(train=config.train.updated(resume=resume, overwrite=not resume))
-    if refit_offsets:  # done by the trainer's finalisation, before the posterior fit that reads the energy errors
+    if (
+        refit_offsets
+    ):  # done by the trainer's finalisation, before the posterior fit that reads the energy errors
         config = config.updated(model=config.model.updated(refit_offsets=True))
-    log.info("training on %d + %d validation structures%s -> %s", len(train), len(valid),
-             f" (fine-tuning {init_from})" if init_from is not None else "", out_dir)  # fmt: skip
+    log.info(
+        "training on %d + %d validation structures%s -> %s",
+        len(train),
+        len(valid),
+        f" (fine-tuning {init_from})" if init_from is not None else "",
+        out_dir,
+    )
     result = train_potential(config)
-    ensure_uncertainty_levels(result.model_path, list(valid) or list(train),
-                              batch_size=config.train.valid_batch_size)  # fmt: skip
+    ensure_uncertainty_levels(
+        result.model_path, list(valid) or list(train), batch_size=config.train.valid_batch_size
+    )
     return result.model_path
 
 
-def ensure_uncertainty_levels(checkpoint: str | Path, structures: Sequence[Atoms], *,
-                              batch_size: int = 16) -> dict[str, float]:  # fmt: skip
+def ensure_uncertainty_levels(
+    checkpoint: str | Path, structures: Sequence[Atoms], *, batch_size: int = 16
+) -> dict[str, float]:
     """The checkpoint's ``metadata["uncertainty_levels"]``; when absent, computed on
     ``structures`` by :func:`mlip_unc.train.evaluate.uncertainty_levels` and stored."""
     from mlip_unc.calculator import LEVELS_KEY
@@ -117,10 +135,13 @@ def ensure_uncertainty_levels(checkpoint: str | Path, structures: Sequence[Atoms
     if metadata.get(LEVELS_KEY):
         return dict(metadata[LEVELS_KEY])
     model = BayesianPotential.from_checkpoint(payload)
-    dataset = StructureDataset.from_atoms(list(structures), model.r_max, TypeMap.from_list(model.type_map),
-                                          dtype=model.dtype)  # fmt: skip
+    dataset = StructureDataset.from_atoms(
+        list(structures), model.r_max, TypeMap.from_list(model.type_map), dtype=model.dtype
+    )
     levels = uncertainty_levels(model, dataset, batch_size=batch_size)
-    log.info("uncertainty levels on %d structures (the trainer stored none): %s", len(dataset), levels)
+    log.info(
+        "uncertainty levels on %d structures (the trainer stored none): %s", len(dataset), levels
+    )
     payload["metadata"] = {**metadata, LEVELS_KEY: levels}
     save_checkpoint(checkpoint, payload)
     return levels
@@ -142,14 +163,19 @@ def refit_energy_offsets(checkpoint: str | Path, structures: Sequence[Atoms]) ->
     payload = load_checkpoint(checkpoint, kind="potential")
     model = BayesianPotential.from_checkpoint(payload).eval()
     type_map = TypeMap.from_list(model.type_map)
-    graphs = [atoms_to_graph(a, model.r_max, type_map, energy_key="energy", dtype=model.dtype) for a in structures]
+    graphs = [
+        atoms_to_graph(a, model.r_max, type_map, energy_key="energy", dtype=model.dtype)
+        for a in structures
+    ]
     delta = refit(model, graphs, batch_size=32)
     if delta is None:
         raise ValueError("refit_energy_offsets: none of the structures has an energy")
     state = payload["model_state"]
-    state["atomic_energies"] = model.atomic_energies.detach().cpu().to(state["atomic_energies"].dtype)
+    state["atomic_energies"] = (
+        model.atomic_energies.detach().cpu().to(state["atomic_energies"].dtype)
+    )
     payload["config"]["atomic_energies"] = state["atomic_energies"].tolist()
-    shifts = {int(z): float(d) for z, d in zip(model.type_map, delta)}
+    shifts = {int(z): float(d) for z, d in zip(model.type_map, delta, strict=False)}
     refit = {str(z): d for z, d in shifts.items()}
     payload["metadata"] = {**dict(payload.get("metadata") or {}), "energy_offset_refit": refit}
     save_checkpoint(checkpoint, payload)

@@ -25,7 +25,9 @@ app = typer.Typer(
 @app.callback()
 def _root(
     verbose: bool = typer.Option(False, "--verbose", "-v", metavar="", help="Debug log messages."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", metavar="", help="Warnings and errors only; no progress bars."),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", metavar="", help="Warnings and errors only; no progress bars."
+    ),
 ) -> None:
     """Set up logging for every command."""
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO

@@ -8,7 +8,9 @@ from typing import NoReturn
 import typer
 
 THREADS_HELP = "torch CPU threads (0: torch's default). Small models run fastest on one thread."
-DEVICE_HELP = "Shortcut for train.device: cpu (default), cuda, cuda:N or auto (a GPU when one is visible)."
+DEVICE_HELP = (
+    "Shortcut for train.device: cpu (default), cuda, cuda:N or auto (a GPU when one is visible)."
+)
 
 
 def fail(err: BaseException) -> NoReturn:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -48,7 +47,9 @@ class Mode(str, Enum):
     SAMPLED = "sampled"
 
 
-_MODE_HELP = "Force-uncertainty mode (default: lowrank for a model with a full posterior, else exact)."
+_MODE_HELP = (
+    "Force-uncertainty mode (default: lowrank for a model with a full posterior, else exact)."
+)
 
 
 class Metric(str, Enum):
@@ -74,14 +75,20 @@ def _progress() -> bool:
 def register(app: typer.Typer) -> None:
     app.command("md", help="Molecular dynamics with uncertainty monitoring.")(md)
     app.command("flag", help="Rank structures by uncertainty and write those to label.")(flag)
-    app.command("active-learn", help="Rounds of MD -> flag -> label -> retrain from a YAML config.")(
-        active_learn
-    )
+    app.command(
+        "active-learn", help="Rounds of MD -> flag -> label -> retrain from a YAML config."
+    )(active_learn)
     app.command("demo", help="Offline active-learning demo on EMT copper (a few minutes).")(demo)
 
 
-def _thresholds(max_force_std: float | None, energy_std_per_atom: float | None, relative: bool) -> dict:
-    return {"max_force_std": max_force_std, "energy_std_per_atom": energy_std_per_atom, "relative": relative}
+def _thresholds(
+    max_force_std: float | None, energy_std_per_atom: float | None, relative: bool
+) -> dict:
+    return {
+        "max_force_std": max_force_std,
+        "energy_std_per_atom": energy_std_per_atom,
+        "relative": relative,
+    }
 
 
 _THRESHOLD_HELP = "Flag threshold; eV/Å (absolute) or a multiple of the checkpoint's validation level (--relative)."
@@ -89,25 +96,41 @@ _THRESHOLD_HELP = "Flag threshold; eV/Å (absolute) or a multiple of the checkpo
 
 def md(
     model: Path = typer.Option(..., "--model", "-m", help="Checkpoint (model.pt)."),
-    structure: Path = typer.Option(..., "--structure", "-s", help="Starting structure (any ASE-readable file)."),
+    structure: Path = typer.Option(
+        ..., "--structure", "-s", help="Starting structure (any ASE-readable file)."
+    ),
     index: int = typer.Option(-1, "--index", help="Frame of STRUCTURE to start from."),
     ensemble: Ensemble = typer.Option(Ensemble.LANGEVIN, "--ensemble"),
-    temperature: float = typer.Option(300.0, "--temperature", "-T", help="K (initial velocities; Langevin target)."),
+    temperature: float = typer.Option(
+        300.0, "--temperature", "-T", help="K (initial velocities; Langevin target)."
+    ),
     steps: int = typer.Option(1000, "--steps", "-n"),
     timestep: float = typer.Option(1.0, "--timestep", help="fs."),
     friction: float = typer.Option(0.01, "--friction", help="Langevin friction, 1/fs."),
     interval: int = typer.Option(10, "--interval", help="Log/trajectory every N steps."),
     out: Path = typer.Option(Path("md_run"), "--out", "-o", help="Output folder."),
-    uncertainty: Optional[Mode] = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
-    max_force_std: Optional[float] = typer.Option(None, "--max-force-std", help=_THRESHOLD_HELP),
-    energy_std_per_atom: Optional[float] = typer.Option(
-        None, "--energy-std-per-atom", help="Flag threshold on the epistemic energy std, eV/atom (or relative)."
+    uncertainty: Mode | None = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
+    max_force_std: float | None = typer.Option(None, "--max-force-std", help=_THRESHOLD_HELP),
+    energy_std_per_atom: float | None = typer.Option(
+        None,
+        "--energy-std-per-atom",
+        help="Flag threshold on the epistemic energy std, eV/atom (or relative).",
     ),
-    relative: bool = typer.Option(False, "--relative", metavar="", help="Thresholds are multiples of the validation level."),
-    max_flags: Optional[int] = typer.Option(None, "--max-flags", help="Stop after this many flagged frames."),
-    bias: Bias = typer.Option(Bias.NONE, "--bias", help="Bias MD towards high epistemic energy variance."),
-    bias_strength: Optional[float] = typer.Option(None, "--bias-strength", help="k (1/eV, variance) or A (eV, udd)."),
-    bias_width: Optional[float] = typer.Option(None, "--bias-width", help="B (eV/atom^1/2), udd only."),
+    relative: bool = typer.Option(
+        False, "--relative", metavar="", help="Thresholds are multiples of the validation level."
+    ),
+    max_flags: int | None = typer.Option(
+        None, "--max-flags", help="Stop after this many flagged frames."
+    ),
+    bias: Bias = typer.Option(
+        Bias.NONE, "--bias", help="Bias MD towards high epistemic energy variance."
+    ),
+    bias_strength: float | None = typer.Option(
+        None, "--bias-strength", help="k (1/eV, variance) or A (eV, udd)."
+    ),
+    bias_width: float | None = typer.Option(
+        None, "--bias-width", help="B (eV/atom^1/2), udd only."
+    ),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
     threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
@@ -121,26 +144,53 @@ def md(
 
     set_threads(threads)
     try:
-        start = read_structures(structure, index=index, require_energy=False, require_forces=False)[0]
+        start = read_structures(structure, index=index, require_energy=False, require_forces=False)[
+            0
+        ]
         calc = UncertaintyCalculator(
-            model, device=device, uncertainty=uncertainty.value if uncertainty else None, seed=seed,
+            model,
+            device=device,
+            uncertainty=uncertainty.value if uncertainty else None,
+            seed=seed,
             thresholds=_thresholds(max_force_std, energy_std_per_atom, relative),
-        )  # fmt: skip
-        settings = validate(MDSettings, dict(
-            ensemble=ensemble.value, temperature=temperature, steps=steps, timestep=timestep, interval=interval,
-            friction=friction, max_flags=max_flags, seed=seed, bias=bias.value, bias_strength=bias_strength,
-            bias_width=bias_width,
-        ), resolve=False)  # fmt: skip
+        )
+        settings = validate(
+            MDSettings,
+            dict(
+                ensemble=ensemble.value,
+                temperature=temperature,
+                steps=steps,
+                timestep=timestep,
+                interval=interval,
+                friction=friction,
+                max_flags=max_flags,
+                seed=seed,
+                bias=bias.value,
+                bias_strength=bias_strength,
+                bias_width=bias_width,
+            ),
+            resolve=False,
+        )
         levels = calc.uncertainty_levels or {}
-        result = run_md(start, biased_calculator(calc, settings), settings, out,
-                        reference_level=levels.get("max_force_std"), progress=_progress())  # fmt: skip
+        result = run_md(
+            start,
+            biased_calculator(calc, settings),
+            settings,
+            out,
+            reference_level=levels.get("max_force_std"),
+            progress=_progress(),
+        )
     except user_errors() as err:
         fail(err)
     log = result.log
     stop = " (stopped: --max-flags reached)" if result.stopped_early else ""
-    typer.echo(f"{result.steps_done} steps{stop}; {len(result.flagged)} of {len(log['step'])} logged frames flagged")
-    typer.echo(f"max force std: mean {log['max_force_std'].mean():.4g}, max {log['max_force_std'].max():.4g} eV/Å; "
-               f"temperature mean {log['temperature'].mean():.0f} K")  # fmt: skip
+    typer.echo(
+        f"{result.steps_done} steps{stop}; {len(result.flagged)} of {len(log['step'])} logged frames flagged"
+    )
+    typer.echo(
+        f"max force std: mean {log['max_force_std'].mean():.4g}, max {log['max_force_std'].max():.4g} eV/Å; "
+        f"temperature mean {log['temperature'].mean():.0f} K"
+    )
     plot = f", {result.plot}" if result.plot else ""
     typer.echo(f"wrote {result.trajectory}, {result.csv}, {result.flagged_path}{plot}")
 
@@ -148,19 +198,35 @@ def md(
 def flag(
     model: Path = typer.Option(..., "--model", "-m", help="Checkpoint (model.pt)."),
     data: Path = typer.Option(..., "--data", "-d", help="Candidate structures (extxyz, ...)."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help="Keep the K most uncertain."),
-    threshold: Optional[float] = typer.Option(None, "--threshold", help="Keep those with score above X."),
-    relative: bool = typer.Option(False, "--relative", metavar="", help="--threshold is a multiple of the validation level."),
+    top_k: int | None = typer.Option(None, "--top-k", "-k", help="Keep the K most uncertain."),
+    threshold: float | None = typer.Option(
+        None, "--threshold", help="Keep those with score above X."
+    ),
+    relative: bool = typer.Option(
+        False, "--relative", metavar="", help="--threshold is a multiple of the validation level."
+    ),
     metric: Metric = typer.Option(Metric.MAX_FORCE_STD, "--metric", help="Ranking score."),
-    diverse: Diverse = typer.Option(Diverse.NONE, "--diverse", help="Farthest-point selection (needs --top-k)."),
-    uncertainty: Optional[Mode] = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
-    out: Path = typer.Option(Path("flagged.xyz"), "--out", "-o", help="Selected structures (extxyz)."),
-    workers: int = typer.Option(1, "--workers", help="Processes scoring chunks of DATA in parallel (same result)."),
-    chunk_size: int = typer.Option(256, "--chunk-size", help="Frames per chunk (DATA is streamed; memory stays flat)."),
-    scores: Optional[Path] = typer.Option(None, "--scores", help="Write every frame's scores (CSV, file order)."),
+    diverse: Diverse = typer.Option(
+        Diverse.NONE, "--diverse", help="Farthest-point selection (needs --top-k)."
+    ),
+    uncertainty: Mode | None = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
+    out: Path = typer.Option(
+        Path("flagged.xyz"), "--out", "-o", help="Selected structures (extxyz)."
+    ),
+    workers: int = typer.Option(
+        1, "--workers", help="Processes scoring chunks of DATA in parallel (same result)."
+    ),
+    chunk_size: int = typer.Option(
+        256, "--chunk-size", help="Frames per chunk (DATA is streamed; memory stays flat)."
+    ),
+    scores: Path | None = typer.Option(
+        None, "--scores", help="Write every frame's scores (CSV, file order)."
+    ),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
-    threads: int = typer.Option(0, "--threads", help=THREADS_HELP + " Per worker with --workers > 1 (0: 1)."),
+    threads: int = typer.Option(
+        0, "--threads", help=THREADS_HELP + " Per worker with --workers > 1 (0: 1)."
+    ),
 ) -> None:
     """Rank DATA by uncertainty, write the selected structures (with their scores in info) to OUT."""
     import functools
@@ -177,31 +243,59 @@ def flag(
     if workers == 1:
         set_threads(threads)
     try:
-        make_calc = functools.partial(UncertaintyCalculator, model, device=device, seed=seed,
-                                      uncertainty=uncertainty.value if uncertainty else None)  # fmt: skip
-        result = screen_file(data, make_calc, metric=metric.value, top_k=top_k, threshold=threshold, relative=relative,
-                             diverse=diverse.value, workers=workers, chunk_size=chunk_size,
-                             threads_per_worker=threads or 1, scores_csv=scores, progress=_progress())  # fmt: skip
+        make_calc = functools.partial(
+            UncertaintyCalculator,
+            model,
+            device=device,
+            seed=seed,
+            uncertainty=uncertainty.value if uncertainty else None,
+        )
+        result = screen_file(
+            data,
+            make_calc,
+            metric=metric.value,
+            top_k=top_k,
+            threshold=threshold,
+            relative=relative,
+            diverse=diverse.value,
+            workers=workers,
+            chunk_size=chunk_size,
+            threads_per_worker=threads or 1,
+            scores_csv=scores,
+            progress=_progress(),
+        )
     except user_errors() as err:
         fail(err)
     selected = result.selected
     out.parent.mkdir(parents=True, exist_ok=True)
     ase.io.write(out, selected, format="extxyz")
     values = result.stats[metric.value]
-    typer.echo(f"{result.n_frames} structures; {metric.value}: mean {values['mean']:.4g}, max {values['max']:.4g}")
+    typer.echo(
+        f"{result.n_frames} structures; {metric.value}: mean {values['mean']:.4g}, max {values['max']:.4g}"
+    )
     for atoms in selected[:10]:
-        typer.echo(f"  #{atoms.info['source_index']:<6} {metric.value} = {atoms.info[metric.value]:.4g}")
+        typer.echo(
+            f"  #{atoms.info['source_index']:<6} {metric.value} = {atoms.info[metric.value]:.4g}"
+        )
     if len(selected) > 10:
         typer.echo(f"  ... {len(selected) - 10} more")
     typer.echo(f"wrote {len(selected)} structures to {out}")
 
 
 def active_learn(
-    config: Path = typer.Option(..., "--config", "-c", help="Active-learning YAML (see configs/al_emt.yaml)."),
-    overrides: Optional[list[str]] = typer.Option(None, "--set", "-s", help="Override, e.g. --set rounds=3."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (overrides 'out')."),
-    resume: bool = typer.Option(False, "--resume", metavar="", help="Continue the run in OUT where it stopped."),
-    overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace a run already in OUT."),
+    config: Path = typer.Option(
+        ..., "--config", "-c", help="Active-learning YAML (see configs/al_emt.yaml)."
+    ),
+    overrides: list[str] | None = typer.Option(
+        None, "--set", "-s", help="Override, e.g. --set rounds=3."
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Output folder (overrides 'out')."),
+    resume: bool = typer.Option(
+        False, "--resume", metavar="", help="Continue the run in OUT where it stopped."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", metavar="", help="Replace a run already in OUT."
+    ),
     threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
     """Rounds of MD -> flag -> label with the oracle -> retrain; writes OUT/report.md and rounds.png.
@@ -223,14 +317,20 @@ def active_learn(
         fail(err)
     for row in rows:
         err = row.get("test_force_rmse")
-        typer.echo(f"round {row['round']}: {row['n_train']} training structures"
-                   + (f", test force RMSE {err:.4g} eV/Å" if err is not None else "")
-                   + (f", {row['n_flagged']} flagged" if "n_flagged" in row else ""))  # fmt: skip
+        typer.echo(
+            f"round {row['round']}: {row['n_train']} training structures"
+            + (f", test force RMSE {err:.4g} eV/Å" if err is not None else "")
+            + (f", {row['n_flagged']} flagged" if "n_flagged" in row else "")
+        )
 
 
 def demo(
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default ./mlip-unc-demo-<time>)."),
-    quick: bool = typer.Option(False, "--quick", metavar="", help="Tiny settings (seconds; numbers not meaningful)."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Output folder (default ./mlip-unc-demo-<time>)."
+    ),
+    quick: bool = typer.Option(
+        False, "--quick", metavar="", help="Tiny settings (seconds; numbers not meaningful)."
+    ),
     seed: int = typer.Option(0, "--seed"),
     threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
 ) -> None:
@@ -242,6 +342,8 @@ def demo(
     settings = DemoSettings.quick() if quick else DemoSettings()
     settings = dataclasses.replace(settings, seed=seed)
     set_threads(threads)
-    typer.echo("mlip-unc demo: EMT copper stands in for DFT" + (" (quick settings)" if quick else ""))
+    typer.echo(
+        "mlip-unc demo: EMT copper stands in for DFT" + (" (quick settings)" if quick else "")
+    )
     result = run_demo(out, settings=settings)
     typer.echo(summary(result))

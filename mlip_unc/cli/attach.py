@@ -1,13 +1,12 @@
 """``mlip-unc attach``: uncertainty for a MACE model trained with mace-torch; thin, parse -> library.
 
-    mlip-unc attach --model trained.model --data train.xyz --out unc.pt
+mlip-unc attach --model trained.model --data train.xyz --out unc.pt
 """
 
 from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -22,27 +21,52 @@ class AttachDType(str, Enum):
 
 
 def register(app: typer.Typer) -> None:
-    app.command("attach", help="Fit the uncertainty of a trained MACE model post hoc (its predictions unchanged).")(
-        attach
-    )
+    app.command(
+        "attach",
+        help="Fit the uncertainty of a trained MACE model post hoc (its predictions unchanged).",
+    )(attach)
 
 
 def attach(
-    model: Path = typer.Option(..., "--model", "-m", help="mace-torch model file (.model); unpickled: trusted files only."),
-    data: Path = typer.Option(..., "--data", "-d", help="Training structures with energies and forces (extxyz, ...)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output checkpoint (loads in UncertaintyCalculator)."),
-    valid: Optional[Path] = typer.Option(None, "--valid", help="Validation structures (default: a split of --data)."),
-    valid_fraction: float = typer.Option(0.1, "--valid-fraction", help="Held-out fraction of --data without --valid."),
-    energy_key: Optional[str] = typer.Option(None, "--energy-key", help="Energy label name (default: standard names)."),
-    forces_key: Optional[str] = typer.Option(None, "--forces-key", help="Forces label name (default: standard names)."),
+    model: Path = typer.Option(
+        ..., "--model", "-m", help="mace-torch model file (.model); unpickled: trusted files only."
+    ),
+    data: Path = typer.Option(
+        ..., "--data", "-d", help="Training structures with energies and forces (extxyz, ...)."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Output checkpoint (loads in UncertaintyCalculator)."
+    ),
+    valid: Path | None = typer.Option(
+        None, "--valid", help="Validation structures (default: a split of --data)."
+    ),
+    valid_fraction: float = typer.Option(
+        0.1, "--valid-fraction", help="Held-out fraction of --data without --valid."
+    ),
+    energy_key: str | None = typer.Option(
+        None, "--energy-key", help="Energy label name (default: standard names)."
+    ),
+    forces_key: str | None = typer.Option(
+        None, "--forces-key", help="Forces label name (default: standard names)."
+    ),
     index: str = typer.Option(":", "--index", help="ASE-style frame selection, e.g. 0:500."),
-    dtype: AttachDType = typer.Option(AttachDType.FLOAT64, "--dtype", help="Precision of the attached model."),
-    posterior_rank: int = typer.Option(4, "--posterior-rank", help="Directions of the lowrank uncertainty mode."),
-    max_train: int = typer.Option(200, "--max-train", help="Training structures the posterior sees (random; 0: all)."),
-    max_valid: int = typer.Option(100, "--max-valid", help="Validation structures that calibrate it (0: all)."),
+    dtype: AttachDType = typer.Option(
+        AttachDType.FLOAT64, "--dtype", help="Precision of the attached model."
+    ),
+    posterior_rank: int = typer.Option(
+        4, "--posterior-rank", help="Directions of the lowrank uncertainty mode."
+    ),
+    max_train: int = typer.Option(
+        200, "--max-train", help="Training structures the posterior sees (random; 0: all)."
+    ),
+    max_valid: int = typer.Option(
+        100, "--max-valid", help="Validation structures that calibrate it (0: all)."
+    ),
     batch_size: int = typer.Option(8, "--batch-size", help="Structures per batch while fitting."),
     seed: int = typer.Option(0, "--seed", help="Seed of the validation split."),
-    overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace an existing OUT."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", metavar="", help="Replace an existing OUT."
+    ),
     threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
     """Keep the MACE model's energies and forces; fit the last-layer posterior on its features."""
@@ -53,10 +77,22 @@ def attach(
     set_threads(threads)
     try:
         result = attach_uncertainty(
-            model, data, out, valid_path=valid, valid_fraction=valid_fraction, energy_key=energy_key,
-            forces_key=forces_key, index=index, dtype=getattr(torch, dtype.value), posterior_rank=posterior_rank,
-            max_train=max_train, max_valid=max_valid, batch_size=batch_size, seed=seed, overwrite=overwrite,
-        )  # fmt: skip
+            model,
+            data,
+            out,
+            valid_path=valid,
+            valid_fraction=valid_fraction,
+            energy_key=energy_key,
+            forces_key=forces_key,
+            index=index,
+            dtype=getattr(torch, dtype.value),
+            posterior_rank=posterior_rank,
+            max_train=max_train,
+            max_valid=max_valid,
+            batch_size=batch_size,
+            seed=seed,
+            overwrite=overwrite,
+        )
     except (*user_errors(), FileExistsError, ImportError) as err:
         fail(err)
     errors, post = result.mace_errors, result.posterior

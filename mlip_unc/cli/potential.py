@@ -18,7 +18,6 @@ import math
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -38,19 +37,23 @@ class EvalUncertainty(str, Enum):
 def register(app: typer.Typer) -> None:
     app.command("train", help="Train a Bayesian interatomic potential from a YAML config.")(train)
     app.command("eval", help="Evaluate a trained potential on a structure file.")(evaluate)
-    app.command("convert", help="Convert structure files into an on-disk set (graphs built once).")(convert)
+    app.command("convert", help="Convert structure files into an on-disk set (graphs built once).")(
+        convert
+    )
 
 
 def train(
     config: Path = typer.Option(..., "--config", "-c", help="YAML config (see configs/)."),
-    overrides: Optional[list[str]] = typer.Option(
+    overrides: list[str] | None = typer.Option(
         None, "--set", "-s", help="Override a config key, e.g. --set train.epochs=3 (repeatable)."
     ),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (overrides 'out')."),
+    out: Path | None = typer.Option(None, "--out", help="Output folder (overrides 'out')."),
     resume: bool = typer.Option(False, "--resume", metavar="", help="Continue from OUT/last.pt."),
-    overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace a run already in OUT."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", metavar="", help="Replace a run already in OUT."
+    ),
     threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
-    device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
+    device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
     """Train; writes OUT/model.pt (best on validation), OUT/last.pt and OUT/history.json."""
     from mlip_unc.config import load_potential_config
@@ -71,15 +74,19 @@ def train(
     set_threads(threads)
     try:
         cfg = load_potential_config(config, items)
-        with distributed.session():  # under torchrun: data-parallel over its processes; else a no-op
+        with (
+            distributed.session()
+        ):  # under torchrun: data-parallel over its processes; else a no-op
             results, main = run_training(cfg), distributed.is_main()
     except (*user_errors(), FileExistsError) as err:
         fail(err)
     if not main:  # rank 0 reports
         return
     for result in results:
-        typer.echo(f"model: {result.model_path} (epoch {result.best_epoch}, {result.stop_reason}, "
-                   f"{result.train_minutes:.2f} min)")  # fmt: skip
+        typer.echo(
+            f"model: {result.model_path} (epoch {result.best_epoch}, {result.stop_reason}, "
+            f"{result.train_minutes:.2f} min)"
+        )
 
 
 _TABLE = (
@@ -112,7 +119,9 @@ def _print_metrics(metrics: dict) -> None:
     for key, label in _TABLE:
         if key in metrics:
             value = metrics[key]
-            typer.echo(f"  {label:<48} {'nan' if value is None or math.isnan(value) else f'{value:.4g}'}")
+            typer.echo(
+                f"  {label:<48} {'nan' if value is None or math.isnan(value) else f'{value:.4g}'}"
+            )
 
 
 def evaluate(
@@ -120,24 +129,31 @@ def evaluate(
         ..., "--model", "-m", help="Checkpoint (model.pt) or run folder; repeat for a committee."
     ),
     data: Path = typer.Option(
-        ..., "--data", "-d", help="Structure file (extxyz, mlearn JSON, CIF, ...) or on-disk set (mlip-unc convert)."
+        ...,
+        "--data",
+        "-d",
+        help="Structure file (extxyz, mlearn JSON, CIF, ...) or on-disk set (mlip-unc convert).",
     ),
     energy_key: str = typer.Option("energy", "--energy-key"),
     forces_key: str = typer.Option("forces", "--forces-key"),
     stress_key: str = typer.Option(
-        "stress", "--stress-key", help="Stress label; the convention follows the name (e.g. virial_stress_kbar)."
+        "stress",
+        "--stress-key",
+        help="Stress label; the convention follows the name (e.g. virial_stress_kbar).",
     ),
     index: str = typer.Option(":", "--index", help="ASE-style frame selection, e.g. 0:100."),
     uncertainty: EvalUncertainty = typer.Option(EvalUncertainty.EXACT, "--uncertainty", "-u"),
     n_samples: int = typer.Option(4, "--n-samples", help="Posterior draws of the sampled mode."),
     batch_size: int = typer.Option(16, "--batch-size"),
     seed: int = typer.Option(0, "--seed"),
-    per_frame: Optional[Path] = typer.Option(None, "--per-frame", help="Write a per-frame CSV."),
-    predictions: Optional[Path] = typer.Option(
-        None, "--predictions", "--out-xyz",
+    per_frame: Path | None = typer.Option(None, "--per-frame", help="Write a per-frame CSV."),
+    predictions: Path | None = typer.Option(
+        None,
+        "--predictions",
+        "--out-xyz",
         help="Write the structures with predicted energy, forces, stress and variances (extxyz, keys mlip_unc_*).",
     ),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the metrics as JSON."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the metrics as JSON."),
     threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
 ) -> None:
     """Energy (per atom and total), force and stress errors and calibration on DATA."""
@@ -162,36 +178,60 @@ def evaluate(
         label_keys = {"energy": energy_key, "forces": forces_key, "stress": stress_key}
         if is_store(data):  # an on-disk set: graphs read lazily (mlip-unc convert)
             store = open_store_for(data, first.r_max, label_keys)
-            dataset = OnDiskDataset(store, _select(len(store), index), TypeMap.from_list(first.type_map),
-                                    dtype=first.dtype)  # fmt: skip
+            dataset = OnDiskDataset(
+                store,
+                _select(len(store), index),
+                TypeMap.from_list(first.type_map),
+                dtype=first.dtype,
+            )
             frames = None
         else:
             frames = read_validated_frames(
-                data, index, label_keys=label_keys, stress_convention=None,
+                data,
+                index,
+                label_keys=label_keys,
+                stress_convention=None,
                 required={"energy": False, "forces": False, "stress": False},
-            )  # fmt: skip
+            )
             dataset = StructureDataset.from_atoms(
-                [atoms for _, atoms in frames], first.r_max, TypeMap.from_list(first.type_map),
-                energy_key=energy_key, forces_key=forces_key, stress_key=stress_key,
-                frame_indices=[k for k, _ in frames], source=data, dtype=first.dtype,
-            )  # fmt: skip
+                [atoms for _, atoms in frames],
+                first.r_max,
+                TypeMap.from_list(first.type_map),
+                energy_key=energy_key,
+                forces_key=forces_key,
+                stress_key=stress_key,
+                frame_indices=[k for k, _ in frames],
+                source=data,
+                dtype=first.dtype,
+            )
         report = evaluate_potential(
-            potential, dataset, uncertainty=uncertainty.value, n_samples=n_samples,
-            batch_size=batch_size, seed=seed, progress=not quiet() and sys.stderr.isatty(),
-        )  # fmt: skip
+            potential,
+            dataset,
+            uncertainty=uncertainty.value,
+            n_samples=n_samples,
+            batch_size=batch_size,
+            seed=seed,
+            progress=not quiet() and sys.stderr.isatty(),
+        )
     except user_errors() as err:
         fail(err)
     metrics = {
-        **report.metrics, "uncertainty": uncertainty.value, "data": str(data),
-        "model": [str(m) for m in model], "threads": torch.get_num_threads(),
-    }  # fmt: skip
+        **report.metrics,
+        "uncertainty": uncertainty.value,
+        "data": str(data),
+        "model": [str(m) for m in model],
+        "threads": torch.get_num_threads(),
+    }
     _print_metrics(report.metrics)
     pred = report.predictions
     missing_e, missing_f = int((~pred.has_energy).sum()), int((~pred.has_forces).sum())
     if missing_e or missing_f:  # never skip frames silently
-        typer.echo(f"warning: of {pred.n_frames} frames in {data}, {missing_e} have no energy and {missing_f} "
-                   "no forces; their errors are not in the metrics (predictions are in --per-frame and "
-                   "--predictions)", err=True)  # fmt: skip
+        typer.echo(
+            f"warning: of {pred.n_frames} frames in {data}, {missing_e} have no energy and {missing_f} "
+            "no forces; their errors are not in the metrics (predictions are in --per-frame and "
+            "--predictions)",
+            err=True,
+        )
     metrics.update(n_frames_without_energy=missing_e, n_frames_without_forces=missing_f)
     if out is not None:
         write_json(out, metrics)
@@ -200,22 +240,35 @@ def evaluate(
         write_frame_csv(report.frames, per_frame)
         typer.echo(f"per-frame table: {per_frame}")
     if predictions is not None:
-        structures = [atoms for _, atoms in frames] if frames is not None else [
-            dataset.store.atoms(int(k)) for k in dataset.indices]  # fmt: skip
+        structures = (
+            [atoms for _, atoms in frames]
+            if frames is not None
+            else [dataset.store.atoms(int(k)) for k in dataset.indices]
+        )
         write_predictions_xyz(structures, pred, predictions)
         typer.echo(f"predictions: {predictions}")
 
 
 def convert(
-    data: list[Path] = typer.Option(..., "--data", "-d", help="Structure file(s) (extxyz streamed; repeatable)."),
-    out: Path = typer.Option(..., "--out", "-o", help="The on-disk set to write (a folder, e.g. train.mlipdb)."),
-    r_max: float = typer.Option(..., "--r-max", help="Cutoff of the neighbour lists, Angstrom (the model's r_max)."),
+    data: list[Path] = typer.Option(
+        ..., "--data", "-d", help="Structure file(s) (extxyz streamed; repeatable)."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="The on-disk set to write (a folder, e.g. train.mlipdb)."
+    ),
+    r_max: float = typer.Option(
+        ..., "--r-max", help="Cutoff of the neighbour lists, Angstrom (the model's r_max)."
+    ),
     energy_key: str = typer.Option("energy", "--energy-key"),
     forces_key: str = typer.Option("forces", "--forces-key"),
-    stress_key: Optional[str] = typer.Option(
-        None, "--stress-key", help="Stress label (default: 'stress' when present); convention follows the name."
+    stress_key: str | None = typer.Option(
+        None,
+        "--stress-key",
+        help="Stress label (default: 'stress' when present); convention follows the name.",
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace OUT if it exists."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", metavar="", help="Replace OUT if it exists."
+    ),
 ) -> None:
     """Build the graphs of DATA once and store them in OUT (streamed; written atomically)."""
     from mlip_unc.data.ondisk_write import convert_files
@@ -223,12 +276,21 @@ def convert(
     if r_max <= 0:
         fail(ValueError(f"--r-max must be positive, got {r_max}"))
     try:
-        store = convert_files(data, out, r_max=r_max, energy_key=energy_key, forces_key=forces_key,
-                              stress_key=stress_key, overwrite=overwrite,
-                              progress=not quiet() and sys.stderr.isatty())  # fmt: skip
+        store = convert_files(
+            data,
+            out,
+            r_max=r_max,
+            energy_key=energy_key,
+            forces_key=forces_key,
+            stress_key=stress_key,
+            overwrite=overwrite,
+            progress=not quiet() and sys.stderr.isatty(),
+        )
     except (*user_errors(), FileExistsError) as err:
         fail(err)
     labels = {k: int(store.array(f"has_{k}").sum()) for k in ("energy", "forces", "stress")}
-    typer.echo(f"wrote {out}: {store.n_frames} frames, {store.n_atoms} atoms, {store.n_edges} edges, "
-               f"elements {store.type_map.symbols}, r_max {store.r_max}; labelled frames: "
-               + ", ".join(f"{k} {v}" for k, v in labels.items()))  # fmt: skip
+    typer.echo(
+        f"wrote {out}: {store.n_frames} frames, {store.n_atoms} atoms, {store.n_edges} edges, "
+        f"elements {store.type_map.symbols}, r_max {store.r_max}; labelled frames: "
+        + ", ".join(f"{k} {v}" for k, v in labels.items())
+    )

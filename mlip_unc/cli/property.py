@@ -11,18 +11,30 @@ import csv
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
 from mlip_unc.cli._common import DEVICE_HELP, THREADS_HELP, fail, quiet, set_threads, user_errors
 from mlip_unc.config.enums import Calibration, Likelihood, Method
 
-property_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Molecular property models.")
+property_app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Molecular property models."
+)
 
 _TABLE_KEYS = (
-    "rmse", "mae", "nll", "spearman", "miscalibration_area", "ence", "coverage_95", "crps",
-    "sharpness", "mean_std", "mean_epistemic_std", "mean_aleatoric_std",
+    "rmse",
+    "mae",
+    "nll",
+    "spearman",
+    "miscalibration_area",
+    "ence",
+    "coverage_95",
+    "crps",
+    "sharpness",
+    "mean_std",
+    "mean_epistemic_std",
+    "mean_aleatoric_std",
 )
 _DATASETS = "esol|freesolv|lipo|bace|qm7|cep"
 
@@ -38,8 +50,13 @@ def _command_line() -> str:
     return shlex.join(argv)
 
 
-def _load_graphs(data: Path | None, dataset: str | None, root: Path | None, smiles_column: str,
-                 target_columns: list[str] | None) -> tuple[list, list[str]]:
+def _load_graphs(
+    data: Path | None,
+    dataset: str | None,
+    root: Path | None,
+    smiles_column: str,
+    target_columns: list[str] | None,
+) -> tuple[list, list[str]]:
     from mlip_unc.data.molecules import MOLECULENET_NAMES, load_csv, load_dataset, load_moleculenet
 
     if (data is None) == (dataset is None):
@@ -87,41 +104,71 @@ def _print_table(metrics: dict[str, Any]) -> None:
         typer.echo(f"{'test metric':<22}{'raw':>12}{'recalibrated':>14}")
     for key in _TABLE_KEYS:
         if key in metrics:
-            typer.echo(f"{key:<22}{(raw or metrics)[key]:>12.4f}" + (f"{metrics[key]:>14.4f}" if raw else ""))
+            typer.echo(
+                f"{key:<22}{(raw or metrics)[key]:>12.4f}"
+                + (f"{metrics[key]:>14.4f}" if raw else "")
+            )
     recal = metrics.get("recalibration") or {}
     if recal.get("scale"):
         factors = ", ".join(f"{v:.4g}" for v in recal["scale"])
-        typer.echo(f"recalibration: {recal['kind']}, std factor {factors} (fitted on the validation split)")
+        typer.echo(
+            f"recalibration: {recal['kind']}, std factor {factors} (fitted on the validation split)"
+        )
     typer.echo(f"{'train_seconds':<22}{metrics['train_seconds']:>12.1f}")
 
 
 @property_app.command("train")
 def train(
-    out: Path = typer.Option(..., "--out", help="Output folder (model.pt, metrics.json, history.json)."),
-    data: Optional[Path] = typer.Option(None, "--data", help="CSV file with a header row."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help=f"Known set: {_DATASETS}."),
-    data_root: Optional[Path] = typer.Option(None, "--data-root", envvar="MLIP_UNC_DATA", help="Data root."),
-    smiles_column: str = typer.Option("smiles", "--smiles-column"),
-    target_column: Optional[list[str]] = typer.Option(None, "--target-column", help="Repeat for several."),
-    split: str = typer.Option("random", "--split", help="random | scaffold (80/10/10)."),
-    split_file: Optional[Path] = typer.Option(None, "--split-file", help='JSON {"train","val","test"} rows.'),
-    train_fraction: float = typer.Option(1.0, "--train-fraction", help="Nested training subset."),
-    config_file: Optional[Path] = typer.Option(None, "--config", help="YAML/JSON config (model, train)."),
-    overrides: Optional[list[str]] = typer.Option(
-        None, "--set", "-s", help="Override a config key, e.g. --set model.hidden=64 --set train.lr=3e-4."
+    out: Path = typer.Option(
+        ..., "--out", help="Output folder (model.pt, metrics.json, history.json)."
     ),
-    method: Optional[Method] = typer.Option(None, "--method", help="Shortcut for --set model.method=... (default bgnn)."),
-    likelihood: Optional[Likelihood] = typer.Option(None, "--likelihood", help="Shortcut for model.likelihood."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Shortcut for train.seed: model, shuffling, split."),
-    epochs: Optional[int] = typer.Option(None, "--epochs", help="Shortcut for train.epochs."),
-    calibration: Optional[Calibration] = typer.Option(None, "--calibration", help="Shortcut for train.calibration."),
-    freeze_posterior_from: Optional[Path] = typer.Option(None, "--freeze-posterior-from"),
+    data: Path | None = typer.Option(None, "--data", help="CSV file with a header row."),
+    dataset: str | None = typer.Option(None, "--dataset", help=f"Known set: {_DATASETS}."),
+    data_root: Path | None = typer.Option(
+        None, "--data-root", envvar="MLIP_UNC_DATA", help="Data root."
+    ),
+    smiles_column: str = typer.Option("smiles", "--smiles-column"),
+    target_column: list[str] | None = typer.Option(
+        None, "--target-column", help="Repeat for several."
+    ),
+    split: str = typer.Option("random", "--split", help="random | scaffold (80/10/10)."),
+    split_file: Path | None = typer.Option(
+        None, "--split-file", help='JSON {"train","val","test"} rows.'
+    ),
+    train_fraction: float = typer.Option(1.0, "--train-fraction", help="Nested training subset."),
+    config_file: Path | None = typer.Option(
+        None, "--config", help="YAML/JSON config (model, train)."
+    ),
+    overrides: list[str] | None = typer.Option(
+        None,
+        "--set",
+        "-s",
+        help="Override a config key, e.g. --set model.hidden=64 --set train.lr=3e-4.",
+    ),
+    method: Method | None = typer.Option(
+        None, "--method", help="Shortcut for --set model.method=... (default bgnn)."
+    ),
+    likelihood: Likelihood | None = typer.Option(
+        None, "--likelihood", help="Shortcut for model.likelihood."
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Shortcut for train.seed: model, shuffling, split."
+    ),
+    epochs: int | None = typer.Option(None, "--epochs", help="Shortcut for train.epochs."),
+    calibration: Calibration | None = typer.Option(
+        None, "--calibration", help="Shortcut for train.calibration."
+    ),
+    freeze_posterior_from: Path | None = typer.Option(None, "--freeze-posterior-from"),
     resume: bool = typer.Option(False, "--resume", metavar="", help="Continue from OUT/last.pt."),
-    overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace a run already in OUT."),
-    stop_after: Optional[int] = typer.Option(None, "--stop-after", hidden=True),
-    progress: bool = typer.Option(True, "--progress/--no-progress", metavar="", help="Progress bar on a terminal."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", metavar="", help="Replace a run already in OUT."
+    ),
+    stop_after: int | None = typer.Option(None, "--stop-after", hidden=True),
+    progress: bool = typer.Option(
+        True, "--progress/--no-progress", metavar="", help="Progress bar on a terminal."
+    ),
     threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
-    device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
+    device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
     """Train a property model; write OUT/model.pt and OUT/metrics.json; print test metrics."""
     from mlip_unc.config import PropertyConfig, apply_overrides, load_raw, validate
@@ -130,9 +177,17 @@ def train(
     from mlip_unc.train.io import write_json
     from mlip_unc.train.property import train_property_model
 
-    shortcuts = {"model.method": method, "model.likelihood": likelihood, "train.seed": seed,
-                 "train.epochs": epochs, "train.calibration": calibration, "train.device": device}  # fmt: skip
-    items = list(overrides or []) + [f"{k}={getattr(v, 'value', v)}" for k, v in shortcuts.items() if v is not None]
+    shortcuts = {
+        "model.method": method,
+        "model.likelihood": likelihood,
+        "train.seed": seed,
+        "train.epochs": epochs,
+        "train.calibration": calibration,
+        "train.device": device,
+    }
+    items = list(overrides or []) + [
+        f"{k}={getattr(v, 'value', v)}" for k, v in shortcuts.items() if v is not None
+    ]
     if not progress or quiet():
         items.append("train.progress=false")
     set_threads(threads)
@@ -141,17 +196,31 @@ def train(
         config = validate(PropertyConfig, apply_overrides(raw, items, PropertyConfig))
         graphs, names = _load_graphs(data, dataset, data_root, smiles_column, target_column)
         rows = _split(graphs, split_file, split, config.train.seed)
-        train_rows = training_subset(rows.train, train_fraction, config.train.seed) if train_fraction < 1 else rows.train
+        train_rows = (
+            training_subset(rows.train, train_fraction, config.train.seed)
+            if train_fraction < 1
+            else rows.train
+        )
         parts = [_select(graphs, r) for r in (train_rows, rows.val, rows.test)]
         metadata = {
-            "target_names": names, "smiles_column": smiles_column,
-            "source": str(data) if data is not None else dataset, "train_fraction": train_fraction,
+            "target_names": names,
+            "smiles_column": smiles_column,
+            "source": str(data) if data is not None else dataset,
+            "train_fraction": train_fraction,
             "split": {"train": list(train_rows), "val": list(rows.val), "test": list(rows.test)},
         }
-        with distributed.session():  # under torchrun: data-parallel over its processes; else a no-op
+        with (
+            distributed.session()
+        ):  # under torchrun: data-parallel over its processes; else a no-op
             _, metrics = train_property_model(
-                config, *parts, out_dir=out, metadata=metadata, resume=resume, overwrite=overwrite,
-                stop_after=stop_after, freeze_posterior=freeze_posterior_from,
+                config,
+                *parts,
+                out_dir=out,
+                metadata=metadata,
+                resume=resume,
+                overwrite=overwrite,
+                stop_after=stop_after,
+                freeze_posterior=freeze_posterior_from,
             )
             main = distributed.is_main()
     except (*user_errors(), FileExistsError) as err:
@@ -187,10 +256,14 @@ def predict(
     model: Path = typer.Option(..., "--model", help="Training output folder or its model.pt."),
     data: Path = typer.Option(..., "--data", help="CSV file with a SMILES column."),
     out: Path = typer.Option(..., "--out", help="Output CSV."),
-    smiles_column: Optional[str] = typer.Option(None, "--smiles-column", help="Default: as in training."),
+    smiles_column: str | None = typer.Option(
+        None, "--smiles-column", help="Default: as in training."
+    ),
     batch_size: int = typer.Option(256, "--batch-size"),
     recalibrate: bool = typer.Option(
-        True, "--recalibrate/--no-recalibrate", metavar="",
+        True,
+        "--recalibrate/--no-recalibrate",
+        metavar="",
         help="Apply the recalibrator stored at training (default) or report the raw stds.",
     ),
     threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
@@ -208,13 +281,17 @@ def predict(
     try:
         predictor = PropertyPredictor.load(model)
         if not predictor.calibrators:
-            typer.echo("note: this model is not recalibrated (no recalibrator in the checkpoint); raw stds")
+            typer.echo(
+                "note: this model is not recalibrated (no recalibrator in the checkpoint); raw stds"
+            )
         elif not recalibrate:
             predictor.calibrators = None
             typer.echo("raw stds (--no-recalibrate)")
         else:
             kinds = sorted({type(c).__name__ for c in predictor.calibrators})
-            typer.echo(f"stds recalibrated ({', '.join(kinds)}, fitted on the validation split at training)")
+            typer.echo(
+                f"stds recalibrated ({', '.join(kinds)}, fitted on the validation split at training)"
+            )
         column = smiles_column or predictor.metadata.get("smiles_column") or "smiles"
         smiles = _read_smiles(data, column)
         graphs = []
@@ -228,7 +305,9 @@ def predict(
         fail(err)
     names = predictor.metadata.get("target_names") or ["target"]
     fields = ("mean", "std", "epistemic_std", "aleatoric_std")
-    header = ["smiles"] + (list(fields) if len(names) == 1 else [f"{n}_{f}" for n in names for f in fields])
+    header = ["smiles"] + (
+        list(fields) if len(names) == 1 else [f"{n}_{f}" for n in names for f in fields]
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)

@@ -25,7 +25,13 @@ from pydantic import Field, model_validator
 
 from mlip_unc.config.loader import Section, apply_overrides, load_raw, validate
 
-__all__ = ["MDSettings", "SelectionSettings", "GenerateSettings", "ActiveLearningConfig", "load_active_config"]
+__all__ = [
+    "MDSettings",
+    "SelectionSettings",
+    "GenerateSettings",
+    "ActiveLearningConfig",
+    "load_active_config",
+]
 
 
 class MDSettings(Section):
@@ -63,17 +69,33 @@ class MDSettings(Section):
         if self.bias == "none":
             for name in ("bias_strength", "bias_width"):
                 if getattr(self, name) is not None:
-                    raise ValueError(f"md.{name}: set, but md.bias is none; choose md.bias: variance or udd")
+                    raise ValueError(
+                        f"md.{name}: set, but md.bias is none; choose md.bias: variance or udd"
+                    )
             return self
-        unit = "1/eV: E_bias = -k sigma_E^2" if self.bias == "variance" else "eV: the depth A of the udd bias"
-        if self.bias_strength is None or not (math.isfinite(self.bias_strength) and self.bias_strength > 0):
-            raise ValueError(f"md.bias_strength: md.bias {self.bias} needs a strength > 0 ({unit}), "
-                             f"got {self.bias_strength!r}")  # fmt: skip
+        unit = (
+            "1/eV: E_bias = -k sigma_E^2"
+            if self.bias == "variance"
+            else "eV: the depth A of the udd bias"
+        )
+        if self.bias_strength is None or not (
+            math.isfinite(self.bias_strength) and self.bias_strength > 0
+        ):
+            raise ValueError(
+                f"md.bias_strength: md.bias {self.bias} needs a strength > 0 ({unit}), "
+                f"got {self.bias_strength!r}"
+            )
         if self.bias == "udd":
-            if self.bias_width is None or not (math.isfinite(self.bias_width) and self.bias_width > 0):
-                raise ValueError(f"md.bias_width: md.bias udd needs a width B > 0 (eV/atom^(1/2)), got {self.bias_width!r}")
+            if self.bias_width is None or not (
+                math.isfinite(self.bias_width) and self.bias_width > 0
+            ):
+                raise ValueError(
+                    f"md.bias_width: md.bias udd needs a width B > 0 (eV/atom^(1/2)), got {self.bias_width!r}"
+                )
         elif self.bias_width is not None:
-            raise ValueError("md.bias_width: only the udd bias has a width; remove it for md.bias variance")
+            raise ValueError(
+                "md.bias_width: only the udd bias has a width; remove it for md.bias variance"
+            )
         return self
 
 
@@ -153,7 +175,9 @@ class ActiveLearningConfig(Section):
     retrain_epochs: int | None = None
     uncertainty: Literal["exact", "lowrank", "sampled"] = "exact"
     md: MDSettings = MDSettings()
-    thresholds: dict[str, Any] = Field(default_factory=lambda: {"max_force_std": 2.0, "relative": True})
+    thresholds: dict[str, Any] = Field(
+        default_factory=lambda: {"max_force_std": 2.0, "relative": True}
+    )
     selection: SelectionSettings = SelectionSettings()
     refit_offsets: bool = False
     seed: int = 0
@@ -161,12 +185,18 @@ class ActiveLearningConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> ActiveLearningConfig:
         if self.train_data is None and self.bootstrap is None and self.model is None:
-            raise ValueError("train_data: give train_data, bootstrap or model: there is nothing to start from")
+            raise ValueError(
+                "train_data: give train_data, bootstrap or model: there is nothing to start from"
+            )
         if self.structures is None and self.train_data is None:
             raise ValueError("structures: give structures (MD starting points)")
         return self
 
 
-def load_active_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> ActiveLearningConfig:
+def load_active_config(
+    path: str | os.PathLike, overrides: Sequence[str] = ()
+) -> ActiveLearningConfig:
     """Read a YAML file, apply ``key.sub=value`` overrides, validate."""
-    return validate(ActiveLearningConfig, apply_overrides(load_raw(path), overrides, ActiveLearningConfig))
+    return validate(
+        ActiveLearningConfig, apply_overrides(load_raw(path), overrides, ActiveLearningConfig)
+    )

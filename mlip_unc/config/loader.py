@@ -98,13 +98,16 @@ def _qualify(key: str, schema: type[BaseModel] | None) -> str:
     if schema is None or "." in key or key in schema.model_fields:
         return key
     owners = [
-        name for name, f in schema.model_fields.items()
+        name
+        for name, f in schema.model_fields.items()
         if (cls := _model_class(f.annotation)) is not None and key in cls.model_fields
-    ]  # fmt: skip
+    ]
     if len(owners) == 1:
         return f"{owners[0]}.{key}"
     if len(owners) > 1:
-        raise ConfigError(f"{key}: ambiguous override, write one of {[f'{o}.{key}' for o in owners]}")
+        raise ConfigError(
+            f"{key}: ambiguous override, write one of {[f'{o}.{key}' for o in owners]}"
+        )
     raise ConfigError(f"{key}: unknown key")
 
 
@@ -221,7 +224,11 @@ def _message(schema: type[BaseModel], err: dict[str, Any]) -> str:
     if not key or (keyed and keyed.group(1).startswith(key)):
         return msg  # a cross-field check: its message names its keys
     shown = err.get("input")
-    got = "" if isinstance(shown, (Mapping, list)) or err["type"] == "model_type" else f" (got {shown!r})"
+    got = (
+        ""
+        if isinstance(shown, (Mapping, list)) or err["type"] == "model_type"
+        else f" (got {shown!r})"
+    )
     return f"{key}: {msg}{got}"
 
 

@@ -176,10 +176,14 @@ class LossConfig(Section):
             raise ValueError("loss.energy_weight: energy, forces and stress weights are all zero")
         two = (self.stage_two_energy_weight, self.stage_two_forces_weight)
         if self.stage_two_start is not None and two == (None, None):
-            raise ValueError("loss.stage_two_start is set but neither stage_two_energy_weight nor "
-                             "stage_two_forces_weight: stage two would change nothing")
+            raise ValueError(
+                "loss.stage_two_start is set but neither stage_two_energy_weight nor "
+                "stage_two_forces_weight: stage two would change nothing"
+            )
         if self.stage_two_start is None and two != (None, None):
-            raise ValueError("loss.stage_two_energy_weight / stage_two_forces_weight need loss.stage_two_start")
+            raise ValueError(
+                "loss.stage_two_energy_weight / stage_two_forces_weight need loss.stage_two_start"
+            )
         return self
 
     def weights(self, progress: float) -> tuple[int, dict[str, float]]:
@@ -187,8 +191,12 @@ class LossConfig(Section):
         stage = int(self.stage_two_start is not None and progress >= self.stage_two_start)
         energy, forces = self.energy_weight, self.forces_weight
         if stage:
-            energy = energy if self.stage_two_energy_weight is None else self.stage_two_energy_weight
-            forces = forces if self.stage_two_forces_weight is None else self.stage_two_forces_weight
+            energy = (
+                energy if self.stage_two_energy_weight is None else self.stage_two_energy_weight
+            )
+            forces = (
+                forces if self.stage_two_forces_weight is None else self.stage_two_forces_weight
+            )
         return stage, {"energy": energy, "forces": forces, "stress": self.stress_weight}
 
 
@@ -257,6 +265,8 @@ def potential_config_from_dict(raw: Any) -> PotentialConfig:
     return validate(PotentialConfig, raw)
 
 
-def load_potential_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> PotentialConfig:
+def load_potential_config(
+    path: str | os.PathLike, overrides: Sequence[str] = ()
+) -> PotentialConfig:
     """Read, override (``--set``) and validate a YAML config."""
     return validate(PotentialConfig, apply_overrides(load_raw(path), overrides, PotentialConfig))

@@ -147,13 +147,18 @@ class PropertyTrainConfig(TrainCoreConfig):
         data = dict(data)
         if "scheduler" in data:  # the key of mlip-unc <= 0.1.0 checkpoints
             old = data.pop("scheduler")
-            data.setdefault("lr_schedule", "constant" if getattr(old, "value", old) == "none" else old)
+            data.setdefault(
+                "lr_schedule", "constant" if getattr(old, "value", old) == "none" else old
+            )
         return _fill(data, _derived_train(data.get("epochs", 150)))
 
     @model_validator(mode="after")
     def _check(self) -> PropertyTrainConfig:
         iv = self.intervention
-        if iv in (Intervention.ISOTROPY, Intervention.ANTI) and self.regularizer not in ("none", iv.value):
+        if iv in (Intervention.ISOTROPY, Intervention.ANTI) and self.regularizer not in (
+            "none",
+            iv.value,
+        ):
             raise ValueError(
                 f"train.intervention: {iv.value!r} is the regulariser {iv.value!r}; "
                 f"it cannot be combined with regularizer {self.regularizer.value!r}"
@@ -190,13 +195,21 @@ class PropertyConfig(Section):
         method, train = self.model.method, self.train
         if method is Method.AGL and not train.regularizer.startswith("agl_"):
             if train.regularizer is not RegularizerKind.NONE:
-                raise ValueError(f"train.regularizer: method agl needs an agl_* term, got {train.regularizer.value!r}")
+                raise ValueError(
+                    f"train.regularizer: method agl needs an agl_* term, got {train.regularizer.value!r}"
+                )
             object.__setattr__(self, "train", train.updated(regularizer=RegularizerKind.AGL_MEAN))
         kind = self.train.regularizer_kind
         if kind in _NEEDS_POSTERIOR and method not in _BAYES_LAST_LAYER:
-            raise ValueError(f"train.regularizer: {kind.value!r} needs a Bayesian last layer (bgnn/agl), not {method.value}")
-        if (kind is not RegularizerKind.NONE or self.train.intervention is not None) and method is Method.ENSEMBLE:
-            raise ValueError("train.regularizer: latent regularisers and interventions are not supported for ensembles")
+            raise ValueError(
+                f"train.regularizer: {kind.value!r} needs a Bayesian last layer (bgnn/agl), not {method.value}"
+            )
+        if (
+            kind is not RegularizerKind.NONE or self.train.intervention is not None
+        ) and method is Method.ENSEMBLE:
+            raise ValueError(
+                "train.regularizer: latent regularisers and interventions are not supported for ensembles"
+            )
         return self
 
     @classmethod

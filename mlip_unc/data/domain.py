@@ -103,7 +103,9 @@ def _pair_name(z1: int, z2: int) -> str:
     return f"{_symbol(a)}-{_symbol(b)}"
 
 
-def _atoms_distances(atoms: ase.Atoms, r_max: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _atoms_distances(
+    atoms: ase.Atoms, r_max: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(numbers (n,), i (e,), j (e,), d (e,))`` of all directed pairs closer than ``r_max``."""
     pbc = np.asarray(atoms.pbc, dtype=bool)
     cell = atoms.cell.array if pbc.any() else np.zeros((3, 3))
@@ -127,7 +129,11 @@ def pair_distances(graph: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     shift = getattr(graph, keys.CELL_SHIFT, None)
     cell = getattr(graph, keys.CELL, None)
     if shift is not None and cell is not None and len(i):
-        vec = vec + shift.detach().cpu().double().numpy() @ cell.detach().cpu().double().numpy().reshape(3, 3)
+        vec = (
+            vec
+            + shift.detach().cpu().double().numpy()
+            @ cell.detach().cpu().double().numpy().reshape(3, 3)
+        )
     return numbers, i.astype(np.int64), j.astype(np.int64), np.linalg.norm(vec, axis=1)
 
 
@@ -192,8 +198,12 @@ class DomainGuard:
         if nn_factor < 1:
             raise ValueError(f"nn_factor must be >= 1, got {nn_factor!r}")
         self.r_max = float(r_max)
-        self.min_distance = {tuple(sorted((int(a), int(b)))): float(d) for (a, b), d in min_distance.items()}
-        self.max_nn_distance = {int(z): None if v is None else float(v) for z, v in max_nn_distance.items()}
+        self.min_distance = {
+            tuple(sorted((int(a), int(b)))): float(d) for (a, b), d in min_distance.items()
+        }
+        self.max_nn_distance = {
+            int(z): None if v is None else float(v) for z, v in max_nn_distance.items()
+        }
         self.pair_factor = float(pair_factor)
         self.nn_factor = float(nn_factor)
         self.flag_unseen_pairs = bool(flag_unseen_pairs)
@@ -222,7 +232,9 @@ class DomainGuard:
         if r_max is None and isinstance(structures, StructureDataset):
             r_max = structures.r_max
         if r_max is None:
-            raise ValueError("DomainGuard.fit needs r_max (the cutoff) unless given a StructureDataset")
+            raise ValueError(
+                "DomainGuard.fit needs r_max (the cutoff) unless given a StructureDataset"
+            )
         if isinstance(structures, StructureDataset):
             if r_max > structures.r_max + 1e-12:
                 raise ValueError(f"r_max {r_max} exceeds the dataset's cutoff {structures.r_max}")
@@ -232,16 +244,18 @@ class DomainGuard:
         unbounded: set[int] = set()  # elements with an atom without neighbours (multi-atom frames)
         seen: set[int] = set()
         n = 0
-        for n, item in enumerate(structures, start=1):
+        for n, item in enumerate(structures, start=1):  # noqa: B007 (n counts the structures)
             numbers, i, j, d = (
-                _atoms_distances(item, r_max) if isinstance(item, ase.Atoms) else pair_distances(item)
+                _atoms_distances(item, r_max)
+                if isinstance(item, ase.Atoms)
+                else pair_distances(item)
             )
             keep = d < r_max
             i, j, d = i[keep], j[keep], d[keep]
             _raise_if_coincident(numbers, i, j, d)
             seen.update(numbers.tolist())
             z1, z2 = np.minimum(numbers[i], numbers[j]), np.maximum(numbers[i], numbers[j])  # (e,)
-            for a, b in set(zip(z1.tolist(), z2.tolist())):
+            for a, b in set(zip(z1.tolist(), z2.tolist(), strict=False)):
                 shortest = float(d[(z1 == a) & (z2 == b)].min())
                 min_d[(a, b)] = min(min_d.get((a, b), math.inf), shortest)
             if len(numbers) < 2:  # an isolated-atom reference: element seen, no nn bound
@@ -291,21 +305,32 @@ class DomainGuard:
         keep = d < self.r_max
         return self._evaluate(numbers, i[keep], j[keep], d[keep])
 
-    def _evaluate(self, numbers: np.ndarray, i: np.ndarray, j: np.ndarray, d: np.ndarray) -> DomainCheck:
+    def _evaluate(
+        self, numbers: np.ndarray, i: np.ndarray, j: np.ndarray, d: np.ndarray
+    ) -> DomainCheck:
         _raise_if_coincident(numbers, i, j, d)
         rules: list[str] = []
         clauses: list[str] = []
         unknown = sorted(set(numbers.tolist()) - set(self.max_nn_distance))
         if unknown:
             rules.append("unseen_element")
-            clauses.append(f"unseen_element: {', '.join(_symbol(z) for z in unknown)} not in training")
+            clauses.append(
+                f"unseen_element: {', '.join(_symbol(z) for z in unknown)} not in training"
+            )
         # rule 1 (short_pair) and 3 (unseen_pair): per edge, its pair's training minimum
         z1, z2 = np.minimum(numbers[i], numbers[j]), np.maximum(numbers[i], numbers[j])  # (e,)
         d_min = np.full(d.shape, np.nan)  # (e,) nan = pair never seen
-        for a, b in set(zip(z1.tolist(), z2.tolist())):
+        for a, b in set(zip(z1.tolist(), z2.tolist(), strict=False)):
             d_min[(z1 == a) & (z2 == b)] = self.min_distance.get((a, b), np.nan)
         seen = np.isfinite(d_min)
-        unseen_pairs = tuple(sorted({_pair_name(a, b) for a, b in zip(z1[~seen].tolist(), z2[~seen].tolist())}))
+        unseen_pairs = tuple(
+            sorted(
+                {
+                    _pair_name(a, b)
+                    for a, b in zip(z1[~seen].tolist(), z2[~seen].tolist(), strict=False)
+                }
+            )
+        )
         min_ratio = math.inf
         if seen.any():
             ratio = d[seen] / d_min[seen]  # (e_seen,)
@@ -322,10 +347,16 @@ class DomainGuard:
                 )
         if unseen_pairs and self.flag_unseen_pairs:
             rules.append("unseen_pair")
-            clauses.append(f"unseen_pair: {', '.join(unseen_pairs)} within {self.r_max:g} A never seen in training")
+            clauses.append(
+                f"unseen_pair: {', '.join(unseen_pairs)} within {self.r_max:g} A never seen in training"
+            )
         # rule 2 (stretched): nearest-neighbour distance against the element's training maximum
-        bound = np.array([np.nan if self.max_nn_distance.get(z) is None else self.max_nn_distance[z]
-                          for z in numbers.tolist()])  # (n,) fmt: skip
+        bound = np.array(
+            [
+                np.nan if self.max_nn_distance.get(z) is None else self.max_nn_distance[z]
+                for z in numbers.tolist()
+            ]
+        )  # (n,)
         checked = np.isfinite(bound)
         max_nn_ratio = 0.0
         if checked.any():
@@ -337,23 +368,34 @@ class DomainGuard:
                 a = int(np.flatnonzero(checked)[k])
                 n_far = int((ratio > self.nn_factor).sum())
                 if math.isfinite(nn[a]):
-                    what = f"nearest neighbour {nn[a]:.3f} A > {self.nn_factor:g} x {bound[a]:.3f} A"
+                    what = (
+                        f"nearest neighbour {nn[a]:.3f} A > {self.nn_factor:g} x {bound[a]:.3f} A"
+                    )
                 else:
                     what = f"has no neighbour within {self.r_max:g} A; every training one had (<= {bound[a]:.3f} A)"
                 rules.append("stretched")
                 clauses.append(
                     f"stretched: {_symbol(numbers[a])} atom {a} {what} (training maximum); {n_far} such atom(s)"
-                )  # fmt: skip
+                )
         return DomainCheck(
-            out_of_domain=bool(rules), reason="; ".join(clauses), min_ratio=min_ratio,
-            max_nn_ratio=max_nn_ratio, rules=tuple(rules), unseen_pairs=unseen_pairs,
-        )  # fmt: skip
+            out_of_domain=bool(rules),
+            reason="; ".join(clauses),
+            min_ratio=min_ratio,
+            max_nn_ratio=max_nn_ratio,
+            rules=tuple(rules),
+            unseen_pairs=unseen_pairs,
+        )
 
     # ------------------------------------------------------------------ plain data
     def summary(self) -> str:
         """One line: shortest pair distances and nearest-neighbour bounds."""
-        pairs = ", ".join(f"{_pair_name(a, b)} {d:.2f}" for (a, b), d in sorted(self.min_distance.items()))
-        nn = ", ".join(f"{_symbol(z)} {'-' if v is None else f'{v:.2f}'}" for z, v in sorted(self.max_nn_distance.items()))
+        pairs = ", ".join(
+            f"{_pair_name(a, b)} {d:.2f}" for (a, b), d in sorted(self.min_distance.items())
+        )
+        nn = ", ".join(
+            f"{_symbol(z)} {'-' if v is None else f'{v:.2f}'}"
+            for z, v in sorted(self.max_nn_distance.items())
+        )
         return f"r_max {self.r_max:g} A; d_min [{pairs}] A; nn_max [{nn}] A"
 
     def to_dict(self) -> dict[str, Any]:
@@ -378,15 +420,19 @@ class DomainGuard:
         """
         version = data.get("version")
         if version != _FORMAT_VERSION:
-            raise ValueError(f"unknown domain guard format version {version!r} (expected {_FORMAT_VERSION})")
+            raise ValueError(
+                f"unknown domain guard format version {version!r} (expected {_FORMAT_VERSION})"
+            )
         try:
             return cls(
                 float(data["r_max"]),
                 {(int(a), int(b)): float(d) for a, b, d in data["min_distance"]},
                 {int(z): None if v is None else float(v) for z, v in data["max_nn_distance"]},
-                pair_factor=float(data["pair_factor"]), nn_factor=float(data["nn_factor"]),
-                flag_unseen_pairs=bool(data["flag_unseen_pairs"]), n_structures=int(data.get("n_structures", 0)),
-            )  # fmt: skip
+                pair_factor=float(data["pair_factor"]),
+                nn_factor=float(data["nn_factor"]),
+                flag_unseen_pairs=bool(data["flag_unseen_pairs"]),
+                n_structures=int(data.get("n_structures", 0)),
+            )
         except (KeyError, TypeError) as err:
             raise ValueError(f"malformed domain guard data: {err!r}") from None
 

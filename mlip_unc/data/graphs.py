@@ -132,12 +132,19 @@ class StructureDataset(torch.utils.data.Dataset):
         frames = range(len(atoms_list)) if frame_indices is None else frame_indices
         graphs = [
             atoms_to_graph(
-                atoms, r_max, type_map, energy_key=energy_key, forces_key=forces_key,
-                stress_key=stress_key, stress_convention=stress_convention, frame_index=frame,
-                source=source, dtype=dtype,
+                atoms,
+                r_max,
+                type_map,
+                energy_key=energy_key,
+                forces_key=forces_key,
+                stress_key=stress_key,
+                stress_convention=stress_convention,
+                frame_index=frame,
+                source=source,
+                dtype=dtype,
             )
-            for frame, atoms in zip(frames, atoms_list)
-        ]  # fmt: skip
+            for frame, atoms in zip(frames, atoms_list, strict=False)
+        ]
         return cls(graphs, type_map, r_max)
 
     @classmethod
@@ -166,22 +173,34 @@ class StructureDataset(torch.utils.data.Dataset):
         label_keys = {"energy": energy_key, "forces": forces_key, "stress": stress_key}
         required = {"energy": require_energy, "forces": require_forces, "stress": require_stress}
         per_file = [
-            (path, read_validated_frames(
-                path, index, label_keys=label_keys, stress_convention=stress_convention,
-                required=required,
-            ))
+            (
+                path,
+                read_validated_frames(
+                    path,
+                    index,
+                    label_keys=label_keys,
+                    stress_convention=stress_convention,
+                    required=required,
+                ),
+            )
             for path in paths
-        ]  # fmt: skip
+        ]
         if type_map is None:
             type_map = TypeMap.from_atoms_list(a for _, frames in per_file for _, a in frames)
         graphs = []
         for path, frames in per_file:
             part = cls.from_atoms(
-                [atoms for _, atoms in frames], r_max, type_map,
-                energy_key=energy_key, forces_key=forces_key, stress_key=stress_key,
-                stress_convention=stress_convention, frame_indices=[k for k, _ in frames],
-                source=path, dtype=dtype,
-            )  # fmt: skip
+                [atoms for _, atoms in frames],
+                r_max,
+                type_map,
+                energy_key=energy_key,
+                forces_key=forces_key,
+                stress_key=stress_key,
+                stress_convention=stress_convention,
+                frame_indices=[k for k, _ in frames],
+                source=path,
+                dtype=dtype,
+            )
             graphs.extend(part.graphs)
         return cls(graphs, type_map, r_max)
 

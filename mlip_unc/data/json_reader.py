@@ -73,7 +73,9 @@ def _site_number(site: Any, k: int, loc: str) -> int:
     if not isinstance(species, list) or not species or not isinstance(species[0], dict):
         raise DataError(f"{loc}: site {k} has no 'species' list")
     if len(species) != 1 or not math.isclose(float(species[0].get("occu", 1.0)), 1.0, abs_tol=1e-6):
-        raise DataError(f"{loc}: site {k} is disordered ({species}); only ordered structures are supported")
+        raise DataError(
+            f"{loc}: site {k} is disordered ({species}); only ordered structures are supported"
+        )
     symbol = species[0].get("element")
     if symbol not in atomic_numbers or symbol == "X":
         raise DataError(f"{loc}: site {k}: unknown element {symbol!r}")
@@ -83,7 +85,9 @@ def _site_number(site: Any, k: int, loc: str) -> int:
 def _structure_to_atoms(structure: Any, loc: str) -> ase.Atoms:
     """A pymatgen Structure/Molecule dict -> ``ase.Atoms`` (no labels)."""
     if not isinstance(structure, dict):
-        raise DataError(f"{loc}: 'structure' must be a pymatgen structure dict, got {type(structure).__name__}")
+        raise DataError(
+            f"{loc}: 'structure' must be a pymatgen structure dict, got {type(structure).__name__}"
+        )
     sites = structure.get("sites")
     if not isinstance(sites, list) or not sites:
         raise DataError(f"{loc}: 'structure' has no sites")
@@ -97,10 +101,14 @@ def _structure_to_atoms(structure: Any, loc: str) -> ase.Atoms:
     cell = _array(matrix, (3, 3), "lattice 'matrix'", loc)  # rows = lattice vectors
     pbc = lattice.get("pbc", (True, True, True))
     if all("abc" in site for site in sites):
-        frac = _array([site["abc"] for site in sites], (len(sites), 3), "site coordinates 'abc'", loc)
+        frac = _array(
+            [site["abc"] for site in sites], (len(sites), 3), "site coordinates 'abc'", loc
+        )
         positions = frac @ cell  # (n_atoms, 3)
     else:
-        positions = _array([site.get("xyz") for site in sites], (len(sites), 3), "site coordinates 'xyz'", loc)
+        positions = _array(
+            [site.get("xyz") for site in sites], (len(sites), 3), "site coordinates 'xyz'", loc
+        )
     return ase.Atoms(numbers=numbers, positions=positions, cell=cell, pbc=[bool(p) for p in pbc])
 
 
@@ -110,7 +118,9 @@ def _energy(value: Any, loc: str) -> float:
     return float(value)
 
 
-def entry_to_atoms(entry: Any, *, source: object | None = None, index: int | None = None) -> ase.Atoms:
+def entry_to_atoms(
+    entry: Any, *, source: object | None = None, index: int | None = None
+) -> ase.Atoms:
     """One list entry -> ``ase.Atoms`` with its labels (see the module docstring).
 
     Raises:
@@ -120,13 +130,17 @@ def entry_to_atoms(entry: Any, *, source: object | None = None, index: int | Non
     """
     loc = where(source, index, row="entry")
     if not isinstance(entry, dict):
-        raise DataError(f"{loc}: expected an object with 'structure' and 'outputs', got {type(entry).__name__}")
+        raise DataError(
+            f"{loc}: expected an object with 'structure' and 'outputs', got {type(entry).__name__}"
+        )
     if "structure" not in entry:
         raise DataError(f"{loc}: no 'structure'; keys: {sorted(entry)}")
     atoms = _structure_to_atoms(entry["structure"], loc)
     n = len(atoms)
     if entry.get("num_atoms") is not None and entry["num_atoms"] != n:
-        raise DataError(f"{loc}: 'num_atoms' is {entry['num_atoms']} but the structure has {n} sites")
+        raise DataError(
+            f"{loc}: 'num_atoms' is {entry['num_atoms']} but the structure has {n} sites"
+        )
     outputs = entry.get("outputs") or {}
     if not isinstance(outputs, dict):
         raise DataError(f"{loc}: 'outputs' must be an object, got {type(outputs).__name__}")
@@ -138,7 +152,9 @@ def entry_to_atoms(entry: Any, *, source: object | None = None, index: int | Non
     if outputs.get("virial_stress") is not None:
         raw = _numeric(outputs["virial_stress"], "outputs 'virial_stress'", loc)
         if raw.size not in (6, 9):
-            raise DataError(f"{loc}: outputs 'virial_stress' must have 6 (or 9) components, got {raw.size}")
+            raise DataError(
+                f"{loc}: outputs 'virial_stress' must have 6 (or 9) components, got {raw.size}"
+            )
         if not atoms.pbc.any():
             raise DataError(f"{loc}: outputs 'virial_stress' given for a structure without a cell")
         stress = stress_to_ase(raw, StressConvention.VASP_KBAR)  # (3, 3) eV/A^3, ASE sign
@@ -164,7 +180,9 @@ def read_json_structures(path: str | Path) -> list[ase.Atoms]:
         with path.open() as handle:
             document = json.load(handle)
     except json.JSONDecodeError as err:
-        raise DataError(f"'{path}': not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
+        raise DataError(
+            f"'{path}': not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}"
+        ) from None
     if isinstance(document, dict) and "ids" in document:  # ASE's database JSON
         result = ase.io.read(path, index=":", format="json")
         return list(result) if isinstance(result, list) else [result]

@@ -176,7 +176,7 @@ def _to_matrix(value: np.ndarray, voigt_order: tuple[tuple[int, int], ...]) -> n
     if flat.size != 6:
         raise ValueError(f"expected 6 (Voigt) or 9 components, got {flat.size}")
     matrix = np.zeros((3, 3))
-    for v, (a, b) in zip(flat, voigt_order):
+    for v, (a, b) in zip(flat, voigt_order, strict=False):
         matrix[a, b] = matrix[b, a] = v
     return matrix
 

@@ -33,7 +33,16 @@ from mlip_unc.data.errors import DataError, where
 from mlip_unc.data.graphs import StructureDataset
 from mlip_unc.data.typemap import TypeMap
 
-__all__ = ["ARRAYS", "FORMAT", "META", "VERSION", "OnDiskDataset", "OnDiskStore", "is_store", "type_lookup"]
+__all__ = [
+    "ARRAYS",
+    "FORMAT",
+    "META",
+    "VERSION",
+    "OnDiskDataset",
+    "OnDiskStore",
+    "is_store",
+    "type_lookup",
+]
 
 FORMAT = "mlip-unc-ondisk"
 VERSION = 1
@@ -72,7 +81,12 @@ def is_store(path: str | Path) -> bool:
 
 def _row_counts(meta: dict[str, Any]) -> dict[str, int]:
     n = int(meta["n_frames"])
-    return {"offsets": n + 1, "frames": n, "atoms": int(meta["n_atoms"]), "edges": int(meta["n_edges"])}
+    return {
+        "offsets": n + 1,
+        "frames": n,
+        "atoms": int(meta["n_atoms"]),
+        "edges": int(meta["n_edges"]),
+    }
 
 
 class OnDiskStore:
@@ -88,14 +102,20 @@ class OnDiskStore:
         try:
             meta = json.loads(meta_path.read_text())
             fmt, version = meta.get("format"), meta.get("version")
-            self.n_frames, self.n_atoms, self.n_edges = (int(meta[k]) for k in ("n_frames", "n_atoms", "n_edges"))
+            self.n_frames, self.n_atoms, self.n_edges = (
+                int(meta[k]) for k in ("n_frames", "n_atoms", "n_edges")
+            )
         except (ValueError, KeyError, AttributeError, TypeError) as err:
-            raise DataError(f"'{meta_path}': corrupted metadata ({type(err).__name__}: {err})") from None
+            raise DataError(
+                f"'{meta_path}': corrupted metadata ({type(err).__name__}: {err})"
+            ) from None
         if fmt != FORMAT:
             raise DataError(f"'{meta_path}': format {fmt!r} is not {FORMAT!r}")
         if version != VERSION:
-            raise DataError(f"'{self.path}': format version {version} is not supported (this version reads "
-                            f"{VERSION}); convert the data again with 'mlip-unc convert'")  # fmt: skip
+            raise DataError(
+                f"'{self.path}': format version {version} is not supported (this version reads "
+                f"{VERSION}); convert the data again with 'mlip-unc convert'"
+            )
         self.meta = meta
         self.r_max = float(meta["r_max"])
         self.type_map = TypeMap.from_list(meta["elements"])
@@ -111,22 +131,30 @@ class OnDiskStore:
             file = self.path / array_file(name)
             expected = rows[kind] * np.dtype(dtype).itemsize * int(np.prod(tail, dtype=np.int64))
             if not file.is_file():
-                raise DataError(f"'{self.path}': array file {file.name} is missing (the set is incomplete)")
+                raise DataError(
+                    f"'{self.path}': array file {file.name} is missing (the set is incomplete)"
+                )
             size = file.stat().st_size
             if size != expected:
-                raise DataError(f"'{self.path}': {file.name} has {size} bytes, expected {expected} "
-                                f"({rows[kind]} {kind} rows): the set is truncated or corrupted; convert again")  # fmt: skip
+                raise DataError(
+                    f"'{self.path}': {file.name} has {size} bytes, expected {expected} "
+                    f"({rows[kind]} {kind} rows): the set is truncated or corrupted; convert again"
+                )
 
     def _check_offsets(self, chunk: int = 1 << 20) -> None:
         for name, total in (("atom_offset", self.n_atoms), ("edge_offset", self.n_edges)):
             off = self.array(name)
             if off[0] != 0 or off[-1] != total:
-                raise DataError(f"'{self.path}': {name} runs from {off[0]} to {off[-1]}, expected 0 to {total}: corrupted")
+                raise DataError(
+                    f"'{self.path}': {name} runs from {off[0]} to {off[-1]}, expected 0 to {total}: corrupted"
+                )
             for lo in range(0, len(off) - 1, chunk):
                 step = np.diff(np.asarray(off[lo : lo + chunk + 1]))
                 if (step < (1 if name == "atom_offset" else 0)).any():
                     bad = lo + int(np.argmax(step < (1 if name == "atom_offset" else 0)))
-                    raise DataError(f"'{self.path}': {name} is not increasing at item {bad} ({self.where(bad)}): corrupted")
+                    raise DataError(
+                        f"'{self.path}': {name} is not increasing at item {bad} ({self.where(bad)}): corrupted"
+                    )
 
     def verify(self) -> None:
         """Recompute the SHA-256 of every array file (reads the whole set).
@@ -140,7 +168,9 @@ class OnDiskStore:
                 for block in iter(lambda: handle.read(1 << 22), b""):
                     digest.update(block)
             if digest.hexdigest() != info["sha256"]:
-                raise DataError(f"'{self.path}': {array_file(name)} fails its checksum: corrupted; convert again")
+                raise DataError(
+                    f"'{self.path}': {array_file(name)} fails its checksum: corrupted; convert again"
+                )
 
     # ------------------------------------------------------------ access
     def array(self, name: str) -> np.ndarray:
@@ -151,13 +181,18 @@ class OnDiskStore:
             if shape[0] == 0:
                 self._maps[name] = np.zeros(shape, dtype=dtype)
             else:
-                self._maps[name] = np.memmap(self.path / array_file(name), dtype=dtype, mode="r", shape=shape)
+                self._maps[name] = np.memmap(
+                    self.path / array_file(name), dtype=dtype, mode="r", shape=shape
+                )
         return self._maps[name]
 
     def where(self, item: int) -> str:
         """``"'source.xyz', frame 12"`` of item ``item`` (falls back to the store's item)."""
         try:
-            return where(self.sources[int(self.array("source_id")[item])], int(self.array("frame_index")[item]))
+            return where(
+                self.sources[int(self.array("source_id")[item])],
+                int(self.array("frame_index")[item]),
+            )
         except (IndexError, ValueError):
             return where(self.path, item, row="item")
 
@@ -188,11 +223,15 @@ class OnDiskStore:
         atom_type = type_lookup[numbers]
         if (atom_type < 0).any():
             z = int(numbers[atom_type < 0][0])
-            TypeMap(tuple(int(x) for x in np.flatnonzero(type_lookup >= 0))).index(z, context=self.where(item))
+            TypeMap(tuple(int(x) for x in np.flatnonzero(type_lookup >= 0))).index(
+                z, context=self.where(item)
+            )
         edge_index = np.asarray(self.array("edge_index")[e0:e1], dtype=np.int64).T  # (2, n_edges)
         if edge_index.size and (edge_index.min() < 0 or edge_index.max() >= n):
-            raise DataError(f"{self.where(item)}: stored edges point outside the frame's {n} atoms: "
-                            f"'{self.path}' is corrupted; convert again")  # fmt: skip
+            raise DataError(
+                f"{self.where(item)}: stored edges point outside the frame's {n} atoms: "
+                f"'{self.path}' is corrupted; convert again"
+            )
 
         def flag(name: str) -> torch.Tensor:
             return torch.tensor([bool(self.array(name)[item])])
@@ -219,7 +258,6 @@ class OnDiskStore:
         }
         return Data(num_nodes=n, **fields)
 
-
     def atoms(self, item: int) -> ase.Atoms:
         """Item ``item`` as a structure with its stored labels (a ``SinglePointCalculator``)."""
         from ase.calculators.singlepoint import SinglePointCalculator
@@ -227,9 +265,12 @@ class OnDiskStore:
 
         a0, a1 = (int(x) for x in self.array("atom_offset")[item : item + 2])
         pbc = np.asarray(self.array("pbc")[item], dtype=bool)
-        atoms = ase.Atoms(numbers=np.asarray(self.array("numbers")[a0:a1], dtype=np.int64),
-                          positions=np.asarray(self.array("positions")[a0:a1]),
-                          cell=np.asarray(self.array("cell")[item]), pbc=pbc)  # fmt: skip
+        atoms = ase.Atoms(
+            numbers=np.asarray(self.array("numbers")[a0:a1], dtype=np.int64),
+            positions=np.asarray(self.array("positions")[a0:a1]),
+            cell=np.asarray(self.array("cell")[item]),
+            pbc=pbc,
+        )
         labels: dict[str, Any] = {}
         if self.array("has_energy")[item]:
             labels["energy"] = float(self.array("energy")[item])
@@ -272,7 +313,9 @@ class OnDiskDataset(StructureDataset):
     ) -> None:
         self.store = store if isinstance(store, OnDiskStore) else OnDiskStore(store)
         n = len(self.store)
-        self.indices = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, dtype=np.int64)
+        self.indices = (
+            np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, dtype=np.int64)
+        )
         if self.indices.size and (self.indices.min() < 0 or self.indices.max() >= n):
             raise IndexError(f"indices outside the {n} items of '{self.store.path}'")
         self.type_map = type_map or self.store.type_map
@@ -305,5 +348,7 @@ class OnDiskDataset(StructureDataset):
             yield [self[k] for k in range(lo, min(lo + size, len(self)))]
 
     def __repr__(self) -> str:
-        return (f"OnDiskDataset({len(self)} of {len(self.store)} graphs in '{self.store.path}', "
-                f"elements={self.type_map.symbols}, r_max={self.r_max})")  # fmt: skip
+        return (
+            f"OnDiskDataset({len(self)} of {len(self.store)} graphs in '{self.store.path}', "
+            f"elements={self.type_map.symbols}, r_max={self.r_max})"
+        )

@@ -61,17 +61,25 @@ class StoreWriter:
     ) -> None:
         self.out = Path(out)
         if self.out.exists() and not overwrite:
-            raise FileExistsError(f"'{self.out}' exists; pass overwrite (--overwrite) to replace it")
+            raise FileExistsError(
+                f"'{self.out}' exists; pass overwrite (--overwrite) to replace it"
+            )
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".tmp", dir=self.out.parent))
+        self.tmp = Path(
+            tempfile.mkdtemp(prefix=f".{self.out.name}.", suffix=".tmp", dir=self.out.parent)
+        )
         os.chmod(self.tmp, 0o755)  # mkdtemp's 0700 would stay on the published folder
         self.r_max = float(r_max)
         self.label_keys = dict(label_keys or {"energy": None, "forces": None, "stress": None})
-        self.stress_convention = None if stress_convention is None else StressConvention(stress_convention).value
+        self.stress_convention = (
+            None if stress_convention is None else StressConvention(stress_convention).value
+        )
         self.sources: list[str] = []
         self.elements: set[int] = set()
         self.counts = {"frames": 0, "atoms": 0, "edges": 0}
-        self._files: dict[str, IO[bytes]] = {n: open(self.tmp / array_file(n), "wb") for n in ARRAYS}  # noqa: SIM115 (closed by close/abort)
+        self._files: dict[str, IO[bytes]] = {
+            n: open(self.tmp / array_file(n), "wb") for n in ARRAYS
+        }  # noqa: SIM115 (closed by close/abort)
         self._hash = {n: hashlib.sha256() for n in ARRAYS}
         self._write("atom_offset", np.zeros(1, dtype=np.int64))
         self._write("edge_offset", np.zeros(1, dtype=np.int64))
@@ -96,13 +104,21 @@ class StoreWriter:
         source = self.sources[source_id]
         lk = self.label_keys
         graph = atoms_to_graph(
-            atoms, self.r_max, _ALL_ELEMENTS, energy_key=lk.get("energy"), forces_key=lk.get("forces"),
-            stress_key=lk.get("stress"), stress_convention=self.stress_convention, frame_index=frame_index,
+            atoms,
+            self.r_max,
+            _ALL_ELEMENTS,
+            energy_key=lk.get("energy"),
+            forces_key=lk.get("forces"),
+            stress_key=lk.get("stress"),
+            stress_convention=self.stress_convention,
+            frame_index=frame_index,
             source=source,
-        )  # fmt: skip
+        )
         shift = graph[keys.CELL_SHIFT].numpy()
         if shift.size and np.abs(shift).max() > np.iinfo(np.int32).max:
-            raise DataError(f"{where(source, frame_index)}: periodic image shifts too large to store")
+            raise DataError(
+                f"{where(source, frame_index)}: periodic image shifts too large to store"
+            )
         n_atoms, n_edges = len(atoms), graph[keys.EDGE_INDEX].shape[1]
         self.counts["frames"] += 1
         self.counts["atoms"] += n_atoms
@@ -112,10 +128,18 @@ class StoreWriter:
         self._write("edge_offset", [self.counts["edges"]])
         self._write("frame_index", [frame_index])
         self._write("source_id", [source_id])
-        for name, key in (("cell", keys.CELL), ("pbc", keys.PBC), ("energy", keys.ENERGY), ("stress", keys.STRESS),
-                          ("has_energy", keys.HAS_ENERGY), ("has_forces", keys.HAS_FORCES),
-                          ("has_stress", keys.HAS_STRESS), ("positions", keys.POSITIONS),
-                          ("numbers", keys.ATOMIC_NUMBERS), ("forces", keys.FORCES)):  # fmt: skip
+        for name, key in (
+            ("cell", keys.CELL),
+            ("pbc", keys.PBC),
+            ("energy", keys.ENERGY),
+            ("stress", keys.STRESS),
+            ("has_energy", keys.HAS_ENERGY),
+            ("has_forces", keys.HAS_FORCES),
+            ("has_stress", keys.HAS_STRESS),
+            ("positions", keys.POSITIONS),
+            ("numbers", keys.ATOMIC_NUMBERS),
+            ("forces", keys.FORCES),
+        ):
             self._write(name, graph[key].numpy())
         self._write("isolated", [is_isolated_atom(atoms)])
         self._write("edge_index", graph[keys.EDGE_INDEX].numpy().T)  # (n_edges, 2)
@@ -131,14 +155,25 @@ class StoreWriter:
             handle.flush()
             os.fsync(handle.fileno())
             handle.close()
-            arrays[name] = {"dtype": ARRAYS[name][1], "rows": ARRAYS[name][0], "shape": list(ARRAYS[name][2]),
-                            "sha256": self._hash[name].hexdigest()}  # fmt: skip
+            arrays[name] = {
+                "dtype": ARRAYS[name][1],
+                "rows": ARRAYS[name][0],
+                "shape": list(ARRAYS[name][2]),
+                "sha256": self._hash[name].hexdigest(),
+            }
         meta = {
-            "format": FORMAT, "version": VERSION, "r_max": self.r_max,
-            "n_frames": self.counts["frames"], "n_atoms": self.counts["atoms"], "n_edges": self.counts["edges"],
-            "elements": sorted(self.elements), "label_keys": self.label_keys,
-            "stress_convention": self.stress_convention, "sources": self.sources, "arrays": arrays,
-        }  # fmt: skip
+            "format": FORMAT,
+            "version": VERSION,
+            "r_max": self.r_max,
+            "n_frames": self.counts["frames"],
+            "n_atoms": self.counts["atoms"],
+            "n_edges": self.counts["edges"],
+            "elements": sorted(self.elements),
+            "label_keys": self.label_keys,
+            "stress_convention": self.stress_convention,
+            "sources": self.sources,
+            "arrays": arrays,
+        }
         atomic_write_text(self.tmp / META, json.dumps(meta, indent=1) + "\n")
         OnDiskStore(self.tmp)  # the sizes and offsets check before publishing
         old = None
@@ -184,9 +219,12 @@ def convert_files(
         if not Path(path).is_file():
             raise DataError(f"structure file not found: '{path}'")
     writer = StoreWriter(
-        out, r_max, label_keys={"energy": energy_key, "forces": forces_key, "stress": stress_key},
-        stress_convention=stress_convention, overwrite=overwrite,
-    )  # fmt: skip
+        out,
+        r_max,
+        label_keys={"energy": energy_key, "forces": forces_key, "stress": stress_key},
+        stress_convention=stress_convention,
+        overwrite=overwrite,
+    )
     try:
         with tqdm(desc=f"convert -> {Path(out).name}", unit="frame", disable=not progress) as bar:
             for path in paths:
@@ -199,6 +237,12 @@ def convert_files(
         writer.abort()
         raise
     store = OnDiskStore(out)
-    log.info("wrote %d frames (%d atoms, %d edges, elements %s) to %s", store.n_frames, store.n_atoms,
-             store.n_edges, store.type_map.symbols, out)  # fmt: skip
+    log.info(
+        "wrote %d frames (%d atoms, %d edges, elements %s) to %s",
+        store.n_frames,
+        store.n_atoms,
+        store.n_edges,
+        store.type_map.symbols,
+        out,
+    )
     return store

@@ -109,9 +109,12 @@ def read_validated_frames(
         frame_energy(atoms, label_keys["energy"], required=required["energy"], context=loc)
         frame_forces(atoms, label_keys["forces"], required=required["forces"], context=loc)
         frame_stress(
-            atoms, label_keys["stress"], convention=stress_convention,
-            required=required["stress"], context=loc,
-        )  # fmt: skip
+            atoms,
+            label_keys["stress"],
+            convention=stress_convention,
+            required=required["stress"],
+            context=loc,
+        )
     return frames
 
 
@@ -147,8 +150,10 @@ def read_structures(
             the key and the keys that exist).
     """
     frames = read_validated_frames(
-        path, index, stress_convention=stress_convention,
+        path,
+        index,
+        stress_convention=stress_convention,
         label_keys={"energy": energy_key, "forces": forces_key, "stress": stress_key},
         required={"energy": require_energy, "forces": require_forces, "stress": require_stress},
-    )  # fmt: skip
+    )
     return [atoms for _, atoms in frames]

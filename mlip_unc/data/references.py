@@ -23,7 +23,12 @@ from mlip_unc.data.errors import DataError
 from mlip_unc.data.labels import frame_energy
 from mlip_unc.data.typemap import element_symbol
 
-__all__ = ["ISOLATED_ATOM_CONFIG_TYPES", "ISOLATED_IMAGE_DISTANCE", "fit_reference_energies", "is_isolated_atom"]
+__all__ = [
+    "ISOLATED_ATOM_CONFIG_TYPES",
+    "ISOLATED_IMAGE_DISTANCE",
+    "fit_reference_energies",
+    "is_isolated_atom",
+]
 
 ISOLATED_ATOM_CONFIG_TYPES: tuple[str, ...] = ("IsolatedAtom", "isolated_atom")
 ISOLATED_IMAGE_DISTANCE = 8.0
@@ -35,7 +40,9 @@ def _nearest_image_distance(atoms: ase.Atoms) -> float:
     cell = atoms.cell.array[atoms.pbc]  # (n_periodic, 3) lattice vectors
     if len(cell) == 0:
         return float("inf")
-    shifts = np.array(np.meshgrid(*[[-1, 0, 1]] * len(cell), indexing="ij")).reshape(len(cell), -1).T
+    shifts = (
+        np.array(np.meshgrid(*[[-1, 0, 1]] * len(cell), indexing="ij")).reshape(len(cell), -1).T
+    )
     vectors = shifts[np.any(shifts != 0, axis=1)] @ cell  # (3^k - 1, 3)
     return float(np.linalg.norm(vectors, axis=1).min())
 
@@ -75,7 +82,9 @@ def _least_squares_energies(
                 target[row] -= known[int(z)]
             else:
                 counts[row, column[int(z)]] += 1.0
-    n_atoms = np.array([len(atoms) for _, atoms, _ in frames], dtype=np.float64)[:, None]  # (n_frames, 1)
+    n_atoms = np.array([len(atoms) for _, atoms, _ in frames], dtype=np.float64)[
+        :, None
+    ]  # (n_frames, 1)
     solution, _, rank, _ = np.linalg.lstsq(counts / n_atoms, target / n_atoms[:, 0], rcond=None)
     if rank < len(elements):
         warnings.warn(

@@ -23,7 +23,14 @@ import ase.io
 
 from mlip_unc.data.errors import DataError, where
 
-__all__ = ["Checkpoint", "count_frames", "extxyz_checkpoints", "is_extxyz", "iter_extxyz", "iter_frames"]
+__all__ = [
+    "Checkpoint",
+    "count_frames",
+    "extxyz_checkpoints",
+    "is_extxyz",
+    "iter_extxyz",
+    "iter_frames",
+]
 
 _EXTXYZ_SUFFIXES = {".xyz", ".extxyz"}
 _WHOLE_FILE_SUFFIXES = {".json", ".cif", ".vasp", ".poscar"}
@@ -43,7 +50,9 @@ def is_extxyz(path: str | Path) -> bool:
     return Path(path).suffix.lower() in _EXTXYZ_SUFFIXES
 
 
-def _frame_lines(handle: io.BufferedReader, path: Path, frame: int, line: int) -> tuple[list[bytes], int] | None:
+def _frame_lines(
+    handle: io.BufferedReader, path: Path, frame: int, line: int
+) -> tuple[list[bytes], int] | None:
     """The raw lines of the frame at the handle's position (None at the end of the file) and
     the number of lines consumed."""
     header = handle.readline()
@@ -54,16 +63,20 @@ def _frame_lines(handle: io.BufferedReader, path: Path, frame: int, line: int) -
     try:
         natoms = int(header.split()[0])
     except (ValueError, IndexError):
-        raise DataError(f"{where(path, frame)} (line {line}): expected the number of atoms, got "
-                        f"{header[:60].decode(errors='replace')!r}") from None  # fmt: skip
+        raise DataError(
+            f"{where(path, frame)} (line {line}): expected the number of atoms, got "
+            f"{header[:60].decode(errors='replace')!r}"
+        ) from None
     if natoms < 0:
         raise DataError(f"{where(path, frame)} (line {line}): negative number of atoms {natoms}")
     lines = [header]
     for _ in range(natoms + 1):  # comment + atoms
         text = handle.readline()
         if not text:
-            raise DataError(f"{where(path, frame)} (line {line}): the file ends inside the frame "
-                            f"({natoms} atoms announced, {len(lines) - 2} found)")  # fmt: skip
+            raise DataError(
+                f"{where(path, frame)} (line {line}): the file ends inside the frame "
+                f"({natoms} atoms announced, {len(lines) - 2} found)"
+            )
         lines.append(text)
     while True:  # lattice vectors of old-style extxyz
         position = handle.tell()
@@ -105,8 +118,10 @@ def _parse(lines: list[bytes], path: Path, frame: int, line: int) -> ase.Atoms:
     try:
         return ase.io.read(io.StringIO(b"".join(lines).decode()), index=0, format="extxyz")
     except Exception as err:  # any parser failure -> one error naming the file, frame and line
-        raise DataError(f"{where(path, frame)} (line {line}): could not parse the frame: "
-                        f"{type(err).__name__}: {err}") from err  # fmt: skip
+        raise DataError(
+            f"{where(path, frame)} (line {line}): could not parse the frame: "
+            f"{type(err).__name__}: {err}"
+        ) from err
 
 
 def iter_extxyz(
@@ -150,7 +165,9 @@ def iter_frames(path: str | Path) -> Iterator[tuple[int, ase.Atoms]]:
     except DataError:
         raise
     except Exception as err:  # any parser failure -> one clear error naming the file
-        raise DataError(f"could not read '{path}' after frame {frame}: {type(err).__name__}: {err}") from err
+        raise DataError(
+            f"could not read '{path}' after frame {frame}: {type(err).__name__}: {err}"
+        ) from err
 
 
 def count_frames(path: str | Path) -> int:

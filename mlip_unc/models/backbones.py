@@ -55,7 +55,10 @@ class Backbone(Protocol):
 
 
 BACKBONES: dict[str, type[nn.Module]] = {
-    "gin": GeometricGIN, "equivariant": EquivariantBackbone, "mace": MACEBackbone, "mace_model": MACEModelFeatures,
+    "gin": GeometricGIN,
+    "equivariant": EquivariantBackbone,
+    "mace": MACEBackbone,
+    "mace_model": MACEModelFeatures,
 }
 """Backbones that checkpoints can rebuild from plain data, by ``backbone_name``."""
 
@@ -77,7 +80,9 @@ def build_backbone(name: str, **kwargs: Any) -> nn.Module:
     return cls(**kwargs)
 
 
-def isolated_atoms_batch(type_map: list[int], *, dtype: torch.dtype, device: torch.device | str) -> Data:
+def isolated_atoms_batch(
+    type_map: list[int], *, dtype: torch.dtype, device: torch.device | str
+) -> Data:
     """One isolated atom of each species in ``type_map`` (no edges, no cell), as one batch.
 
     The input of the isolated-atom reference latents ``z_iso (n_types, d)`` of

@@ -76,7 +76,12 @@ class DeterministicHead(nn.Module):
     """
 
     def __init__(
-        self, in_features: int, out_features: int = 1, *, dropout: float = 0.0, dtype: torch.dtype | None = None
+        self,
+        in_features: int,
+        out_features: int = 1,
+        *,
+        dropout: float = 0.0,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.linear = nn.Linear(in_features, out_features, dtype=dtype)
@@ -115,7 +120,9 @@ class LaplaceHead(DeterministicHead):
     prior_precision: Tensor
     fitted: Tensor
 
-    def __init__(self, in_features: int, out_features: int = 1, *, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, in_features: int, out_features: int = 1, *, dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__(in_features, out_features, dtype=dtype)
         p = in_features + 1
         self.register_buffer("posterior_cov", torch.zeros(out_features, p, p, dtype=dtype))
@@ -136,7 +143,12 @@ class LaplaceHead(DeterministicHead):
         (on the CPU, in float64; the results are copied to the head's device)."""
         z, noise_var = z.detach().cpu(), noise_var.detach().cpu()
         zt = torch.cat([z, z.new_ones(z.shape[0], 1)], dim=1).double()  # (N, p)
-        theta = torch.cat([self.linear.weight, self.linear.bias[:, None]], dim=1).detach().cpu().double()  # (out, p)
+        theta = (
+            torch.cat([self.linear.weight, self.linear.bias[:, None]], dim=1)
+            .detach()
+            .cpu()
+            .double()
+        )  # (out, p)
         p = zt.shape[1]
         grid = torch.logspace(-6, 6, 241, dtype=torch.float64)
         eye = torch.eye(p, dtype=torch.float64)
@@ -163,12 +175,18 @@ class MCDropoutModel(PropertyModel):
     untouched), so predictions are reproducible.
     """
 
-    def predictive(self, batch: Batch, *, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    def predictive(
+        self, batch: Batch, *, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
         z = self.latent(batch)  # deterministic latent (dropout off in eval mode)
         dropouts = [m for m in self.modules() if isinstance(m, nn.Dropout)]
         modes = [m.training for m in dropouts]
         means, noise = [], []
-        seed = _MC_SEED if generator is None else int(torch.randint(0, 2**31 - 1, (), generator=generator))
+        seed = (
+            _MC_SEED
+            if generator is None
+            else int(torch.randint(0, 2**31 - 1, (), generator=generator))
+        )
         with _seeded_rng(seed, z.device):
             for m in dropouts:
                 m.train()
@@ -178,15 +196,18 @@ class MCDropoutModel(PropertyModel):
                     means.append(self.head(zs))
                     noise.append(self.noise(zs))
             finally:
-                for m, mode in zip(dropouts, modes):
+                for m, mode in zip(dropouts, modes, strict=False):
                     m.train(mode)
         draws = torch.stack(means)  # (T, n, out)
         alea = torch.stack(noise).mean(0)
         epi = draws.var(0, unbiased=True) if len(means) > 1 else torch.zeros_like(draws[0])
         mean = draws.mean(0)
         return {
-            keys.PREDICTION: mean, keys.EPISTEMIC_VAR: epi, keys.ALEATORIC_VAR: alea,
-            keys.PREDICTION_VAR: epi + alea, keys.LATENT: z,
+            keys.PREDICTION: mean,
+            keys.EPISTEMIC_VAR: epi,
+            keys.ALEATORIC_VAR: alea,
+            keys.PREDICTION_VAR: epi + alea,
+            keys.LATENT: z,
         }
 
 
@@ -200,7 +221,9 @@ class LaplaceModel(PropertyModel):
         zs, noise = [], []
         graphs = list(graphs)
         for start in range(0, len(graphs), batch_size):
-            z = self.latent(Batch.from_data_list(graphs[start : start + batch_size]).to(self.y_mean.device))
+            z = self.latent(
+                Batch.from_data_list(graphs[start : start + batch_size]).to(self.y_mean.device)
+            )
             zs.append(z)
             noise.append(self.noise(z))
         self.head.fit(torch.cat(zs), torch.cat(noise))
@@ -218,7 +241,9 @@ class DeepEnsemble(StandardisedModel):
         super().__init__(**kwargs)
         self.members = nn.ModuleList(members)
 
-    def forward(self, batch: Batch, *, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    def forward(
+        self, batch: Batch, *, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
         outs = [m(batch, generator=generator) for m in self.members]
         return {
             keys.LATENT: outs[0][keys.LATENT],
@@ -226,14 +251,19 @@ class DeepEnsemble(StandardisedModel):
             keys.ALEATORIC_VAR: torch.stack([o[keys.ALEATORIC_VAR] for o in outs]),
         }
 
-    def predictive(self, batch: Batch, *, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    def predictive(
+        self, batch: Batch, *, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
         outs = [m.predictive(batch, generator=generator) for m in self.members]
         means = torch.stack([o[keys.PREDICTION] for o in outs])  # (M, n, out)
         alea = torch.stack([o[keys.ALEATORIC_VAR] for o in outs]).mean(0)
         epi = means.var(0, unbiased=False)  # mixture variance of the means
         return {
-            keys.PREDICTION: means.mean(0), keys.EPISTEMIC_VAR: epi, keys.ALEATORIC_VAR: alea,
-            keys.PREDICTION_VAR: epi + alea, keys.LATENT: outs[0][keys.LATENT],
+            keys.PREDICTION: means.mean(0),
+            keys.EPISTEMIC_VAR: epi,
+            keys.ALEATORIC_VAR: alea,
+            keys.PREDICTION_VAR: epi + alea,
+            keys.LATENT: outs[0][keys.LATENT],
         }
 
 
@@ -251,8 +281,12 @@ def build_baseline(
 
     def member(cls: type[PropertyModel], head: nn.Module, **kw: Any) -> PropertyModel:
         return cls(
-            make_backbone(config), head, make_noise_module(config, n_targets),
-            rotation=make_rotation(config), mc_samples=m.mc_samples, **kw,
+            make_backbone(config),
+            head,
+            make_noise_module(config, n_targets),
+            rotation=make_rotation(config),
+            mc_samples=m.mc_samples,
+            **kw,
         )
 
     if m.method is Method.MVE:
@@ -265,8 +299,10 @@ def build_baseline(
     if m.method is Method.ENSEMBLE:
         members = [
             member(
-                PropertyModel, DeterministicHead(m.latent_dim, n_targets, dtype=dtype),
-                n_targets=n_targets, dtype=dtype,
+                PropertyModel,
+                DeterministicHead(m.latent_dim, n_targets, dtype=dtype),
+                n_targets=n_targets,
+                dtype=dtype,
             )
             for _ in range(m.ensemble_size)
         ]

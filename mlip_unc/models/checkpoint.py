@@ -26,7 +26,14 @@ import torch
 
 from mlip_unc.atomic import atomic_write
 
-__all__ = ["FORMAT", "VERSION", "CheckpointError", "save_checkpoint", "load_checkpoint", "tensor_digest"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
+    "tensor_digest",
+]
 
 _UNHASHED = ("sha256", "digest")  # the digest's own fields
 

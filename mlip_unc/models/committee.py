@@ -75,7 +75,10 @@ class Committee(nn.Module):
         uncertainty: UncertaintyMode | str = "none",
         **_: Any,
     ) -> dict[str, Tensor]:
-        outs = [m(batch, compute_forces=compute_forces, compute_stress=compute_stress) for m in self.members]
+        outs = [
+            m(batch, compute_forces=compute_forces, compute_stress=compute_stress)
+            for m in self.members
+        ]
 
         def stack(key: str) -> Tensor:  # (M, ...)
             return torch.stack([o[key].detach() for o in outs])
@@ -87,10 +90,14 @@ class Committee(nn.Module):
         if with_unc:
             epistemic = energy.var(0, unbiased=False)
             aleatoric = self.noise_variances(batch)[keys.ENERGY].detach()
-            result.update({
-                keys.ENERGY_EPISTEMIC_VAR: epistemic, keys.ENERGY_ALEATORIC_VAR: aleatoric,
-                keys.ENERGY_VAR: epistemic + aleatoric, keys.LOCAL_ENERGY_VAR: atomic.var(0, unbiased=False),
-            })  # fmt: skip
+            result.update(
+                {
+                    keys.ENERGY_EPISTEMIC_VAR: epistemic,
+                    keys.ENERGY_ALEATORIC_VAR: aleatoric,
+                    keys.ENERGY_VAR: epistemic + aleatoric,
+                    keys.LOCAL_ENERGY_VAR: atomic.var(0, unbiased=False),
+                }
+            )
         for wanted, key, var_key in (
             (compute_forces, keys.FORCES, keys.FORCES_VAR),  # (M, n_atoms, 3)
             (compute_stress, keys.STRESS, keys.STRESS_VAR),  # (M, n_graphs, 3, 3)

@@ -52,19 +52,32 @@ def build_model(
     common = {"n_targets": n_targets, "y_mean": y_mean, "y_std": y_std, "dtype": dtype}
     if m.method in (Method.BGNN, Method.AGL):
         head = BayesianLinear(
-            m.latent_dim, n_targets, prior_std=m.prior_std, init_std=m.init_std,
-            estimator=m.estimator, dtype=dtype,
+            m.latent_dim,
+            n_targets,
+            prior_std=m.prior_std,
+            init_std=m.init_std,
+            estimator=m.estimator,
+            dtype=dtype,
         )
     elif m.method is Method.FULLBNN:
         head = BayesianMLP(
-            m.latent_dim, m.fullbnn_hidden, n_targets, prior_std=m.prior_std, init_std=m.init_std,
-            estimator=m.estimator, dtype=dtype,
+            m.latent_dim,
+            m.fullbnn_hidden,
+            n_targets,
+            prior_std=m.prior_std,
+            init_std=m.init_std,
+            estimator=m.estimator,
+            dtype=dtype,
         )
     else:
         return build_baseline(config, **common)
     return PropertyModel(
-        make_backbone(config), head, make_noise_module(config, n_targets), rotation=make_rotation(config),
-        mc_samples=m.mc_samples, **common,
+        make_backbone(config),
+        head,
+        make_noise_module(config, n_targets),
+        rotation=make_rotation(config),
+        mc_samples=m.mc_samples,
+        **common,
     )
 
 
@@ -94,8 +107,10 @@ class PropertyPredictor:
             meta = dict(payload.get("metadata", {}))
             norm = payload["normalization"]
             model = build_model(
-                config, n_targets=int(meta["n_targets"]),
-                y_mean=torch.tensor(norm["mean"]), y_std=torch.tensor(norm["std"]),
+                config,
+                n_targets=int(meta["n_targets"]),
+                y_mean=torch.tensor(norm["mean"]),
+                y_std=torch.tensor(norm["std"]),
             )
             model.load_state_dict(payload["model_state"])
         except (KeyError, TypeError, ValueError, RuntimeError) as err:
@@ -113,4 +128,6 @@ class PropertyPredictor:
         std = out[keys.PREDICTION_VAR].double().clamp_min(0).sqrt().cpu().numpy()
         epi = out[keys.EPISTEMIC_VAR].double().clamp_min(0).sqrt().cpu().numpy()
         alea = out[keys.ALEATORIC_VAR].double().clamp_min(0).sqrt().cpu().numpy()
-        return apply_calibration(self.calibrators, mean=mean, std=std, epistemic_std=epi, aleatoric_std=alea)
+        return apply_calibration(
+            self.calibrators, mean=mean, std=std, epistemic_std=epi, aleatoric_std=alea
+        )

@@ -54,10 +54,17 @@ from mlip_unc.models.potential_uncertainty import (
 from mlip_unc.uncertainty import moments
 
 __all__ = [
-    "FullPosterior", "FullPosteriorHolder", "basis_state", "basis_mean", "full_energy_uncertainty", "full_derivatives", "latent_jacobian", "diagonal_factor",
+    "FullPosterior",
+    "FullPosteriorHolder",
+    "basis_state",
+    "basis_mean",
+    "full_energy_uncertainty",
+    "full_derivatives",
+    "latent_jacobian",
+    "diagonal_factor",
     "default_uncertainty_mode",
     "posterior_uncertainty",
-]  # fmt: skip
+]
 
 
 @dataclass
@@ -128,7 +135,9 @@ class FullPosteriorHolder:
         """The full-covariance posterior and its calibration, or None (the diagonal one)."""
         if not self.has_full_posterior:
             return None
-        return FullPosterior(self.posterior_factor, self.posterior_calibration, self.posterior_blocks)
+        return FullPosterior(
+            self.posterior_factor, self.posterior_calibration, self.posterior_blocks
+        )
 
     def set_full_posterior(self, factor: Tensor, calibration: Tensor) -> None:
         """Attach ``factor (D, D)`` (``Sigma = factor^T factor``, rows by decreasing variance;
@@ -142,7 +151,9 @@ class FullPosteriorHolder:
             raise ValueError(f"expected a ({d}, {d}) factor and 4 or 5 calibration values")
         dtype, device = self.dtype, self.atomic_energies.device  # the head's precision
         self.register_buffer("posterior_factor", factor.detach().to(device, dtype).clone())
-        self.register_buffer("posterior_calibration", calibration.detach().to(device, dtype).clone())
+        self.register_buffer(
+            "posterior_calibration", calibration.detach().to(device, dtype).clone()
+        )
 
     def clear_full_posterior(self) -> None:
         """Back to the variational (diagonal) posterior and the learned noises, e.g. to fine-tune."""
@@ -157,7 +168,9 @@ def basis_state(state: PotentialState, n_blocks: int) -> PotentialState:
     if n_blocks == 1:
         return state
     n_atoms, d = state.z.shape
-    onehot = torch.nn.functional.one_hot(state.atom_type, n_blocks).to(state.z.dtype)  # (n_atoms, n_blocks)
+    onehot = torch.nn.functional.one_hot(state.atom_type, n_blocks).to(
+        state.z.dtype
+    )  # (n_atoms, n_blocks)
     z = (onehot[:, :, None] * state.z[:, None, :]).reshape(n_atoms, n_blocks * d)
     phi = z.new_zeros(state.n_graphs, n_blocks * d).index_add(0, state.graph, z)
     return replace(state, z=z, phi=phi)
@@ -204,7 +217,9 @@ def full_derivatives(
     return out
 
 
-def latent_jacobian(model, batch, n_blocks: int = 1) -> tuple[PotentialState, dict[str, Tensor], Tensor]:
+def latent_jacobian(
+    model, batch, n_blocks: int = 1
+) -> tuple[PotentialState, dict[str, Tensor], Tensor]:
     """One forward pass and the position Jacobian of the per-graph latent sums, in a basis of
     ``n_blocks`` weight blocks (:func:`basis_state`).
 
@@ -241,7 +256,12 @@ def diagonal_factor(s2: Tensor, rank: int | None) -> Tensor:
 
 
 def posterior_uncertainty(
-    model, state: PotentialState, mode: UncertaintyMode, *, n_samples: int, generator: torch.Generator | None
+    model,
+    state: PotentialState,
+    mode: UncertaintyMode,
+    *,
+    n_samples: int,
+    generator: torch.Generator | None,
 ) -> dict[str, Tensor]:
     """The uncertainty outputs of ``model.forward`` in ``mode`` (not ``none``): energy variances
     (free), and in the gradient modes mean forces (stress) with their epistemic variances,
@@ -252,8 +272,9 @@ def posterior_uncertainty(
     base_grads = None
     if base is not None and mode is not UncertaintyMode.ENERGY and state.inputs:
         # their derivatives join the mean forces (stress), which the modes take from Phi . mu only
-        base_grads = torch.autograd.grad(base.sum(), state.inputs, retain_graph=True, allow_unused=True,
-                                         materialize_grads=True)  # fmt: skip
+        base_grads = torch.autograd.grad(
+            base.sum(), state.inputs, retain_graph=True, allow_unused=True, materialize_grads=True
+        )
     if post is None:
         out = energy_uncertainty(state, s2, model.energy_noise.square())
     else:
@@ -274,10 +295,16 @@ def posterior_uncertainty(
     elif mode is UncertaintyMode.SAMPLED:
         with torch.no_grad():
             if post is None:
-                draws = model.head.sample_weights(n_samples, generator=generator)[0][:, 0, :]  # (K, d)
+                draws = model.head.sample_weights(n_samples, generator=generator)[0][
+                    :, 0, :
+                ]  # (K, d)
             else:
-                eps = torch.randn(n_samples, mu.shape[0], generator=generator, dtype=mu.dtype, device=mu.device)
-                draws = mu.detach() + post.alpha2_forces.sqrt().to(mu.dtype) * eps @ post.factor.to(mu.dtype)
+                eps = torch.randn(
+                    n_samples, mu.shape[0], generator=generator, dtype=mu.dtype, device=mu.device
+                )
+                draws = mu.detach() + post.alpha2_forces.sqrt().to(mu.dtype) * eps @ post.factor.to(
+                    mu.dtype
+                )
         out.update(sampled_derivatives(state, mu, draws, method=method))
     if base_grads is not None:
         for key, value in forces_and_stress(state, list(base_grads)).items():

@@ -30,7 +30,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mlip_unc import keys
-from mlip_unc.models.backbones import BACKBONES, Backbone, BackboneState, build_backbone, isolated_atoms_batch
+from mlip_unc.models.backbones import (
+    BACKBONES,
+    Backbone,
+    BackboneState,
+    build_backbone,
+    isolated_atoms_batch,
+)
 from mlip_unc.models.checkpoint import save_checkpoint
 from mlip_unc.models.derivatives import (
     PotentialState,
@@ -120,15 +126,20 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         self.isolated_reference = bool(isolated_reference)
         self.gradient_method = gradient_method
         self._noise_config = {
-            "energy_noise": float(energy_noise), "force_noise": float(force_noise),
+            "energy_noise": float(energy_noise),
+            "force_noise": float(force_noise),
             "learn_noise": bool(learn_noise),
         }
-        self.head = BayesianLinear(self.latent_dim, 1, bias=False, prior_std=prior_std, init_std=init_std)
+        self.head = BayesianLinear(
+            self.latent_dim, 1, bias=False, prior_std=prior_std, init_std=init_std
+        )
         n_types = len(self.type_map)
         if atomic_energies is None:
             atomic_energies = torch.zeros(n_types)
         if not (isinstance(atomic_energies, Tensor) and atomic_energies.is_floating_point()):
-            atomic_energies = torch.as_tensor(atomic_energies, dtype=torch.float64)  # keep precision
+            atomic_energies = torch.as_tensor(
+                atomic_energies, dtype=torch.float64
+            )  # keep precision
         atomic_energies = atomic_energies.detach().reshape(-1)
         if atomic_energies.shape[0] != n_types:
             raise ValueError(
@@ -150,10 +161,14 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         self.posterior_rank = int(posterior_rank)
         self.posterior_basis = str(getattr(posterior_basis, "value", posterior_basis))
         if self.posterior_basis not in ("shared", "per_element"):
-            raise ValueError(f"posterior_basis must be 'shared' or 'per_element', got {posterior_basis!r}")
+            raise ValueError(
+                f"posterior_basis must be 'shared' or 'per_element', got {posterior_basis!r}"
+            )
         if full_posterior:
             width = self.posterior_width
-            self.set_full_posterior(torch.zeros(width, width, dtype=torch.float64), torch.ones(5, dtype=torch.float64))
+            self.set_full_posterior(
+                torch.zeros(width, width, dtype=torch.float64), torch.ones(5, dtype=torch.float64)
+            )
 
     def reset_parameters(self) -> None:
         """Re-initialise the backbone (if it can), the head and the noise scales."""
@@ -204,7 +219,9 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         post = self.full_posterior()
         if post is not None:
             dtype = self.dtype
-            return noise_variances(batch, post.energy_noise_var.to(dtype), post.force_noise_var.to(dtype))
+            return noise_variances(
+                batch, post.energy_noise_var.to(dtype), post.force_noise_var.to(dtype)
+            )
         return noise_variances(batch, self.energy_noise.square(), self.force_noise.square())
 
     def atom_types(self, batch) -> Tensor:
@@ -213,7 +230,9 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
 
     # ------------------------------------------------------------------ latents
     def _isolated_batch(self) -> Any:
-        return isolated_atoms_batch(self.type_map, dtype=self.dtype, device=self.atomic_energies.device)
+        return isolated_atoms_batch(
+            self.type_map, dtype=self.dtype, device=self.atomic_energies.device
+        )
 
     def isolated_latents(self) -> Tensor:
         """``z_iso (n_types, d)``: the backbone's latents of isolated atoms of each species.
@@ -224,13 +243,19 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         if self.training:
             return self.backbone(self._isolated_batch())
         tensors = list(self.backbone.parameters()) + list(self.backbone.buffers())
-        key = (self.dtype, str(self.atomic_energies.device), tuple((id(t), t._version) for t in tensors))
+        key = (
+            self.dtype,
+            str(self.atomic_energies.device),
+            tuple((id(t), t._version) for t in tensors),
+        )
         if self._iso_cache is None or self._iso_cache[0] != key:
             with torch.no_grad():
                 self._iso_cache = (key, self.backbone(self._isolated_batch()).detach())
         return self._iso_cache[1]
 
-    def _latents(self, batch, pos: Tensor, cell: Tensor, atom_type: Tensor) -> tuple[Tensor, Tensor | None]:
+    def _latents(
+        self, batch, pos: Tensor, cell: Tensor, atom_type: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
         """``z~ (n_atoms, d)``: the backbone on ``batch`` with the given (strained) geometry, and its
         own per-atom energies ``(n_atoms,)`` or None (``latents_and_energies``, models/backbones.py)."""
         inputs = copy.copy(batch)
@@ -240,7 +265,9 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         if getattr(batch, keys.CELL_SHIFT, None) is None:
             inputs[keys.CELL_SHIFT] = pos.new_zeros(batch[keys.EDGE_INDEX].shape[1], 3)
         both = getattr(self.backbone, "latents_and_energies", None)
-        z, base = both(inputs) if both is not None else (self.backbone(inputs), None)  # (n_atoms, d)
+        z, base = (
+            both(inputs) if both is not None else (self.backbone(inputs), None)
+        )  # (n_atoms, d)
         if z.shape != (pos.shape[0], self.latent_dim):
             raise ValueError(
                 f"the backbone returned {tuple(z.shape)}, expected "
@@ -256,16 +283,28 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         n_graphs = num_graphs(batch, graph)
         pos = batch[keys.POSITIONS].to(self.dtype)
         cell = getattr(batch, keys.CELL, None)
-        cell = pos.new_zeros(n_graphs, 3, 3) if cell is None else cell.to(self.dtype).reshape(-1, 3, 3)
+        cell = (
+            pos.new_zeros(n_graphs, 3, 3) if cell is None else cell.to(self.dtype).reshape(-1, 3, 3)
+        )
         pos, cell_strained, inputs, strain = differentiable_inputs(
             pos, cell, graph, n_graphs, forces=forces, stress=stress
         )
         atom_type = self.atom_types(batch)
-        z, base = self._latents(batch, pos, cell_strained, atom_type)  # (n_atoms, d), (n_atoms,) or None
+        z, base = self._latents(
+            batch, pos, cell_strained, atom_type
+        )  # (n_atoms, d), (n_atoms,) or None
         phi = z.new_zeros(n_graphs, self.latent_dim).index_add_(0, graph, z)  # (n_graphs, d)
         return BackboneState(
-            batch=batch, graph=graph, n_graphs=n_graphs, inputs=inputs, strain=strain,
-            cell=cell, atom_type=atom_type, z=z, phi=phi, base_energy=base,
+            batch=batch,
+            graph=graph,
+            n_graphs=n_graphs,
+            inputs=inputs,
+            strain=strain,
+            cell=cell,
+            atom_type=atom_type,
+            z=z,
+            phi=phi,
+            base_energy=base,
         )
 
     def _energies(self, state: PotentialState, *, weights: Tensor) -> dict[str, Tensor]:
@@ -273,8 +312,12 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         z = state.z
         offsets = self.atomic_energies.to(z.dtype)[state.atom_type]  # (n_atoms,)
         latent_part = z @ weights if weights.dim() == 1 else (z * weights).sum(-1)
-        base = getattr(state, "base_energy", None)  # the backbone's own energies (models/backbones.py)
-        atomic = latent_part + offsets if base is None else latent_part + offsets + base  # (n_atoms,)
+        base = getattr(
+            state, "base_energy", None
+        )  # the backbone's own energies (models/backbones.py)
+        atomic = (
+            latent_part + offsets if base is None else latent_part + offsets + base
+        )  # (n_atoms,)
         energy = atomic.new_zeros(state.n_graphs).index_add_(0, state.graph, atomic)
         return {
             keys.ENERGY: energy,
@@ -322,10 +365,17 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         mode = UncertaintyMode(uncertainty)
         if training:
             return self.sample_forward(
-                batch, generator=generator, compute_forces=compute_forces,
-                compute_stress=compute_stress, uncertainty=mode,
+                batch,
+                generator=generator,
+                compute_forces=compute_forces,
+                compute_stress=compute_stress,
+                uncertainty=mode,
             )
-        needs_grad = mode in (UncertaintyMode.EXACT, UncertaintyMode.SAMPLED, UncertaintyMode.LOWRANK)
+        needs_grad = mode in (
+            UncertaintyMode.EXACT,
+            UncertaintyMode.SAMPLED,
+            UncertaintyMode.LOWRANK,
+        )
         compute_forces = compute_forces or needs_grad
         if mode is UncertaintyMode.SAMPLED and n_samples < 2:
             raise ValueError(f"the sampled mode needs n_samples >= 2, got {n_samples}")
@@ -334,7 +384,11 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
             mu, s2 = self.posterior()
             out = self._energies(state, weights=mu)
             if mode is not UncertaintyMode.NONE:
-                out.update(posterior_uncertainty(self, state, mode, n_samples=n_samples, generator=generator))
+                out.update(
+                    posterior_uncertainty(
+                        self, state, mode, n_samples=n_samples, generator=generator
+                    )
+                )
             if keys.FORCES not in out and (compute_forces or compute_stress):
                 grads = torch.autograd.grad(
                     out[keys.ENERGY].sum(), state.inputs, allow_unused=True, materialize_grads=True
@@ -353,8 +407,14 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
     ) -> dict[str, Tensor]:
         """Training forward: one reparameterised weight draw per graph (see
         :func:`mlip_unc.models.sampling.sample_forward`)."""
-        return sample_forward(self, batch, generator=generator, compute_forces=compute_forces,
-                              compute_stress=compute_stress, uncertainty=uncertainty)  # fmt: skip
+        return sample_forward(
+            self,
+            batch,
+            generator=generator,
+            compute_forces=compute_forces,
+            compute_stress=compute_stress,
+            uncertainty=uncertainty,
+        )
 
     # ------------------------------------------------------------------ checkpoints
     def config(self) -> dict[str, Any]:

@@ -48,8 +48,11 @@ def potential_config(model: nn.Module) -> dict[str, Any]:
         "isolated_reference": model.isolated_reference,
         "gradient_method": model.gradient_method,
         "dtype": str(model.dtype).removeprefix("torch."),
-        "posterior": {"full": model.has_full_posterior, "rank": model.posterior_rank,
-                      "basis": model.posterior_basis},
+        "posterior": {
+            "full": model.has_full_posterior,
+            "rank": model.posterior_rank,
+            "basis": model.posterior_basis,
+        },
     }
 
 
@@ -74,12 +77,16 @@ def potential_from_checkpoint(
     if isinstance(source, dict):
         payload = source
         if payload.get("kind") != POTENTIAL_KIND:
-            raise CheckpointError(f"payload holds a {payload.get('kind')!r} model, expected 'potential'")
+            raise CheckpointError(
+                f"payload holds a {payload.get('kind')!r} model, expected 'potential'"
+            )
     else:
         payload = load_checkpoint(source, map_location=map_location, kind=POTENTIAL_KIND)
     cfg = payload["config"]
     name = cfg["backbone"]["name"]
-    backbone = build_backbone(name, **checkpoint_backbone_kwargs(BACKBONES.get(name), cfg["backbone"]["kwargs"]))
+    backbone = build_backbone(
+        name, **checkpoint_backbone_kwargs(BACKBONES.get(name), cfg["backbone"]["kwargs"])
+    )
     model = cls(
         backbone,
         cfg["type_map"],

@@ -78,7 +78,9 @@ def noise_variances(batch, energy_noise_var: Tensor, force_noise_var: Tensor) ->
     }
 
 
-def energy_uncertainty(state: PotentialState, s2: Tensor, energy_noise_var: Tensor) -> dict[str, Tensor]:
+def energy_uncertainty(
+    state: PotentialState, s2: Tensor, energy_noise_var: Tensor
+) -> dict[str, Tensor]:
     """Closed-form energy variances of one forward pass (no backward pass).
 
     Args:
@@ -116,14 +118,18 @@ def derivative_variances(
     Exact with ``s2 (d,)`` given and ``grads`` the latent Jacobians ``(d, ...)``; sampled
     (unbiased sample variance) with ``s2=None`` and ``grads`` the draws' gradients ``(K, ...)``.
     """
-    var = (lambda g: moments.gradient_variance(g, s2)) if s2 is not None else moments.sample_variance
+    var = (
+        (lambda g: moments.gradient_variance(g, s2)) if s2 is not None else moments.sample_variance
+    )
     out = {keys.FORCES_VAR: var(grads[0])}
     if state.strain is not None:
         out[keys.STRESS_VAR] = var(grads[1]) * inverse_volume(state).square()[:, None, None]
     return out
 
 
-def exact_derivatives(state: PotentialState, mu: Tensor, s2: Tensor, *, method: str) -> dict[str, Tensor]:
+def exact_derivatives(
+    state: PotentialState, mu: Tensor, s2: Tensor, *, method: str
+) -> dict[str, Tensor]:
     """Mean forces (stress) and their exact variances from the d latent Jacobians.
 
     ``mu, s2 (d,)``: posterior means and variances of the head weights. The mean derivatives

@@ -86,11 +86,15 @@ class StandardisedModel(nn.Module):
         super().__init__()
         self.n_targets = n_targets
         dtype = dtype or torch.get_default_dtype()
-        mean = torch.zeros(n_targets) if y_mean is None else torch.as_tensor(y_mean).reshape(n_targets)
+        mean = (
+            torch.zeros(n_targets) if y_mean is None else torch.as_tensor(y_mean).reshape(n_targets)
+        )
         std = torch.ones(n_targets) if y_std is None else torch.as_tensor(y_std).reshape(n_targets)
         mean, std = mean.to(dtype), std.to(dtype)
         if bool((std <= 0).any()):
-            raise ValueError("target std must be positive (a constant target cannot be standardised)")
+            raise ValueError(
+                "target std must be positive (a constant target cannot be standardised)"
+            )
         self.register_buffer("y_mean", mean.clone())
         self.register_buffer("y_std", std.clone())
 
@@ -110,7 +114,9 @@ class StandardisedModel(nn.Module):
         return None
 
     @torch.no_grad()
-    def predict(self, batch: Batch, *, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    def predict(
+        self, batch: Batch, *, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
         """Predictive moments in target units (call in eval mode)."""
         out = self.predictive(batch, generator=generator)
         scale2 = self.y_std**2
@@ -158,8 +164,10 @@ class PropertyModel(StandardisedModel):
 
     def latent(self, batch: Batch) -> Tensor:
         z = self.backbone(
-            batch[keys.NODE_FEATURES], batch[keys.EDGE_INDEX],
-            edge_attr=batch[keys.EDGE_FEATURES], batch=batch[keys.BATCH],
+            batch[keys.NODE_FEATURES],
+            batch[keys.EDGE_INDEX],
+            edge_attr=batch[keys.EDGE_FEATURES],
+            batch=batch[keys.BATCH],
         )
         return z if self.rotation is None else self.rotation(z)
 
@@ -167,7 +175,9 @@ class PropertyModel(StandardisedModel):
         kl = getattr(self.head, "kl", None)
         return super().kl() if kl is None else kl()
 
-    def forward(self, batch: Batch, *, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    def forward(
+        self, batch: Batch, *, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
         z = self.latent(batch)
         if isinstance(self.head, (BayesianLinear, BayesianMLP)):
             pred = self.head(z, generator=generator)  # one draw per example in training mode
@@ -175,7 +185,9 @@ class PropertyModel(StandardisedModel):
             pred = self.head(z)
         return {keys.LATENT: z, keys.PREDICTION: pred, keys.ALEATORIC_VAR: self.noise(z)}
 
-    def predictive(self, batch: Batch, *, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    def predictive(
+        self, batch: Batch, *, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
         z = self.latent(batch)
         if isinstance(self.head, BayesianMLP):
             gen = generator or torch.Generator(device=z.device).manual_seed(_MC_SEED)
@@ -184,8 +196,11 @@ class PropertyModel(StandardisedModel):
             mean, epi = self.head.predictive(z)
         alea = self.noise(z)
         return {
-            keys.PREDICTION: mean, keys.EPISTEMIC_VAR: epi, keys.ALEATORIC_VAR: alea,
-            keys.PREDICTION_VAR: epi + alea, keys.LATENT: z,
+            keys.PREDICTION: mean,
+            keys.EPISTEMIC_VAR: epi,
+            keys.ALEATORIC_VAR: alea,
+            keys.PREDICTION_VAR: epi + alea,
+            keys.LATENT: z,
         }
 
 
@@ -193,7 +208,12 @@ def make_backbone(config: PropertyConfig) -> MolecularGIN:
     """The GIN backbone of ``config.model`` (parameters drawn from torch's global RNG)."""
     m = config.model
     return MolecularGIN(
-        m.hidden, m.layers, m.latent_dim, pooling=m.pooling, dropout=m.dropout, norm=m.norm,
+        m.hidden,
+        m.layers,
+        m.latent_dim,
+        pooling=m.pooling,
+        dropout=m.dropout,
+        norm=m.norm,
         dtype=config.train.dtype.torch,
     )
 
@@ -202,7 +222,11 @@ def make_noise_module(config: PropertyConfig, n_targets: int) -> nn.Module:
     """The aleatoric noise module of ``config.model.likelihood`` for ``n_targets`` targets."""
     m = config.model
     return make_noise(
-        m.likelihood, m.latent_dim, n_targets, init_std=m.noise_init_std, dtype=config.train.dtype.torch
+        m.likelihood,
+        m.latent_dim,
+        n_targets,
+        init_std=m.noise_init_std,
+        dtype=config.train.dtype.torch,
     )
 
 
@@ -210,7 +234,9 @@ def make_rotation(config: PropertyConfig) -> nn.Module | None:
     """The rotation intervention Q z when ``config.train.intervention`` asks for it, else None."""
     if config.train.intervention is not Intervention.ROTATION:
         return None
-    return RandomRotation(config.model.latent_dim, seed=config.train.seed, dtype=config.train.dtype.torch)
+    return RandomRotation(
+        config.model.latent_dim, seed=config.train.seed, dtype=config.train.dtype.torch
+    )
 
 
 # ---------------------------------------------------------------------- prediction
@@ -248,7 +274,8 @@ def apply_calibration(calibrators: list[Any] | None, **arrays: np.ndarray) -> di
     new = np.column_stack([np.asarray(c.transform(std[:, t])) for t, c in enumerate(calibrators)])
     ratio = np.divide(new, std, out=np.ones_like(new), where=std > 0)
     return {
-        **arrays, "std": new,
+        **arrays,
+        "std": new,
         "epistemic_std": arrays["epistemic_std"] * ratio,
         "aleatoric_std": arrays["aleatoric_std"] * ratio,
     }

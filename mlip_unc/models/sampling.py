@@ -40,7 +40,10 @@ def sample_forward(
         state = model._state(batch, forces=compute_forces, stress=compute_stress)
         mu, s2 = model.posterior()
         eps = torch.randn(
-            (state.n_graphs, model.latent_dim), generator=generator, dtype=mu.dtype, device=mu.device
+            (state.n_graphs, model.latent_dim),
+            generator=generator,
+            dtype=mu.dtype,
+            device=mu.device,
         )
         weights = mu + model.head.weight_std[0] * eps  # (n_graphs, d), reparameterised
         out = model._energies(state, weights=weights[state.graph])
@@ -48,8 +51,11 @@ def sample_forward(
             out.update(energy_uncertainty(state, s2, model.energy_noise.square()))
         if compute_forces or compute_stress:
             grads = torch.autograd.grad(
-                out[keys.ENERGY].sum(), state.inputs, create_graph=True,
-                allow_unused=True, materialize_grads=True,
+                out[keys.ENERGY].sum(),
+                state.inputs,
+                create_graph=True,
+                allow_unused=True,
+                materialize_grads=True,
             )
             out.update(forces_and_stress(state, list(grads)))
     return out

@@ -12,5 +12,8 @@ import torch as _torch
 
 _serialization = _torch.serialization
 # torch >= 2.4 has the allow-list (older torch loads slices anyway); register once
-if hasattr(_serialization, "add_safe_globals") and slice not in getattr(_serialization, "get_safe_globals", list)():
+if (
+    hasattr(_serialization, "add_safe_globals")
+    and slice not in getattr(_serialization, "get_safe_globals", list)()
+):
     _serialization.add_safe_globals([slice])

@@ -164,8 +164,14 @@ class BayesianLinear(nn.Module):
         self, n_samples: int, *, generator: torch.Generator | None = None
     ) -> tuple[Tensor, Tensor]:
         """Draw whole weight sets: ``w (n_samples, out, in)``, ``b (n_samples, out)``."""
-        opts = {"generator": generator, "dtype": self.weight_mu.dtype, "device": self.weight_mu.device}
-        w = self.weight_mu + self.weight_std * torch.randn((n_samples, *self.weight_mu.shape), **opts)
+        opts = {
+            "generator": generator,
+            "dtype": self.weight_mu.dtype,
+            "device": self.weight_mu.device,
+        }
+        w = self.weight_mu + self.weight_std * torch.randn(
+            (n_samples, *self.weight_mu.shape), **opts
+        )
         b_mean = self._bias_mean(self.weight_mu)
         b_std = self._bias_var(self.weight_mu).sqrt()
         b = b_mean + b_std * torch.randn((n_samples, self.out_features), **opts)
@@ -207,10 +213,15 @@ class BayesianMLP(nn.Module):
         widths = (in_features, *hidden, out_features)
         self.layers = nn.ModuleList(
             BayesianLinear(
-                a, b, prior_std=prior_std, init_std=init_std, estimator=estimator,
-                dtype=dtype, device=device,
+                a,
+                b,
+                prior_std=prior_std,
+                init_std=init_std,
+                estimator=estimator,
+                dtype=dtype,
+                device=device,
             )
-            for a, b in zip(widths[:-1], widths[1:])
+            for a, b in zip(widths[:-1], widths[1:], strict=False)
         )
         self.activation = activation()
         self.in_features = in_features
@@ -221,7 +232,9 @@ class BayesianMLP(nn.Module):
             layer.reset_parameters()
 
     def kl(self) -> Tensor:
-        return sum((layer.kl() for layer in self.layers), start=self.layers[0].weight_mu.new_zeros(()))
+        return sum(
+            (layer.kl() for layer in self.layers), start=self.layers[0].weight_mu.new_zeros(())
+        )
 
     def forward(
         self, z: Tensor, *, sample: bool | None = None, generator: torch.Generator | None = None

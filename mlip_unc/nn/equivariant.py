@@ -56,15 +56,19 @@ def _uvu_tensor_product(
     mid_sorted, perm, _ = mid.sort()
     instructions = [(i, j, perm[k], mode, train) for i, j, k, mode, train in instructions]
     tp = o3.TensorProduct(
-        irreps_in, irreps_sh, mid_sorted, instructions,
-        shared_weights=False, internal_weights=False,
+        irreps_in,
+        irreps_sh,
+        mid_sorted,
+        instructions,
+        shared_weights=False,
+        internal_weights=False,
     )
     return tp, mid_sorted
 
 
 def _scalar_slice(irreps: o3.Irreps) -> tuple[int, int]:
     """``(start, stop)`` of the ``0e`` block of ``irreps`` (one block: ``_natural_irreps``)."""
-    blocks = [sl for (_, ir), sl in zip(irreps, irreps.slices()) if ir == o3.Irrep("0e")]
+    blocks = [sl for (_, ir), sl in zip(irreps, irreps.slices(), strict=False) if ir == o3.Irrep("0e")]
     if len(blocks) != 1:
         raise ValueError(f"expected exactly one 0e block in {irreps}")
     return blocks[0].start, blocks[0].stop
@@ -103,7 +107,9 @@ class EquivariantInteraction(nn.Module):
         self.avg_num_neighbors = float(avg_num_neighbors)
         self.linear_up = o3.Linear(self.irreps_in, self.irreps_in)
         self.tp, self.irreps_mid = _uvu_tensor_product(self.irreps_in, irreps_sh, self.irreps_out)
-        self.radial_mlp = FullyConnectedNet([num_basis, radial_hidden, self.tp.weight_numel], F.silu)
+        self.radial_mlp = FullyConnectedNet(
+            [num_basis, radial_hidden, self.tp.weight_numel], F.silu
+        )
         scalars = o3.Irreps([(mul, ir) for mul, ir in self.irreps_out if ir.l == 0])
         gated = o3.Irreps([(mul, ir) for mul, ir in self.irreps_out if ir.l > 0])
         if gated.num_irreps > 0:
@@ -122,7 +128,9 @@ class EquivariantInteraction(nn.Module):
             n_in = self._in_scalars[1] - self._in_scalars[0]
             self.density_radial = nn.Linear(num_basis, angular_channels)
             self.density_node = nn.Linear(n_in, angular_channels, bias=False)
-            self.density_out = o3.Linear(o3.Irreps(f"{angular_channels * (self.angular_l_max + 1)}x0e"), irreps_gate_in)
+            self.density_out = o3.Linear(
+                o3.Irreps(f"{angular_channels * (self.angular_l_max + 1)}x0e"), irreps_gate_in
+            )
 
     def reset_parameters(self) -> None:
         angular = (self.density_out,) if self.angular_l_max > 0 else ()
@@ -137,7 +145,13 @@ class EquivariantInteraction(nn.Module):
                 layer.weight.normal_()
 
     def forward(
-        self, h: Tensor, edge_index: Tensor, *, sh: Tensor, edge_attr: Tensor, edge_weight: Tensor,
+        self,
+        h: Tensor,
+        edge_index: Tensor,
+        *,
+        sh: Tensor,
+        edge_attr: Tensor,
+        edge_weight: Tensor,
         edge_sh_angular: Tensor | None = None,
     ) -> Tensor:
         sender, receiver = edge_index[0], edge_index[1]
@@ -148,9 +162,15 @@ class EquivariantInteraction(nn.Module):
         gate_in = self.linear_down(agg / self.avg_num_neighbors) + self.self_connection(h)
         if self.angular_l_max > 0:
             if edge_sh_angular is None:
-                raise ValueError("angular_l_max > 0 needs edge_sh_angular, the spherical harmonics of the edges")
+                raise ValueError(
+                    "angular_l_max > 0 needs edge_sh_angular, the spherical harmonics of the edges"
+                )
             start, stop = self._in_scalars
-            w = self.density_radial(edge_attr) * self.density_node(h[sender, start:stop]) * edge_weight.unsqueeze(-1)
+            w = (
+                self.density_radial(edge_attr)
+                * self.density_node(h[sender, start:stop])
+                * edge_weight.unsqueeze(-1)
+            )
             b = power_spectrum(w, receiver, edge_sh_angular, h.shape[0], self.avg_num_neighbors)
             gate_in = gate_in + self.density_out(b)
         out = self.gate(gate_in)
@@ -211,12 +231,20 @@ class EquivariantBackbone(PerAtomBackbone):
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         self._config = {
-            "num_types": int(num_types), "r_max": float(r_max), "latent_dim": int(latent_dim),
-            "channels": int(channels), "l_max": int(l_max), "num_layers": int(num_layers),
-            "num_basis": int(num_basis), "radial_hidden": int(radial_hidden),
-            "avg_num_neighbors": float(avg_num_neighbors), "cutoff_p": int(cutoff_p),
-            "concat_layers": bool(concat_layers), "readout_hidden": [int(w) for w in readout_hidden],
-            "angular_l_max": int(angular_l_max), "angular_channels": int(angular_channels),
+            "num_types": int(num_types),
+            "r_max": float(r_max),
+            "latent_dim": int(latent_dim),
+            "channels": int(channels),
+            "l_max": int(l_max),
+            "num_layers": int(num_layers),
+            "num_basis": int(num_basis),
+            "radial_hidden": int(radial_hidden),
+            "avg_num_neighbors": float(avg_num_neighbors),
+            "cutoff_p": int(cutoff_p),
+            "concat_layers": bool(concat_layers),
+            "readout_hidden": [int(w) for w in readout_hidden],
+            "angular_l_max": int(angular_l_max),
+            "angular_channels": int(angular_channels),
             "check_latent_span": bool(check_latent_span),
         }
         self.angular_l_max = int(angular_l_max)
@@ -236,9 +264,14 @@ class EquivariantBackbone(PerAtomBackbone):
         irreps = [scalars] + [hidden] * (num_layers - 1) + [scalars]
         self.layers = nn.ModuleList(
             EquivariantInteraction(
-                irreps[k], self.irreps_sh, irreps[k + 1], num_basis=num_basis,
-                radial_hidden=radial_hidden, avg_num_neighbors=avg_num_neighbors,
-                angular_l_max=angular_l_max, angular_channels=angular_channels,
+                irreps[k],
+                self.irreps_sh,
+                irreps[k + 1],
+                num_basis=num_basis,
+                radial_hidden=radial_hidden,
+                avg_num_neighbors=avg_num_neighbors,
+                angular_l_max=angular_l_max,
+                angular_channels=angular_channels,
             )
             for k in range(num_layers)
         )
@@ -246,9 +279,13 @@ class EquivariantBackbone(PerAtomBackbone):
         self._scalar_slices = [_scalar_slice(layer.irreps_out) for layer in self.layers]
         in_width = channels * num_layers if concat_layers else channels
         self.readout = self._build_readout(
-            in_width, latent_dim, readout_hidden, check_latent_span=check_latent_span,
-            width_name=f"channels = {channels}" + (f" x num_layers = {num_layers}" if concat_layers else ""),
-        )  # fmt: skip
+            in_width,
+            latent_dim,
+            readout_hidden,
+            check_latent_span=check_latent_span,
+            width_name=f"channels = {channels}"
+            + (f" x num_layers = {num_layers}" if concat_layers else ""),
+        )
 
     def forward(self, batch) -> Tensor:
         edge_index = batch[keys.EDGE_INDEX]
@@ -256,11 +293,20 @@ class EquivariantBackbone(PerAtomBackbone):
         r = torch.linalg.vector_norm(vec, dim=-1)  # (n_edges,)
         edge_attr, envelope = self.radial(r)
         sh = self.spherical_harmonics(vec)  # (n_edges, irreps_sh.dim)
-        sh_angular = edge_spherical_harmonics(vec, self.angular_l_max) if self.angular_l_max > 0 else None
+        sh_angular = (
+            edge_spherical_harmonics(vec, self.angular_l_max) if self.angular_l_max > 0 else None
+        )
         h = self.embedding(batch[keys.ATOM_TYPE])  # (n_atoms, channels) scalars
         scalars: list[Tensor] = []
-        for layer, (start, stop) in zip(self.layers, self._scalar_slices):
-            h = layer(h, edge_index, sh=sh, edge_attr=edge_attr, edge_weight=envelope, edge_sh_angular=sh_angular)
+        for layer, (start, stop) in zip(self.layers, self._scalar_slices, strict=False):
+            h = layer(
+                h,
+                edge_index,
+                sh=sh,
+                edge_attr=edge_attr,
+                edge_weight=envelope,
+                edge_sh_angular=sh_angular,
+            )
             scalars.append(h[:, start:stop])  # (n_atoms, channels) 0e part
         x = torch.cat(scalars, dim=-1) if self.concat_layers else h  # (n_atoms, in_width)
         return self.readout(x)  # (n_atoms, latent_dim)

@@ -113,7 +113,12 @@ class GeometricGINLayer(nn.Module):
             self.eps.zero_()
 
     def forward(
-        self, h: Tensor, edge_index: Tensor, *, edge_attr: Tensor, edge_weight: Tensor,
+        self,
+        h: Tensor,
+        edge_index: Tensor,
+        *,
+        edge_attr: Tensor,
+        edge_weight: Tensor,
         edge_sh: Tensor | None = None,
     ) -> Tensor:
         sender, receiver = edge_index[0], edge_index[1]
@@ -122,15 +127,29 @@ class GeometricGINLayer(nn.Module):
         agg = torch.zeros_like(h).index_add_(0, receiver, messages) / self.avg_num_neighbors
         if self.angular_l_max > 0:
             if edge_sh is None:
-                raise ValueError("angular_l_max > 0 needs edge_sh, the spherical harmonics of the edges")
-            agg = agg + self.density_out(self._power_spectrum(h, sender, receiver, edge_attr, edge_weight, edge_sh))
+                raise ValueError(
+                    "angular_l_max > 0 needs edge_sh, the spherical harmonics of the edges"
+                )
+            agg = agg + self.density_out(
+                self._power_spectrum(h, sender, receiver, edge_attr, edge_weight, edge_sh)
+            )
         return h + self.mlp((1.0 + self.eps) * h + agg)
 
     def _power_spectrum(
-        self, h: Tensor, sender: Tensor, receiver: Tensor, edge_attr: Tensor, edge_weight: Tensor, edge_sh: Tensor
+        self,
+        h: Tensor,
+        sender: Tensor,
+        receiver: Tensor,
+        edge_attr: Tensor,
+        edge_weight: Tensor,
+        edge_sh: Tensor,
     ) -> Tensor:
         """B_i,c,l (:func:`mlip_unc.nn.power_spectrum.power_spectrum`), ``(n_atoms, channels * (l_max + 1))``."""
-        w = self.density_radial(edge_attr) * self.density_node(h[sender]) * edge_weight.unsqueeze(-1)  # (n_edges, c)
+        w = (
+            self.density_radial(edge_attr)
+            * self.density_node(h[sender])
+            * edge_weight.unsqueeze(-1)
+        )  # (n_edges, c)
         return power_spectrum(w, receiver, edge_sh, h.shape[0], self.avg_num_neighbors)
 
 
@@ -191,13 +210,22 @@ class GeometricGIN(PerAtomBackbone):
     ) -> None:
         super().__init__()
         self._config = {
-            "num_types": int(num_types), "r_max": float(r_max), "hidden": int(hidden),
-            "latent_dim": int(latent_dim), "num_layers": int(num_layers),
-            "num_basis": int(num_basis), "mlp_layers": int(mlp_layers),
-            "avg_num_neighbors": float(avg_num_neighbors), "basis": str(basis),
-            "cutoff": str(cutoff), "cutoff_p": int(cutoff_p), "train_eps": bool(train_eps),
-            "concat_layers": bool(concat_layers), "readout_hidden": [int(w) for w in readout_hidden],
-            "angular_l_max": int(angular_l_max), "angular_channels": int(angular_channels),
+            "num_types": int(num_types),
+            "r_max": float(r_max),
+            "hidden": int(hidden),
+            "latent_dim": int(latent_dim),
+            "num_layers": int(num_layers),
+            "num_basis": int(num_basis),
+            "mlp_layers": int(mlp_layers),
+            "avg_num_neighbors": float(avg_num_neighbors),
+            "basis": str(basis),
+            "cutoff": str(cutoff),
+            "cutoff_p": int(cutoff_p),
+            "train_eps": bool(train_eps),
+            "concat_layers": bool(concat_layers),
+            "readout_hidden": [int(w) for w in readout_hidden],
+            "angular_l_max": int(angular_l_max),
+            "angular_channels": int(angular_channels),
             "check_latent_span": bool(check_latent_span),
         }
         self.concat_layers = bool(concat_layers)
@@ -205,20 +233,30 @@ class GeometricGIN(PerAtomBackbone):
         self.r_max = float(r_max)
         self.angular_l_max = int(angular_l_max)
         self.embedding = nn.Embedding(num_types, hidden)
-        self.radial = RadialEmbedding(r_max, num_basis, basis=basis, cutoff=cutoff, cutoff_p=cutoff_p)
+        self.radial = RadialEmbedding(
+            r_max, num_basis, basis=basis, cutoff=cutoff, cutoff_p=cutoff_p
+        )
         self.layers = nn.ModuleList(
             GeometricGINLayer(
-                hidden, num_basis, mlp_layers=mlp_layers,
-                avg_num_neighbors=avg_num_neighbors, train_eps=train_eps,
-                angular_l_max=angular_l_max, angular_channels=angular_channels,
+                hidden,
+                num_basis,
+                mlp_layers=mlp_layers,
+                avg_num_neighbors=avg_num_neighbors,
+                train_eps=train_eps,
+                angular_l_max=angular_l_max,
+                angular_channels=angular_channels,
             )
             for _ in range(num_layers)
         )
         in_width = hidden * num_layers if concat_layers else hidden
         self.readout = self._build_readout(
-            in_width, latent_dim, readout_hidden, check_latent_span=check_latent_span,
-            width_name=f"hidden = {hidden}" + (f" x num_layers = {num_layers}" if concat_layers else ""),
-        )  # fmt: skip
+            in_width,
+            latent_dim,
+            readout_hidden,
+            check_latent_span=check_latent_span,
+            width_name=f"hidden = {hidden}"
+            + (f" x num_layers = {num_layers}" if concat_layers else ""),
+        )
         self.reset_parameters()
 
     def forward(self, batch) -> Tensor:
@@ -226,7 +264,11 @@ class GeometricGIN(PerAtomBackbone):
         vectors = batch_edge_vectors(batch)  # (n_edges, 3)
         r = torch.linalg.vector_norm(vectors, dim=-1)  # (n_edges,)
         edge_attr, envelope = self.radial(r)
-        edge_sh = edge_spherical_harmonics(vectors, self.angular_l_max) if self.angular_l_max > 0 else None
+        edge_sh = (
+            edge_spherical_harmonics(vectors, self.angular_l_max)
+            if self.angular_l_max > 0
+            else None
+        )
         h = self.embedding(batch[keys.ATOM_TYPE])  # (n_atoms, hidden)
         per_layer: list[Tensor] = []
         for layer in self.layers:

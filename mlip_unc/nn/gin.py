@@ -52,7 +52,9 @@ class CategoricalEmbedding(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 2 or x.shape[1] != len(self.vocab):
-            raise ValueError(f"expected (n, {len(self.vocab)}) categorical features, got {tuple(x.shape)}")
+            raise ValueError(
+                f"expected (n, {len(self.vocab)}) categorical features, got {tuple(x.shape)}"
+            )
         out = self.embeddings[0](x[:, 0])
         for k in range(1, len(self.vocab)):
             out = out + self.embeddings[k](x[:, k])
@@ -108,10 +110,14 @@ class MolecularGIN(nn.Module):
         self.hidden, self.num_layers, self.latent_dim = hidden, layers, latent_dim
         self.pooling, self.norm_kind = Pooling(pooling), Norm(norm)
         self.atom_encoder = CategoricalEmbedding(atom_vocab, hidden)
-        self.bond_encoders = nn.ModuleList(CategoricalEmbedding(bond_vocab, hidden) for _ in range(layers))
+        self.bond_encoders = nn.ModuleList(
+            CategoricalEmbedding(bond_vocab, hidden) for _ in range(layers)
+        )
         self.convs = nn.ModuleList(
             GINEConv(
-                nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.ReLU(), nn.Linear(2 * hidden, hidden)),
+                nn.Sequential(
+                    nn.Linear(hidden, 2 * hidden), nn.ReLU(), nn.Linear(2 * hidden, hidden)
+                ),
                 train_eps=True,
             )
             for _ in range(layers)
@@ -125,7 +131,7 @@ class MolecularGIN(nn.Module):
 
     def reset_parameters(self) -> None:
         self.atom_encoder.reset_parameters()
-        for enc, conv, norm in zip(self.bond_encoders, self.convs, self.norms):
+        for enc, conv, norm in zip(self.bond_encoders, self.convs, self.norms, strict=False):
             enc.reset_parameters()
             conv.reset_parameters()
             if hasattr(norm, "reset_parameters"):
@@ -141,7 +147,7 @@ class MolecularGIN(nn.Module):
             batch = x.new_zeros(x.shape[0], dtype=torch.long)
         n_graphs = int(batch.max()) + 1 if batch.numel() else 0
         h = self.atom_encoder(x)  # (n_atoms, h)
-        for enc, conv, norm in zip(self.bond_encoders, self.convs, self.norms):
+        for enc, conv, norm in zip(self.bond_encoders, self.convs, self.norms, strict=False):
             e = enc(edge_attr)  # (n_edges, h)
             m = conv(h, edge_index, edge_attr=e)
             m = norm(m, batch) if isinstance(norm, LayerNorm) else norm(m)

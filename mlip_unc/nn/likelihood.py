@@ -40,7 +40,11 @@ class HomoscedasticNoise(nn.Module):
         super().__init__()
         if init_std <= min_std:
             raise ValueError(f"init_std ({init_std}) must exceed min_std ({min_std})")
-        self.out_features, self.init_std, self.min_std = out_features, float(init_std), float(min_std)
+        self.out_features, self.init_std, self.min_std = (
+            out_features,
+            float(init_std),
+            float(min_std),
+        )
         self.rho = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device))
         self.reset_parameters()
 
@@ -76,7 +80,11 @@ class HeteroscedasticNoise(nn.Module):
         super().__init__()
         if init_std <= min_std:
             raise ValueError(f"init_std ({init_std}) must exceed min_std ({min_std})")
-        self.out_features, self.init_std, self.min_std = out_features, float(init_std), float(min_std)
+        self.out_features, self.init_std, self.min_std = (
+            out_features,
+            float(init_std),
+            float(min_std),
+        )
         self.linear = nn.Linear(in_features, out_features, dtype=dtype, device=device)
         self.reset_parameters()
 

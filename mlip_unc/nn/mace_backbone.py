@@ -60,7 +60,9 @@ def import_mace(name: str = "mace.modules") -> Any:
 def scalar_slices(irreps: Any) -> list[tuple[int, int]]:
     """``(start, stop)`` of every ``0e`` block of an ``e3nn.o3.Irreps``."""
     return [
-        (sl.start, sl.stop) for (_, ir), sl in zip(irreps, irreps.slices()) if ir.l == 0 and ir.p == 1
+        (sl.start, sl.stop)
+        for (_, ir), sl in zip(irreps, irreps.slices(), strict=False)
+        if ir.l == 0 and ir.p == 1
     ]
 
 
@@ -88,11 +90,16 @@ def mace_layer_features(
     edge_attrs = mace.spherical_harmonics(vectors)
     edge_feats, cutoff = mace.radial_embedding(lengths, node_attrs, edge_index, mace.atomic_numbers)
     features = []
-    for i, (interaction, product) in enumerate(zip(mace.interactions, mace.products)):
+    for i, (interaction, product) in enumerate(zip(mace.interactions, mace.products, strict=False)):
         node_feats, sc = interaction(
-            node_attrs=node_attrs, node_feats=node_feats, edge_attrs=edge_attrs, edge_feats=edge_feats,
-            edge_index=edge_index, cutoff=cutoff, first_layer=(i == 0),
-        )  # fmt: skip
+            node_attrs=node_attrs,
+            node_feats=node_feats,
+            edge_attrs=edge_attrs,
+            edge_feats=edge_feats,
+            edge_index=edge_index,
+            cutoff=cutoff,
+            first_layer=(i == 0),
+        )
         node_feats = product(node_feats=node_feats, sc=sc, node_attrs=node_attrs)
         features.append(node_feats)
     return features
@@ -173,32 +180,56 @@ class MACEBackbone(PerAtomBackbone):
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         for name in (interaction, interaction_first):
             if name not in modules.interaction_classes:
-                raise ValueError(f"unknown MACE interaction {name!r}; known: {sorted(modules.interaction_classes)}")
+                raise ValueError(
+                    f"unknown MACE interaction {name!r}; known: {sorted(modules.interaction_classes)}"
+                )
         self._config = {
-            "num_types": int(num_types), "r_max": float(r_max), "latent_dim": int(latent_dim),
-            "channels": int(channels), "max_L": int(max_L), "l_max": int(l_max), "num_layers": int(num_layers),
-            "correlation": int(correlation), "num_basis": int(num_basis), "cutoff_p": int(cutoff_p),
-            "radial_mlp": [int(w) for w in radial_mlp], "avg_num_neighbors": float(avg_num_neighbors),
-            "interaction": str(interaction), "interaction_first": str(interaction_first),
-            "readout_hidden": [int(w) for w in readout_hidden], "readout": str(readout),
-            "latent_norm": bool(latent_norm), "check_latent_span": bool(check_latent_span),
-        }  # fmt: skip
+            "num_types": int(num_types),
+            "r_max": float(r_max),
+            "latent_dim": int(latent_dim),
+            "channels": int(channels),
+            "max_L": int(max_L),
+            "l_max": int(l_max),
+            "num_layers": int(num_layers),
+            "correlation": int(correlation),
+            "num_basis": int(num_basis),
+            "cutoff_p": int(cutoff_p),
+            "radial_mlp": [int(w) for w in radial_mlp],
+            "avg_num_neighbors": float(avg_num_neighbors),
+            "interaction": str(interaction),
+            "interaction_first": str(interaction_first),
+            "readout_hidden": [int(w) for w in readout_hidden],
+            "readout": str(readout),
+            "latent_norm": bool(latent_norm),
+            "check_latent_span": bool(check_latent_span),
+        }
         self.latent_dim = int(latent_dim)
         self.r_max = float(r_max)
         self.num_types = int(num_types)
         self.mace = modules.MACE(
-            r_max=float(r_max), num_bessel=int(num_basis), num_polynomial_cutoff=int(cutoff_p), max_ell=int(l_max),
+            r_max=float(r_max),
+            num_bessel=int(num_basis),
+            num_polynomial_cutoff=int(cutoff_p),
+            max_ell=int(l_max),
             interaction_cls=modules.interaction_classes[interaction],
-            interaction_cls_first=modules.interaction_classes[interaction_first], num_interactions=int(num_layers),
-            num_elements=int(num_types), hidden_irreps=o3.Irreps(_hidden_irreps(int(channels), int(max_L))),
-            MLP_irreps=o3.Irreps("16x0e"), atomic_energies=np.zeros(int(num_types)),
-            avg_num_neighbors=float(avg_num_neighbors), atomic_numbers=list(range(1, int(num_types) + 1)),
-            correlation=int(correlation), gate=torch.nn.functional.silu, radial_MLP=[int(w) for w in radial_mlp],
-        )  # fmt: skip
+            interaction_cls_first=modules.interaction_classes[interaction_first],
+            num_interactions=int(num_layers),
+            num_elements=int(num_types),
+            hidden_irreps=o3.Irreps(_hidden_irreps(int(channels), int(max_L))),
+            MLP_irreps=o3.Irreps("16x0e"),
+            atomic_energies=np.zeros(int(num_types)),
+            avg_num_neighbors=float(avg_num_neighbors),
+            atomic_numbers=list(range(1, int(num_types) + 1)),
+            correlation=int(correlation),
+            gate=torch.nn.functional.silu,
+            radial_MLP=[int(w) for w in radial_mlp],
+        )
         # atomic_numbers 1..num_types stand for the type indices: only MACE's ZBL repulsion and
         # distance transforms read them, and neither is used here. The readouts are this project's: MACE's are dropped.
         self.mace.readouts = nn.ModuleList()
-        self._scalar_slices = [scalar_slices(product.linear.irreps_out)[0] for product in self.mace.products]
+        self._scalar_slices = [
+            scalar_slices(product.linear.irreps_out)[0] for product in self.mace.products
+        ]
         widths = [stop - start for start, stop in self._scalar_slices]
         self.readout_kind = str(readout)
         if latent_norm and self.readout_kind != "mace":
@@ -206,17 +237,24 @@ class MACEBackbone(PerAtomBackbone):
         self.latent_scale = 1.0 / float(np.sqrt(self.latent_dim)) if latent_norm else 1.0
         if self.readout_kind == "mace":
             if len(readout_hidden) != 1 or int(readout_hidden[0]) <= 0:
-                raise ValueError(f"readout='mace' takes one MLP width in readout_hidden, got {list(readout_hidden)}")
+                raise ValueError(
+                    f"readout='mace' takes one MLP width in readout_hidden, got {list(readout_hidden)}"
+                )
             mlp = int(readout_hidden[0])
             if self.latent_dim != sum(widths[:-1]) + mlp:
-                raise ValueError(f"readout='mace': latent_dim must be {sum(widths[:-1]) + mlp} (channels x "
-                                 f"(num_layers - 1) + readout_hidden[0]), got {self.latent_dim}")  # fmt: skip
+                raise ValueError(
+                    f"readout='mace': latent_dim must be {sum(widths[:-1]) + mlp} (channels x "
+                    f"(num_layers - 1) + readout_hidden[0]), got {self.latent_dim}"
+                )
             self.readout = o3.Linear(o3.Irreps(f"{widths[-1]}x0e"), o3.Irreps(f"{mlp}x0e"))
         elif self.readout_kind == "mlp":
             self.readout = self._build_readout(
-                sum(widths), self.latent_dim, readout_hidden, check_latent_span=check_latent_span,
+                sum(widths),
+                self.latent_dim,
+                readout_hidden,
+                check_latent_span=check_latent_span,
                 width_name=f"channels = {channels} x num_layers = {num_layers}",
-            )  # fmt: skip
+            )
         else:
             raise ValueError(f"readout must be 'mlp' or 'mace', got {readout!r}")
 
@@ -227,7 +265,9 @@ class MACEBackbone(PerAtomBackbone):
     def forward(self, batch) -> Tensor:
         node_attrs, vectors, lengths, edge_index = mace_inputs(batch, self.num_types)
         features = mace_layer_features(self.mace, node_attrs, vectors, lengths, edge_index)
-        scalars = [h[:, a:b] for h, (a, b) in zip(features, self._scalar_slices)]  # (n_atoms, channels) each
+        scalars = [
+            h[:, a:b] for h, (a, b) in zip(features, self._scalar_slices, strict=False)
+        ]  # (n_atoms, channels) each
         if self.readout_kind == "mace":  # earlier layers' scalars, then SiLU(Linear(last layer's))
             z = torch.cat([*scalars[:-1], nn.functional.silu(self.readout(scalars[-1]))], dim=-1)
             return z * self.latent_scale if self.latent_scale != 1.0 else z  # (n_atoms, latent_dim)
@@ -272,13 +312,18 @@ class MACEModelFeatures(nn.Module):
                 self._readouts.append(("mlp", scalars))
                 width += readout.linear_1.irreps_out.dim
             else:
-                raise ValueError(f"MACE readout {type(readout).__name__} is not supported (LinearReadoutBlock "
-                                 "and NonLinearReadoutBlock are)")  # fmt: skip
+                raise ValueError(
+                    f"MACE readout {type(readout).__name__} is not supported (LinearReadoutBlock "
+                    "and NonLinearReadoutBlock are)"
+                )
         self.latent_dim = width
 
     def config(self) -> dict[str, Any]:
         """Constructor kwargs as plain data."""
-        return {"mace_class": self._config["mace_class"], "mace_config": dict(self._config["mace_config"])}
+        return {
+            "mace_class": self._config["mace_class"],
+            "mace_config": dict(self._config["mace_config"]),
+        }
 
     def forward(self, batch) -> Tensor:
         return self.latents_and_energies(batch)[0]
@@ -297,7 +342,7 @@ class MACEModelFeatures(nn.Module):
             pair = torch.zeros_like(node_e0)
         features = mace_layer_features(model, node_attrs, vectors, lengths, edge_index)
         latents, node_es = [], [pair]
-        for i, (readout, (kind, scalars)) in enumerate(zip(model.readouts, self._readouts)):
+        for i, (readout, (kind, scalars)) in enumerate(zip(model.readouts, self._readouts, strict=False)):
             h = features[-1 if len(model.readouts) == 1 else i]
             if kind == "linear":
                 latents.append(h[:, scalars[0] : scalars[1]])

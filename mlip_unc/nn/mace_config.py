@@ -47,7 +47,9 @@ def _is_plain(value: Any) -> bool:
 def _name_in(table: dict[str, Any], value: Any, what: str) -> str:
     names = [name for name, entry in table.items() if entry is value]
     if not names:
-        raise ValueError(f"the MACE model's {what} {value!r} is not one of mace-torch's named ones ({sorted(table)})")
+        raise ValueError(
+            f"the MACE model's {what} {value!r} is not one of mace-torch's named ones ({sorted(table)})"
+        )
     return names[0]
 
 
@@ -62,17 +64,21 @@ def plain_mace_config(model: nn.Module) -> tuple[str, dict[str, Any]]:
         raise ValueError(
             f"a {name} cannot be attached: supported MACE models are {list(SUPPORTED_CLASSES)} (mace_run_train's "
             "--model MACE); a TorchScript '*_compiled.model' file is not supported either, pass the plain '.model'"
-        )  # fmt: skip
+        )
     modules = import_mace()
     raw = import_mace("mace.tools.scripts_utils").extract_config_mace_model(model)
     if "error" in raw:
         raise ValueError(f"mace-torch cannot extract the config of this {name}: {raw['error']}")
     heads = list(raw.get("heads") or ["Default"])
     if len(heads) != 1:
-        raise ValueError(f"the MACE model has {len(heads)} heads {heads}; keep one (mace-torch's select_head) first")
+        raise ValueError(
+            f"the MACE model has {len(heads)} heads {heads}; keep one (mace-torch's select_head) first"
+        )
     for key in ("cueq_config", "embedding_specs"):
         if raw.get(key) is not None:
-            raise ValueError(f"MACE models with {key} are not supported; convert or retrain without it")
+            raise ValueError(
+                f"MACE models with {key} are not supported; convert or retrain without it"
+            )
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key in _CLASS_TABLES:
@@ -84,7 +90,9 @@ def plain_mace_config(model: nn.Module) -> tuple[str, dict[str, Any]]:
         elif isinstance(value, (np.ndarray, torch.Tensor, np.generic)):
             value = value.tolist()
         if not _is_plain(value):
-            raise ValueError(f"the MACE model's config entry {key!r} ({type(value).__name__}) is not plain data")
+            raise ValueError(
+                f"the MACE model's config entry {key!r} ({type(value).__name__}) is not plain data"
+            )
         out[key] = value
     return name, out
 
@@ -92,7 +100,9 @@ def plain_mace_config(model: nn.Module) -> tuple[str, dict[str, Any]]:
 def build_mace_model(class_name: str, config: dict[str, Any]) -> nn.Module:
     """A new (randomly initialised) mace-torch model from :func:`plain_mace_config`'s output."""
     if class_name not in SUPPORTED_CLASSES:
-        raise ValueError(f"unsupported MACE class {class_name!r}; supported: {list(SUPPORTED_CLASSES)}")
+        raise ValueError(
+            f"unsupported MACE class {class_name!r}; supported: {list(SUPPORTED_CLASSES)}"
+        )
     modules = import_mace()
     from e3nn import o3
 

@@ -28,10 +28,14 @@ def edge_spherical_harmonics(vectors: Tensor, l_max: int) -> Tensor:
     """``(n_edges, (l_max + 1)^2)`` real spherical harmonics of the edge directions, l = 0..l_max
     (component normalisation); a zero-length edge (coincident atoms) gives no NaN here."""
     unit = vectors / torch.linalg.vector_norm(vectors, dim=-1, keepdim=True).clamp_min(1e-9)
-    return o3.spherical_harmonics(list(range(l_max + 1)), unit, normalize=False, normalization="component")
+    return o3.spherical_harmonics(
+        list(range(l_max + 1)), unit, normalize=False, normalization="component"
+    )
 
 
-def power_spectrum(weights: Tensor, receiver: Tensor, edge_sh: Tensor, n_atoms: int, avg_num_neighbors: float) -> Tensor:
+def power_spectrum(
+    weights: Tensor, receiver: Tensor, edge_sh: Tensor, n_atoms: int, avg_num_neighbors: float
+) -> Tensor:
     """B_i,c,l from per-edge weights.
 
     Shapes:
@@ -41,6 +45,8 @@ def power_spectrum(weights: Tensor, receiver: Tensor, edge_sh: Tensor, n_atoms: 
     """
     l_max = int(round(edge_sh.shape[-1] ** 0.5)) - 1
     a = weights.unsqueeze(-1) * edge_sh.unsqueeze(1)  # (n_edges, c, (l_max + 1)^2)
-    density = weights.new_zeros(n_atoms, *a.shape[1:]).index_add_(0, receiver, a) / avg_num_neighbors
+    density = (
+        weights.new_zeros(n_atoms, *a.shape[1:]).index_add_(0, receiver, a) / avg_num_neighbors
+    )
     blocks = [density[:, :, l * l : (l + 1) ** 2].pow(2).sum(-1) for l in range(l_max + 1)]
     return torch.stack(blocks, dim=-1).flatten(1)  # (n_atoms, c * (l_max + 1))

@@ -241,7 +241,11 @@ class PerAtomBackbone(nn.Module):
             raise ValueError(f"readout_hidden widths must be positive, got {list(readout_hidden)}")
         last = hidden[-1] if hidden else in_width
         if check_latent_span and latent_dim > last:
-            where = f"readout_hidden[-1] = {last}" if hidden else f"the readout input width {last} ({width_name})"
+            where = (
+                f"readout_hidden[-1] = {last}"
+                if hidden
+                else f"the readout input width {last} ({width_name})"
+            )
             raise ValueError(
                 f"latent_dim = {latent_dim} exceeds {where}: a linear map cannot span more "
                 f"directions than its input has; use latent_dim <= {last}, concat_layers=True "

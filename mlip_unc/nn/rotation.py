@@ -48,7 +48,9 @@ class RandomRotation(nn.Module):
         self.dim = int(dim)
         self.redraw = bool(redraw)
         self.generator = generator if generator is not None else torch.Generator().manual_seed(seed)
-        q = _haar_orthogonal(self.dim, self.generator).to(dtype=dtype or torch.get_default_dtype(), device=device)
+        q = _haar_orthogonal(self.dim, self.generator).to(
+            dtype=dtype or torch.get_default_dtype(), device=device
+        )
         self.register_buffer("Q", q)  # (dim, dim)
 
     @torch.no_grad()

@@ -33,9 +33,18 @@ from mlip_unc.config import Intervention, Method, PropertyConfig, RegularizerKin
 from mlip_unc.models.property import StandardisedModel, predict_graphs
 from mlip_unc.train.property import freeze_posterior_from, property_trainer, seeded_model
 from mlip_unc.train.task import FitResult
-from mlip_unc.uncertainty.alignment import alignment_index, lpa_summary, mean_log_factors, three_factor_split
+from mlip_unc.uncertainty.alignment import (
+    alignment_index,
+    lpa_summary,
+    mean_log_factors,
+    three_factor_split,
+)
 from mlip_unc.uncertainty.calibration import regression_metrics
-from mlip_unc.uncertainty.density import latent_knn_distance, structural_calibration, tanimoto_max_similarity
+from mlip_unc.uncertainty.density import (
+    latent_knn_distance,
+    structural_calibration,
+    tanimoto_max_similarity,
+)
 
 __all__ = [
     "VARIANTS",
@@ -64,7 +73,10 @@ VARIANTS: dict[str, VariantSpec] = {
     "bgnn": VariantSpec(Method.BGNN),
     "agl": VariantSpec(Method.AGL),
     **{iv: VariantSpec(Method.BGNN, Intervention(iv)) for iv in INTERVENTIONS},
-    **{f"{iv}_frozen": VariantSpec(Method.BGNN, Intervention(iv), frozen=True) for iv in INTERVENTIONS},
+    **{
+        f"{iv}_frozen": VariantSpec(Method.BGNN, Intervention(iv), frozen=True)
+        for iv in INTERVENTIONS
+    },
 }
 """Study variants by name; ``<intervention>_frozen`` needs the ``bgnn`` model of its seed and fraction."""
 
@@ -123,15 +135,40 @@ def fit_property_model(
 # ====================================================================== one record
 RECORD_KEYS: tuple[str, ...] = (
     # accuracy and calibration (target units, total predictive std)
-    "rmse", "mae", "nll", "spearman", "miscalibration_area", "ence", "coverage_95", "crps", "sharpness",
-    "mean_std", "mean_epistemic_std", "mean_aleatoric_std",
+    "rmse",
+    "mae",
+    "nll",
+    "spearman",
+    "miscalibration_area",
+    "ence",
+    "coverage_95",
+    "crps",
+    "sharpness",
+    "mean_std",
+    "mean_epistemic_std",
+    "mean_aleatoric_std",
     # posterior and LPA (standardised units)
-    "kl", "kl_per_n", "mean_u", "mean_norm2", "mean_s2", "mean_s", "mean_kappa", "median_alignment",
-    "n_alignment", "rho_lpa", "low_variance_fraction", "effective_rank",
-    "mean_log_norm2", "log_mean_s2", "mean_log_kappa", "log_y_scale2", "y_scale",
+    "kl",
+    "kl_per_n",
+    "mean_u",
+    "mean_norm2",
+    "mean_s2",
+    "mean_s",
+    "mean_kappa",
+    "median_alignment",
+    "n_alignment",
+    "rho_lpa",
+    "low_variance_fraction",
+    "effective_rank",
+    "mean_log_norm2",
+    "log_mean_s2",
+    "mean_log_kappa",
+    "log_y_scale2",
+    "y_scale",
     # structural calibration
-    "struct_cal_knn", "struct_cal_tanimoto",
-)  # fmt: skip
+    "struct_cal_knn",
+    "struct_cal_tanimoto",
+)
 """Numeric keys of :func:`study_record` (besides ``n_train``, ``n_test``)."""
 
 
@@ -142,7 +179,7 @@ def _targets(graphs: Sequence[Data]) -> np.ndarray:
 def _mean_logs(z: torch.Tensor, s2: torch.Tensor) -> dict[str, float]:
     """Per-point means of the logs of the three-factor split (points with z = 0 dropped)."""
     names = ("mean_log_norm2", "log_mean_s2", "mean_log_kappa")
-    return dict(zip(names, mean_log_factors(three_factor_split(z, s2))))
+    return dict(zip(names, mean_log_factors(three_factor_split(z, s2)), strict=False))
 
 
 @torch.no_grad()
@@ -188,7 +225,11 @@ def study_record(
 
     rec: dict[str, Any] = {"n_train": len(train), "n_test": len(test)}
     rec.update(regression_metrics(mean, std, y, nan_policy="omit"))
-    rec.update(mean_std=float(std.mean()), mean_epistemic_std=float(epi.mean()), mean_aleatoric_std=float(alea.mean()))
+    rec.update(
+        mean_std=float(std.mean()),
+        mean_epistemic_std=float(epi.mean()),
+        mean_aleatoric_std=float(alea.mean()),
+    )
     kl = float(model.kl())
     rec.update(kl=kl, kl_per_n=kl / len(train))
     m = z @ mu  # (n_test,)
@@ -201,12 +242,18 @@ def study_record(
     rec.update(y_scale=y_scale, log_y_scale2=2.0 * math.log(y_scale))
 
     knn = latent_knn_distance(z, z_train.double(), k=min(knn_k, len(train)))
-    tanimoto = tanimoto_max_similarity([g[keys.SMILES] for g in test], [g[keys.SMILES] for g in train])
+    tanimoto = tanimoto_max_similarity(
+        [g[keys.SMILES] for g in test], [g[keys.SMILES] for g in train]
+    )
     rec["struct_cal_knn"] = structural_calibration(epi, knn)
     rec["struct_cal_tanimoto"] = structural_calibration(epi, 1.0 - tanimoto)
     if keep_points:
         rec["points"] = {
-            "y_true": y.tolist(), "mean": mean.tolist(), "std": std.tolist(), "epistemic_std": epi.tolist(),
-            "knn_distance": knn.tolist(), "one_minus_tanimoto": (1.0 - tanimoto).tolist(),
-        }  # fmt: skip
+            "y_true": y.tolist(),
+            "mean": mean.tolist(),
+            "std": std.tolist(),
+            "epistemic_std": epi.tolist(),
+            "knn_distance": knn.tolist(),
+            "one_minus_tanimoto": (1.0 - tanimoto).tolist(),
+        }
     return rec

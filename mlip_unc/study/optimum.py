@@ -31,7 +31,9 @@ __all__ = ["elbo_optimal_variances", "with_optimal_posterior"]
 
 
 @torch.no_grad()
-def elbo_optimal_variances(model: StandardisedModel, train: Sequence[Data], *, beta: float = 1.0) -> tuple[Tensor, Tensor]:
+def elbo_optimal_variances(
+    model: StandardisedModel, train: Sequence[Data], *, beta: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """``(s2_w (out, d), s2_b (out,))``: the optimal posterior variances of ``model``'s Bayesian
     last layer for its features of ``train`` (float64)."""
     head = model.bayes_head
@@ -41,7 +43,9 @@ def elbo_optimal_variances(model: StandardisedModel, train: Sequence[Data], *, b
         raise ValueError(f"beta must be positive, got {beta}")
     out = predict_graphs(model, train, latent=True)
     z = out[keys.LATENT].double()  # (N, d)
-    noise = (out[keys.ALEATORIC_VAR].double() / model.y_std.double().cpu() ** 2)  # (N, out), standardised units
+    noise = (
+        out[keys.ALEATORIC_VAR].double() / model.y_std.double().cpu() ** 2
+    )  # (N, out), standardised units
     precision_prior = 1.0 / head.prior_std**2
     inv = 1.0 / (beta * noise)  # (N, out)
     s2_w = 1.0 / (precision_prior + inv.T @ z.square())  # (out, d)
@@ -49,7 +53,9 @@ def elbo_optimal_variances(model: StandardisedModel, train: Sequence[Data], *, b
     return s2_w, s2_b
 
 
-def with_optimal_posterior(model: StandardisedModel, train: Sequence[Data], *, beta: float = 1.0) -> StandardisedModel:
+def with_optimal_posterior(
+    model: StandardisedModel, train: Sequence[Data], *, beta: float = 1.0
+) -> StandardisedModel:
     """A copy of ``model`` whose last-layer widths are :func:`elbo_optimal_variances`."""
     s2_w, s2_b = elbo_optimal_variances(model, train, beta=beta)
     new = copy.deepcopy(model)

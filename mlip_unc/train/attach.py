@@ -61,7 +61,13 @@ from mlip_unc.train.evaluate import uncertainty_levels
 from mlip_unc.train.posterior import fit_full_posterior, random_subset
 from mlip_unc.train.predictions import predict
 
-__all__ = ["AGREEMENT_TOL", "AttachResult", "attach_uncertainty", "load_mace_model", "potential_from_mace"]
+__all__ = [
+    "AGREEMENT_TOL",
+    "AttachResult",
+    "attach_uncertainty",
+    "load_mace_model",
+    "potential_from_mace",
+]
 
 log = logging.getLogger(__name__)
 
@@ -97,34 +103,51 @@ def load_mace_model(path: str | os.PathLike) -> nn.Module:
     if not path.is_file():
         raise FileNotFoundError(f"MACE model {path} does not exist")
     import_mace("mace.modules")  # the pickled classes live there; a clear error if it is missing
-    log.warning("loading %s with pickle (weights_only=False): this runs code stored in the file; "
-                "use only MACE models from a source you trust", path)  # fmt: skip
+    log.warning(
+        "loading %s with pickle (weights_only=False): this runs code stored in the file; "
+        "use only MACE models from a source you trust",
+        path,
+    )
     try:
         model = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # noqa: BLE001 (truncated files, TorchScript archives, foreign pickles)
-        raise ValueError(f"{path} is not a mace-torch model file ({type(err).__name__}: {err})") from None
+        raise ValueError(
+            f"{path} is not a mace-torch model file ({type(err).__name__}: {err})"
+        ) from None
     if not isinstance(model, nn.Module):
         raise ValueError(f"{path} holds a {type(model).__name__}, not a mace-torch model")
     return model
 
 
 def potential_from_mace(
-    mace_model: nn.Module, *, dtype: torch.dtype = torch.float64, energy_noise: float = 0.01,
-    force_noise: float = 0.1, posterior_rank: int = 4,
-) -> BayesianPotential:  # fmt: skip
+    mace_model: nn.Module,
+    *,
+    dtype: torch.dtype = torch.float64,
+    energy_noise: float = 0.01,
+    force_noise: float = 0.1,
+    posterior_rank: int = 4,
+) -> BayesianPotential:
     """The MACE model as a frozen backbone under a zero-mean head: it predicts what MACE does."""
     name, config = plain_mace_config(mace_model)
     backbone = build_backbone("mace_model", mace_class=name, mace_config=config)
     type_map = [int(z) for z in config["atomic_numbers"]]
     model = BayesianPotential(
-        backbone, type_map, backbone.r_max, torch.zeros(len(type_map), dtype=torch.float64),
-        energy_noise=energy_noise, force_noise=force_noise, learn_noise=False, posterior_rank=posterior_rank,
+        backbone,
+        type_map,
+        backbone.r_max,
+        torch.zeros(len(type_map), dtype=torch.float64),
+        energy_noise=energy_noise,
+        force_noise=force_noise,
+        learn_noise=False,
+        posterior_rank=posterior_rank,
         gradient_method="loop",  # vmapped backward passes through MACE measured ~3x slower on CPU
-    ).to(dtype)  # fmt: skip
+    ).to(dtype)
     try:
         backbone.model.load_state_dict(mace_model.state_dict(), strict=True)  # copied into `dtype`
     except RuntimeError as err:
-        raise ValueError(f"the MACE model's weights do not fit its rebuilt architecture: {err}") from None
+        raise ValueError(
+            f"the MACE model's weights do not fit its rebuilt architecture: {err}"
+        ) from None
     with torch.no_grad():
         model.head.weight_mu.zero_()
     return model.eval()
@@ -138,22 +161,36 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _residual_scales(model: BayesianPotential, data: StructureDataset, batch_size: int) -> dict[str, float]:
+def _residual_scales(
+    model: BayesianPotential, data: StructureDataset, batch_size: int
+) -> dict[str, float]:
     """The MACE model's errors on ``data``: per-atom energy and force-component MAE/RMSE."""
     pred = predict(model, data, batch_size=batch_size, stress=False)
     e_err = ((pred.energy_pred - pred.energy_true) / pred.num_atoms)[pred.has_energy.astype(bool)]
     f_err = (pred.forces_pred - pred.forces_true)[pred.atom_has_forces].reshape(-1)
 
     def stats(err: np.ndarray) -> tuple[float, float]:
-        return (float(np.mean(np.abs(err))), float(np.sqrt(np.mean(err**2)))) if err.size else (math.nan, math.nan)
+        return (
+            (float(np.mean(np.abs(err))), float(np.sqrt(np.mean(err**2))))
+            if err.size
+            else (math.nan, math.nan)
+        )
 
     (e_mae, e_rmse), (f_mae, f_rmse) = stats(e_err), stats(f_err)
-    return {"energy_mae_eV_atom": e_mae, "energy_rmse_eV_atom": e_rmse, "forces_mae_eV_A": f_mae,
-            "forces_rmse_eV_A": f_rmse}  # fmt: skip
+    return {
+        "energy_mae_eV_atom": e_mae,
+        "energy_rmse_eV_atom": e_rmse,
+        "forces_mae_eV_A": f_mae,
+        "forces_rmse_eV_A": f_rmse,
+    }
 
 
 def check_agreement(
-    model: BayesianPotential, mace_model: nn.Module, structures: list[ase.Atoms], *, dtype: torch.dtype
+    model: BayesianPotential,
+    mace_model: nn.Module,
+    structures: list[ase.Atoms],
+    *,
+    dtype: torch.dtype,
 ) -> dict[str, float]:
     """Max |energy| and |force| differences between ``model`` and mace-torch's ``MACECalculator``
     on ``structures``; ValueError beyond :data:`AGREEMENT_TOL`."""
@@ -165,7 +202,10 @@ def check_agreement(
     for atoms in structures:
         batch = Batch.from_data_list([atoms_to_graph(atoms, model.r_max, type_map, dtype=dtype)])
         out = model(batch, compute_forces=True)
-        e_a, f_a = float(out[keys.ENERGY].detach().sum()), out[keys.FORCES].detach().double().numpy()
+        e_a, f_a = (
+            float(out[keys.ENERGY].detach().sum()),
+            out[keys.FORCES].detach().double().numpy(),
+        )
         mace_atoms = atoms.copy()
         mace_atoms.calc = mace_calc
         e_b, f_b = mace_atoms.get_potential_energy(), mace_atoms.get_forces()
@@ -173,8 +213,10 @@ def check_agreement(
         df = max(df, float(np.abs(f_a - f_b).max()) / max(1.0, float(np.abs(f_b).max())))
     tol = AGREEMENT_TOL[dtype]
     if not (de <= tol and df <= tol):
-        raise ValueError(f"the attached model does not reproduce the MACE model (relative differences: energy "
-                         f"{de:.3g}, forces {df:.3g}; tolerance {tol:g}); the model is not supported")  # fmt: skip
+        raise ValueError(
+            f"the attached model does not reproduce the MACE model (relative differences: energy "
+            f"{de:.3g}, forces {df:.3g}; tolerance {tol:g}); the model is not supported"
+        )
     return {"energy_rel_max": de, "forces_rel_max": df, "n_structures": len(structures)}
 
 
@@ -219,13 +261,23 @@ def attach_uncertainty(
         return [a for a in frames if len(a) > 1]  # one-atom frames carry no latent (z - z_iso = 0)
 
     def dataset(frames: list[ase.Atoms], source: Any, idx: list[int] | None) -> StructureDataset:
-        return StructureDataset.from_atoms(frames, base.r_max, type_map, energy_key=energy_key, forces_key=forces_key,
-                                           frame_indices=idx, source=source, dtype=dtype)  # fmt: skip
+        return StructureDataset.from_atoms(
+            frames,
+            base.r_max,
+            type_map,
+            energy_key=energy_key,
+            forces_key=forces_key,
+            frame_indices=idx,
+            source=source,
+            dtype=dtype,
+        )
 
     frames = read(data_path)
     if valid_path is not None:
         train_idx, valid_idx, valid_frames = list(range(len(frames))), [], read(valid_path)
-        valid_frames = [valid_frames[k] for k in _subset(list(range(len(valid_frames))), max_valid, seed)]
+        valid_frames = [
+            valid_frames[k] for k in _subset(list(range(len(valid_frames))), max_valid, seed)
+        ]
     elif valid_fraction > 0:
         split = random_split(len(frames), (1.0 - valid_fraction, valid_fraction, 0.0), seed=seed)
         train_idx = list(split.train)
@@ -237,31 +289,66 @@ def attach_uncertainty(
         raise DataError(f"'{data_path}': no multi-atom structures to fit the uncertainty on")
     fit_idx = _subset(train_idx, max_train, seed)
     train = dataset([frames[k] for k in fit_idx], str(data_path), fit_idx)
-    valid = dataset(valid_frames, str(valid_path or data_path), valid_idx or None) if valid_frames else None
+    valid = (
+        dataset(valid_frames, str(valid_path or data_path), valid_idx or None)
+        if valid_frames
+        else None
+    )
     agreement = check_agreement(base, mace_model, (valid_frames or frames)[:3], dtype=dtype)
     scales = _residual_scales(base, train, batch_size)
-    noise_e = max(scales["energy_rmse_eV_atom"], 1e-6) if math.isfinite(scales["energy_rmse_eV_atom"]) else 0.01
-    noise_f = max(scales["forces_rmse_eV_A"], 1e-6) if math.isfinite(scales["forces_rmse_eV_A"]) else 0.1
-    model = potential_from_mace(mace_model, dtype=dtype, energy_noise=noise_e, force_noise=noise_f,
-                                posterior_rank=posterior_rank)  # fmt: skip
+    noise_e = (
+        max(scales["energy_rmse_eV_atom"], 1e-6)
+        if math.isfinite(scales["energy_rmse_eV_atom"])
+        else 0.01
+    )
+    noise_f = (
+        max(scales["forces_rmse_eV_A"], 1e-6) if math.isfinite(scales["forces_rmse_eV_A"]) else 0.1
+    )
+    model = potential_from_mace(
+        mace_model,
+        dtype=dtype,
+        energy_noise=noise_e,
+        force_noise=noise_f,
+        posterior_rank=posterior_rank,
+    )
     posterior = fit_full_posterior(model, train, valid, batch_size=batch_size)
     levels_data = valid if valid is not None else train
     n_valid = 0 if valid is None else len(valid)
     mace_errors = _residual_scales(model, levels_data, batch_size)
     metadata = {
         "attach": {
-            "mace_model": str(model_path), "mace_model_sha256": _sha256(model_path), "data": str(data_path),
-            "valid": None if valid_path is None else str(valid_path), "valid_fraction": valid_fraction,
-            "seed": seed, "n_train": len(train_idx), "n_fit": len(train), "n_valid": n_valid,
-            "mace_errors_on": "valid" if valid is not None else "train", "mace_errors": mace_errors,
+            "mace_model": str(model_path),
+            "mace_model_sha256": _sha256(model_path),
+            "data": str(data_path),
+            "valid": None if valid_path is None else str(valid_path),
+            "valid_fraction": valid_fraction,
+            "seed": seed,
+            "n_train": len(train_idx),
+            "n_fit": len(train),
+            "n_valid": n_valid,
+            "mace_errors_on": "valid" if valid is not None else "train",
+            "mace_errors": mace_errors,
             "agreement_with_mace_calculator": agreement,
         },
         "posterior": posterior,
         "domain": DomainGuard.fit([frames[k] for k in train_idx], base.r_max).to_dict(),
         "uncertainty_levels": uncertainty_levels(model, levels_data, batch_size=batch_size),
-    }  # fmt: skip
+    }
     path = save_checkpoint(out, {**model.to_checkpoint(), "metadata": metadata})
-    log.info("attached: %s (posterior on %d of %d training structures, calibrated on %d; MACE force MAE %.1f meV/A)",
-             path, len(train), len(train_idx), n_valid, 1e3 * mace_errors["forces_mae_eV_A"])  # fmt: skip
-    return AttachResult(path=Path(path), posterior=posterior, mace_errors=mace_errors, agreement=agreement,
-                        n_train=len(train_idx), n_fit=len(train), n_valid=n_valid)  # fmt: skip
+    log.info(
+        "attached: %s (posterior on %d of %d training structures, calibrated on %d; MACE force MAE %.1f meV/A)",
+        path,
+        len(train),
+        len(train_idx),
+        n_valid,
+        1e3 * mace_errors["forces_mae_eV_A"],
+    )
+    return AttachResult(
+        path=Path(path),
+        posterior=posterior,
+        mace_errors=mace_errors,
+        agreement=agreement,
+        n_train=len(train_idx),
+        n_fit=len(train),
+        n_valid=n_valid,
+    )

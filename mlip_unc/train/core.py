@@ -95,17 +95,24 @@ class Trainer:
         self.model = task.model.to(self.device)  # in place: the task's model is this one
         self.out = None if out is None else Path(out)
         self.history_extra = history_extra or dict
-        self.optimizer = make_optimizer(self.model, lr=options.lr, weight_decay=options.weight_decay,
-                                        amsgrad=options.amsgrad)  # fmt: skip
+        self.optimizer = make_optimizer(
+            self.model, lr=options.lr, weight_decay=options.weight_decay, amsgrad=options.amsgrad
+        )
         self.scheduler = None
         if options.lr_schedule is LRSchedule.PLATEAU:
             self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-                self.optimizer, factor=options.lr_factor, patience=options.lr_patience, min_lr=options.lr_floor
+                self.optimizer,
+                factor=options.lr_factor,
+                patience=options.lr_patience,
+                min_lr=options.lr_floor,
             )
         self.ema = None
         if options.ema_decay:
-            self.ema = AveragedModel(self.model, device=self.device,
-                                     multi_avg_fn=make_ema_avg_fn(options.ema_decay, warmup=options.ema_warmup))  # fmt: skip
+            self.ema = AveragedModel(
+                self.model,
+                device=self.device,
+                multi_avg_fn=make_ema_avg_fn(options.ema_decay, warmup=options.ema_warmup),
+            )
         self.loader_rng = torch.Generator().manual_seed(seed)  # on the CPU, where the sampler draws
         self.sample_rng = torch.Generator(self.device).manual_seed(seed + 1)
         self.torch_rng: Tensor | None = None
@@ -156,7 +163,7 @@ class Trainer:
         if self.ema is None:
             return
         with torch.no_grad():
-            for p, q in zip(self.model.parameters(), self.ema.module.parameters()):
+            for p, q in zip(self.model.parameters(), self.ema.module.parameters(), strict=False):
                 tmp = p.detach().clone()
                 p.copy_(q)
                 q.copy_(tmp)
@@ -185,8 +192,12 @@ class Trainer:
         data = self.task.train_data()  # a sequence is indexed lazily (on-disk sets stay on disk)
         if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
             data = list(data)
-        mine = dist.ShardSampler(len(data), self.rank, self.world, self.loader_rng)  # (ceil(n / world),)
-        loader = DataLoader(data, batch_size=self.opts.batch_size, sampler=mine, generator=self.loader_rng)
+        mine = dist.ShardSampler(
+            len(data), self.rank, self.world, self.loader_rng
+        )  # (ceil(n / world),)
+        loader = DataLoader(
+            data, batch_size=self.opts.batch_size, sampler=mine, generator=self.loader_rng
+        )
         return loader, len(mine) * self.world
 
     def _generator(self) -> torch.Generator:
@@ -210,7 +221,9 @@ class Trainer:
             progress = self.progress(epoch)
             if self.opts.lr_schedule is LRSchedule.COSINE:
                 self._cosine_lr(progress)
-            loss, terms = self.task.loss(batch, Step(epoch=epoch, generator=generator, progress=progress))
+            loss, terms = self.task.loss(
+                batch, Step(epoch=epoch, generator=generator, progress=progress)
+            )
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             dist.average_gradients(self.model.parameters())  # no-op in one process
@@ -228,14 +241,16 @@ class Trainer:
         if self.world > 1:  # example-weighted means over all ranks
             names = sorted(sums)
             *values, done = dist.all_reduce_sum([sums[k] for k in names] + [done])
-            sums = dict(zip(names, values))
+            sums = dict(zip(names, values, strict=False))
         record: dict[str, Any] = {f"train_{k}": v / max(done, 1) for k, v in sums.items()}
         record["partial"] = done < total
         return record
 
     def _after_validation(self, record: dict[str, Any]) -> None:
         metric, phase = float(record[self.task.metric_key]), int(record.get("phase", 0))
-        if phase != self.best.get("phase", 0):  # the task's loss changed: the best model of this phase
+        if phase != self.best.get(
+            "phase", 0
+        ):  # the task's loss changed: the best model of this phase
             self.best.update(metric=math.inf, bad=0, phase=phase)
         if metric < self.best["metric"] or self.best["state"] is None:
             self.best.update(metric=metric, epoch=self.epoch, bad=0, state=self._best_state())
@@ -252,7 +267,11 @@ class Trainer:
         record = self.train_epoch()
         record["lr"] = self.optimizer.param_groups[0]["lr"]
         self.epoch += 1
-        if self.epoch % self.opts.eval_every == 0 or self.epoch >= self.opts.epochs or record["partial"]:
+        if (
+            self.epoch % self.opts.eval_every == 0
+            or self.epoch >= self.opts.epochs
+            or record["partial"]
+        ):
             record.update(self.validate())
             self._after_validation(record)
         record.update(epoch=self.epoch, seconds=time.monotonic() - t0, elapsed_s=self.elapsed())
@@ -274,76 +293,112 @@ class Trainer:
             "initial": self.initial,
             "best": {k: v for k, v in self.best.items() if k != "state"},
             "best_state": self.best["state"],
-            "rng": {"loader": self.loader_rng.get_state(), "sample": self.sample_rng.get_state(),
-                    "torch": torch.get_rng_state()},
+            "rng": {
+                "loader": self.loader_rng.get_state(),
+                "sample": self.sample_rng.get_state(),
+                "torch": torch.get_rng_state(),
+            },
             "elapsed_s": self.elapsed(),
             "stop_reason": stop_reason,
             "task_state": getattr(self.task, "extra_state", dict)(),
-        }  # fmt: skip
+        }
 
     def restore(self, path: Path) -> None:
         """Continue from ``path``; :class:`CheckpointError` when it belongs to another run."""
         state = load_checkpoint(path, kind="training")
         diffs = _diff(state.get("signature") or {}, self.task.signature())
         if diffs:
-            raise CheckpointError(f"{path} was written with a different config: {'; '.join(diffs[:5])}")
+            raise CheckpointError(
+                f"{path} was written with a different config: {'; '.join(diffs[:5])}"
+            )
         self.model.load_state_dict(state["model_state"])
         self.optimizer.load_state_dict(state["optimizer_state"])
         if self.scheduler is not None and state["scheduler_state"] is not None:
             self.scheduler.load_state_dict(state["scheduler_state"])
         if self.ema is not None and state["ema_state"] is not None:
             self.ema.load_state_dict(state["ema_state"])
-        self.epoch, self.history, self.initial = int(state["epoch"]), list(state["history"]), state["initial"]
+        self.epoch, self.history, self.initial = (
+            int(state["epoch"]),
+            list(state["history"]),
+            state["initial"],
+        )
         self.best = {**state["best"], "state": state["best_state"]}
         self.loader_rng.set_state(state["rng"]["loader"])
         try:
             self.sample_rng.set_state(state["rng"]["sample"])
-        except RuntimeError:  # written on another kind of device (CPU and CUDA generator states differ)
+        except (
+            RuntimeError
+        ):  # written on another kind of device (CPU and CUDA generator states differ)
             self.sample_rng.manual_seed(self.seed + 1 + self.epoch)
-            log.warning("%s was written on another device: the posterior draws continue from a new seed", path)
+            log.warning(
+                "%s was written on another device: the posterior draws continue from a new seed",
+                path,
+            )
         self.torch_rng = state["rng"]["torch"]
         self.elapsed_before, self.start = float(state["elapsed_s"]), time.monotonic()
         load_extra = getattr(self.task, "load_extra_state", None)
         if load_extra is not None and load_extra(state.get("task_state") or {}) is False:
             self.best.update(metric=math.inf, epoch=0, bad=0, state=None)
-            log.warning("the data differ from the run in %s: best-on-validation tracking restarts", path)
+            log.warning(
+                "the data differ from the run in %s: best-on-validation tracking restarts", path
+            )
         log.info("resumed from %s at epoch %d", path, self.epoch)
 
     def _write(self, stop_reason: str | None) -> None:
         if self.out is None or self.rank != 0:
             return
         save_checkpoint(self.out / LAST_FILE, self.state_dict(stop_reason))
-        write_json(self.out / HISTORY_FILE, {
-            **self.history_extra(), "initial": self.initial, "epochs": self.history,
-            "best_epoch": self.best["epoch"], "best_metric": _finite(self.best["metric"]),
-            "metric": self.task.metric_key, "stop_reason": stop_reason, "train_minutes": self.elapsed() / 60.0,
-        })  # fmt: skip
+        write_json(
+            self.out / HISTORY_FILE,
+            {
+                **self.history_extra(),
+                "initial": self.initial,
+                "epochs": self.history,
+                "best_epoch": self.best["epoch"],
+                "best_metric": _finite(self.best["metric"]),
+                "metric": self.task.metric_key,
+                "stop_reason": stop_reason,
+                "train_minutes": self.elapsed() / 60.0,
+            },
+        )
 
     # -------------------------------------------------------------- the loop
     def fit(
-        self, *, resume: bool = False, overwrite: bool = False, stop_after: int | None = None,
+        self,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        stop_after: int | None = None,
         callbacks: Sequence[EpochCallback] = (),
     ) -> FitResult:
         """Train until ``epochs``, the time budget, early stopping or ``stop_after`` epochs of
         this call; then load the best weights. ``callbacks`` run after each epoch's checkpoint
         (an exception there aborts the run like a kill). A folder that holds a run (``last.pt``)
         is continued with ``resume``, replaced with ``overwrite``, and otherwise refused."""
-        with torch.random.fork_rng(devices=[self.device.index] if self.device.type == "cuda" else []):
+        with torch.random.fork_rng(
+            devices=[self.device.index] if self.device.type == "cuda" else []
+        ):
             torch.manual_seed(self.seed)
             last = None if self.out is None else self.out / LAST_FILE
             if last is not None and last.is_file() and not (resume or overwrite):
-                raise FileExistsError(f"{self.out} already holds a training run; continue it with --resume "
-                                      "or replace it with --overwrite")  # fmt: skip
+                raise FileExistsError(
+                    f"{self.out} already holds a training run; continue it with --resume "
+                    "or replace it with --overwrite"
+                )
             if self.rank == 0:
                 remove_stale_temps(self.out)  # temporary files of writes killed mid-way (kill -9)
             if resume and last is not None and last.is_file():
                 self.restore(last)
                 torch.set_rng_state(self.torch_rng)
             if not dist.all_equal(self.epoch):
-                raise CheckpointError(f"the ranks found different runs in {self.out}: it must be one shared folder")
+                raise CheckpointError(
+                    f"the ranks found different runs in {self.out}: it must be one shared folder"
+                )
             dist.broadcast_module(self.model)  # identical start on every rank (seeded anyway)
             on_start = getattr(self.task, "on_start", None)
-            if on_start is not None and self.rank == 0:  # after the resume check: e.g. write config.yaml
+            if (
+                on_start is not None and self.rank == 0
+            ):  # after the resume check: e.g. write config.yaml
                 on_start()
             return self._loop(stop_after, callbacks)
 
@@ -352,9 +407,17 @@ class Trainer:
             self.initial = self.validate()
             log.info("initial: %s", _describe(self.initial))
         first = self.epoch
-        show = (self.opts.progress if self.opts.progress is not None else sys.stderr.isatty()) and self.rank == 0
-        bar = tqdm(total=self.opts.epochs, initial=self.epoch, disable=not show, desc="train", unit="epoch",
-                   leave=False)  # fmt: skip
+        show = (
+            self.opts.progress if self.opts.progress is not None else sys.stderr.isatty()
+        ) and self.rank == 0
+        bar = tqdm(
+            total=self.opts.epochs,
+            initial=self.epoch,
+            disable=not show,
+            desc="train",
+            unit="epoch",
+            leave=False,
+        )
         try:
             reason = self.stop_reason()
             while reason is None:
@@ -376,12 +439,22 @@ class Trainer:
             on_end = getattr(self.task, "on_end", None)
             if on_end is not None and self.rank == 0:  # e.g. the last-layer Laplace fit
                 on_end()
-        log.info("stopped (%s) after %d epochs, %.2f min; best epoch %d", reason, self.epoch,
-                 self.elapsed() / 60, self.best["epoch"])  # fmt: skip
+        log.info(
+            "stopped (%s) after %d epochs, %.2f min; best epoch %d",
+            reason,
+            self.epoch,
+            self.elapsed() / 60,
+            self.best["epoch"],
+        )
         return FitResult(
-            history=self.history, best_epoch=int(self.best["epoch"]), best_metric=float(self.best["metric"]),
-            epochs_run=self.epoch, stop_reason=reason, minutes=self.elapsed() / 60.0, initial=self.initial,
-        )  # fmt: skip
+            history=self.history,
+            best_epoch=int(self.best["epoch"]),
+            best_metric=float(self.best["metric"]),
+            epochs_run=self.epoch,
+            stop_reason=reason,
+            minutes=self.elapsed() / 60.0,
+            initial=self.initial,
+        )
 
 
 def _finite(value: float) -> float | None:
@@ -389,11 +462,15 @@ def _finite(value: float) -> float | None:
 
 
 _SHOWN = (
-    ("train_loss", "loss", "{:.4g}"), ("train_nll", "nll", "{:.4g}"), ("valid_loss", "valid", "{:.4g}"),
-    ("val_rmse", "val_rmse", "{:.4g}"), ("val_nll", "val_nll", "{:.4g}"),
-    ("valid_energy_mae_meV_atom", "E_mae", "{:.2f}"), ("valid_forces_mae_meV_A", "F_mae", "{:.1f}"),
+    ("train_loss", "loss", "{:.4g}"),
+    ("train_nll", "nll", "{:.4g}"),
+    ("valid_loss", "valid", "{:.4g}"),
+    ("val_rmse", "val_rmse", "{:.4g}"),
+    ("val_nll", "val_nll", "{:.4g}"),
+    ("valid_energy_mae_meV_atom", "E_mae", "{:.2f}"),
+    ("valid_forces_mae_meV_A", "F_mae", "{:.1f}"),
     ("lr", "lr", "{:.2g}"),
-)  # fmt: skip
+)
 
 
 def _describe(record: dict[str, Any]) -> str:

@@ -23,7 +23,9 @@ __all__ = ["module_device", "resolve_device", "to_device"]
 T = TypeVar("T")
 
 
-def resolve_device(spec: str, *, cuda_available: bool | None = None, local_rank: int | None = None) -> torch.device:
+def resolve_device(
+    spec: str, *, cuda_available: bool | None = None, local_rank: int | None = None
+) -> torch.device:
     """``train.device`` as a ``torch.device``; ValueError naming the setting when it cannot run here.
 
     Args:
@@ -40,14 +42,18 @@ def resolve_device(spec: str, *, cuda_available: bool | None = None, local_rank:
     try:
         device = torch.device(text)
     except RuntimeError:
-        raise ValueError(f"train.device: {spec!r} is not a device (cpu, cuda, cuda:N or auto)") from None
+        raise ValueError(
+            f"train.device: {spec!r} is not a device (cpu, cuda, cuda:N or auto)"
+        ) from None
     if device.type == "cpu":
         return torch.device("cpu")
     if device.type != "cuda":
         raise ValueError(f"train.device: {spec!r}: only cpu and cuda are supported")
     if not cuda_available:
-        raise ValueError(f"train.device: {spec!r} but CUDA is not available here (torch {torch.__version__}, "
-                         "a CPU build or no GPU visible); use train.device=cpu or auto")  # fmt: skip
+        raise ValueError(
+            f"train.device: {spec!r} but CUDA is not available here (torch {torch.__version__}, "
+            "a CPU build or no GPU visible); use train.device=cpu or auto"
+        )
     return torch.device("cuda", local_rank if device.index is None else device.index)
 
 

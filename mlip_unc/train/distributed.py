@@ -63,7 +63,7 @@ __all__ = [
     "teardown",
     "worker_seed",
     "world_size",
-]  # fmt: skip
+]
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,10 @@ def init_from_env() -> bool:
         return False
     missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
-        raise RuntimeError(f"RANK and WORLD_SIZE are set but {', '.join(missing)} not: start with torchrun "
-                           "or set MASTER_ADDR and MASTER_PORT")  # fmt: skip
+        raise RuntimeError(
+            f"RANK and WORLD_SIZE are set but {', '.join(missing)} not: start with torchrun "
+            "or set MASTER_ADDR and MASTER_PORT"
+        )
     dist = _dist()
     if dist.is_initialized():
         return False
@@ -140,7 +142,9 @@ def session(*, quiet_workers: bool = True) -> Iterator[bool]:
     than 0 at WARNING. Without torchrun: nothing; yields False."""
     started = init_from_env()
     if started and quiet_workers and not is_main():
-        logging.getLogger("mlip_unc").setLevel(max(logging.WARNING, logging.getLogger("mlip_unc").level))
+        logging.getLogger("mlip_unc").setLevel(
+            max(logging.WARNING, logging.getLogger("mlip_unc").level)
+        )
     try:
         yield active()
     finally:
@@ -204,7 +208,7 @@ def average_gradients(parameters: Iterable[nn.Parameter]) -> None:
         return
     has = torch.tensor([p.grad is not None for p in params], dtype=torch.float64)  # (P,)
     dist.all_reduce(has, op=dist.ReduceOp.MAX)
-    used = [p for p, h in zip(params, has.tolist()) if h > 0]
+    used = [p for p, h in zip(params, has.tolist(), strict=False) if h > 0]
     for p in used:
         if p.grad is None:
             p.grad = torch.zeros_like(p)

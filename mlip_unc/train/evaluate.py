@@ -61,7 +61,9 @@ MEV = 1000.0
 
 
 # ================================================================ metrics
-def _calibration(prefix: str, y_pred: np.ndarray, y_std: np.ndarray, y_true: np.ndarray) -> dict[str, float]:
+def _calibration(
+    prefix: str, y_pred: np.ndarray, y_std: np.ndarray, y_true: np.ndarray
+) -> dict[str, float]:
     if y_pred.size < 2:
         return {}
     return {
@@ -123,7 +125,9 @@ def _forces_metrics(pred: Predictions, table: Mapping[str, np.ndarray]) -> dict[
     return out
 
 
-def _force_diagnostics(pred: Predictions, table: Mapping[str, np.ndarray], err: np.ndarray) -> dict[str, float]:
+def _force_diagnostics(
+    pred: Predictions, table: Mapping[str, np.ndarray], err: np.ndarray
+) -> dict[str, float]:
     """sigma_F against |F_pred| (all atoms/frames), partial Spearman and std/RMSE (labelled ones)."""
     frames = pred.has_forces
     epi = pred.forces_epistemic_var  # (n_atoms, 3)
@@ -133,11 +137,12 @@ def _force_diagnostics(pred: Predictions, table: Mapping[str, np.ndarray], err: 
             table["forces_max_std"], table["forces_pred_max_norm"]
         ),
         "forces_partial_spearman_given_force": diag.partial_spearman(
-            table["forces_max_std"][frames], table["forces_mean_error"][frames],
+            table["forces_max_std"][frames],
+            table["forces_mean_error"][frames],
             table["forces_pred_max_norm"][frames],
         ),
         "forces_std_over_rmse": diag.std_over_rmse(epi[pred.atom_has_forces], err),
-    }  # fmt: skip
+    }
 
 
 def _stress_metrics(pred: Predictions) -> dict[str, float]:
@@ -158,7 +163,9 @@ def _stress_metrics(pred: Predictions) -> dict[str, float]:
     return out
 
 
-def potential_metrics(pred: Predictions, table: Mapping[str, np.ndarray] | None = None) -> dict[str, float]:
+def potential_metrics(
+    pred: Predictions, table: Mapping[str, np.ndarray] | None = None
+) -> dict[str, float]:
     """Accuracy (meV, GPa) and calibration metrics of :class:`Predictions`.
 
     Keys: ``n_frames``, ``n_atoms``; ``energy_mae_meV_atom, energy_rmse_meV_atom`` (per atom)
@@ -186,7 +193,9 @@ def potential_metrics(pred: Predictions, table: Mapping[str, np.ndarray] | None 
     }
 
 
-def uncertainty_levels(model: nn.Module, data: Any, *, batch_size: int = 16, uncertainty: str | None = None) -> dict:
+def uncertainty_levels(
+    model: nn.Module, data: Any, *, batch_size: int = 16, uncertainty: str | None = None
+) -> dict:
     """Calibrated levels for relative flagging thresholds, over ``data`` (the validation set).
 
     The mean over frames of ``max_force_std`` (max over atoms of sqrt(sum_c Var F_ic)) and of
@@ -199,7 +208,9 @@ def uncertainty_levels(model: nn.Module, data: Any, *, batch_size: int = 16, unc
     return {
         "mode": uncertainty,
         "max_force_std": float(np.nanmean(table["forces_max_std"])),
-        "energy_std_per_atom": float(np.nanmean(table["energy_epistemic_std"] / table["num_atoms"])),
+        "energy_std_per_atom": float(
+            np.nanmean(table["energy_epistemic_std"] / table["num_atoms"])
+        ),
         "n_structures": len(table["num_atoms"]),
     }
 
@@ -227,9 +238,14 @@ def evaluate_potential(
     """Predict ``data`` and compute :func:`potential_metrics` and :func:`frame_table`
     (``stress``: also the stress of periodic structures, see :func:`predict`)."""
     pred = predict(
-        model, data, uncertainty=uncertainty, n_samples=n_samples, batch_size=batch_size,
-        seed=seed, progress=progress, stress=stress,
-    )  # fmt: skip
+        model,
+        data,
+        uncertainty=uncertainty,
+        n_samples=n_samples,
+        batch_size=batch_size,
+        seed=seed,
+        progress=progress,
+        stress=stress,
+    )
     table = frame_table(pred)
     return EvalReport(potential_metrics(pred, table), table, pred)
-

@@ -53,7 +53,9 @@ def frame_table(pred: Predictions) -> dict[str, np.ndarray]:
     f_err = pred.forces_pred - pred.forces_true  # (n_atoms, 3)
     f_norm = np.linalg.norm(f_err, axis=1)
     f_pred = diag.atom_force_norm(pred.forces_pred)  # (n_atoms,)
-    mean = partial(diag.per_frame, atom_frame=pred.atom_frame, n_frames=n, how="mean")  # -> (n_frames,)
+    mean = partial(
+        diag.per_frame, atom_frame=pred.atom_frame, n_frames=n, how="mean"
+    )  # -> (n_frames,)
     top = partial(diag.per_frame, atom_frame=pred.atom_frame, n_frames=n, how="max")
     has_f = pred.has_forces
     table = {
@@ -94,7 +96,7 @@ def write_frame_csv(table: Mapping[str, np.ndarray], path: str | os.PathLike) ->
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer)
     writer.writerow(columns)
-    for row in zip(*(table[c] for c in columns)):
+    for row in zip(*(table[c] for c in columns), strict=False):
         writer.writerow([_fmt(v) for v in row])
     return atomic_write_text(path, buffer.getvalue())
 
@@ -109,7 +111,11 @@ def _reference_copy(atoms: ase.Atoms) -> ase.Atoms:
     """A copy with ``info``/``arrays`` and the reference labels of the attached calculator."""
     copy = atoms.copy()  # copies info and arrays, not the calculator
     results = dict(getattr(atoms.calc, "results", None) or {})
-    labels = {k: results[k] for k in ("energy", "free_energy", "forces", "stress") if results.get(k) is not None}
+    labels = {
+        k: results[k]
+        for k in ("energy", "free_energy", "forces", "stress")
+        if results.get(k) is not None
+    }
     if labels:
         copy.calc = SinglePointCalculator(copy, **labels)
     return copy

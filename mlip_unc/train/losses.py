@@ -103,7 +103,9 @@ def kl_term(kl: Tensor, beta: float, n_train: int) -> Tensor:
     return beta * kl / n_train
 
 
-def negative_elbo(nll: Tensor, kl: Tensor, *, n_train: int, beta: float = 1.0) -> tuple[Tensor, Tensor]:
+def negative_elbo(
+    nll: Tensor, kl: Tensor, *, n_train: int, beta: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """``(loss, kl_term)`` with ``kl_term = beta * KL / n_train`` and ``loss = nll + kl_term``.
 
     ``n_train`` is the number of training examples (the KL is per data set, the NLL per example).
@@ -126,8 +128,13 @@ def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
 
 
 def energy_nll(
-    energy_pred: Tensor, energy_true: Tensor, num_atoms: Tensor, var: Tensor,
-    mask: Tensor | None = None, *, per_atom: bool = False,
+    energy_pred: Tensor,
+    energy_true: Tensor,
+    num_atoms: Tensor,
+    var: Tensor,
+    mask: Tensor | None = None,
+    *,
+    per_atom: bool = False,
 ) -> Tensor:
     """Per-atom normalised energy NLL, mean over labelled structures.
 
@@ -153,7 +160,11 @@ def energy_nll(
 
 
 def forces_nll(
-    forces_pred: Tensor, forces_true: Tensor, var: Tensor, graph: Tensor, mask: Tensor | None = None,
+    forces_pred: Tensor,
+    forces_true: Tensor,
+    var: Tensor,
+    graph: Tensor,
+    mask: Tensor | None = None,
     n_graphs: int | None = None,
 ) -> Tensor:
     """Force NLL summed over the 3 n_atoms components of each structure, mean over structures.
@@ -169,13 +180,20 @@ def forces_nll(
         mask: (n_graphs,) bool, structures with forces (None = all).
         n_graphs: number of structures (default: ``graph.max() + 1``).
     """
-    terms = gaussian_nll_terms(forces_pred - forces_true, var.expand_as(forces_pred)).sum(1)  # (n_atoms,)
+    terms = gaussian_nll_terms(forces_pred - forces_true, var.expand_as(forces_pred)).sum(
+        1
+    )  # (n_atoms,)
     n_graphs = int(graph.max()) + 1 if n_graphs is None else n_graphs
     per_graph = terms.new_zeros(n_graphs).index_add_(0, graph, terms)  # (n_graphs,)
-    return masked_mean(per_graph, torch.ones(n_graphs, dtype=torch.bool, device=terms.device) if mask is None else mask)
+    return masked_mean(
+        per_graph,
+        torch.ones(n_graphs, dtype=torch.bool, device=terms.device) if mask is None else mask,
+    )
 
 
-def stress_nll(stress_pred: Tensor, stress_true: Tensor, var: Tensor, mask: Tensor | None = None) -> Tensor:
+def stress_nll(
+    stress_pred: Tensor, stress_true: Tensor, var: Tensor, mask: Tensor | None = None
+) -> Tensor:
     """Stress NLL summed over the 9 components of each structure, mean over labelled ones.
 
     Args:
@@ -183,8 +201,12 @@ def stress_nll(stress_pred: Tensor, stress_true: Tensor, var: Tensor, mask: Tens
         var: () or broadcastable to (n_graphs, 3, 3), noise variance.
         mask: (n_graphs,) bool.
     """
-    terms = gaussian_nll_terms(stress_pred - stress_true, var.expand_as(stress_pred)).sum((1, 2))  # (n_graphs,)
-    mask = torch.ones(terms.shape[0], dtype=torch.bool, device=terms.device) if mask is None else mask
+    terms = gaussian_nll_terms(stress_pred - stress_true, var.expand_as(stress_pred)).sum(
+        (1, 2)
+    )  # (n_graphs,)
+    mask = (
+        torch.ones(terms.shape[0], dtype=torch.bool, device=terms.device) if mask is None else mask
+    )
     return masked_mean(terms, mask)
 
 
@@ -212,16 +234,28 @@ def likelihood_terms(
     n_graphs = has_e.shape[0]
     terms = {
         "energy": energy_nll(
-            out[keys.ENERGY], batch[keys.ENERGY], batch[keys.NUM_ATOMS], noise[keys.ENERGY], has_e,
+            out[keys.ENERGY],
+            batch[keys.ENERGY],
+            batch[keys.NUM_ATOMS],
+            noise[keys.ENERGY],
+            has_e,
             per_atom=energy_per_atom,
         ),
         "forces": forces_nll(
-            out[keys.FORCES], batch[keys.FORCES], noise[keys.FORCES], batch[keys.BATCH], has_f, n_graphs
+            out[keys.FORCES],
+            batch[keys.FORCES],
+            noise[keys.FORCES],
+            batch[keys.BATCH],
+            has_f,
+            n_graphs,
         ),
     }
     if use_stress:
         terms["stress"] = stress_nll(
-            out[keys.STRESS], batch[keys.STRESS], noise[keys.STRESS], batch[keys.HAS_STRESS].reshape(-1)
+            out[keys.STRESS],
+            batch[keys.STRESS],
+            noise[keys.STRESS],
+            batch[keys.HAS_STRESS].reshape(-1),
         )
     return terms
 
@@ -249,4 +283,9 @@ def potential_loss(
     zero = next(iter(nll_terms.values())).new_zeros(())
     kl_part = zero if kl is None else kl_term(kl, beta, n_train)
     reg_part = zero if regularizer is None or lam == 0.0 else lam * regularizer
-    return {"loss": nll + kl_part + reg_part, "nll": nll, "kl_term": kl_part, "regularizer": reg_part}
+    return {
+        "loss": nll + kl_part + reg_part,
+        "nll": nll,
+        "kl_term": kl_part,
+        "regularizer": reg_part,
+    }

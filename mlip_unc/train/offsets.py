@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from torch_geometric.data import Batch
 
 from mlip_unc import keys
@@ -34,12 +33,17 @@ def element_counts(model: BayesianPotential, graphs: Sequence[Any]) -> np.ndarra
     """``(n_frames, n_types)`` atoms of each of the model's elements per graph."""
     n_types = len(model.type_map)
     z_to_index = model.z_to_index.cpu()  # the graphs stay on the CPU
-    return np.stack([
-        np.bincount(atom_types(g, z_to_index, model.type_map).cpu().numpy(), minlength=n_types) for g in graphs
-    ]).astype(np.float64)  # fmt: skip
+    return np.stack(
+        [
+            np.bincount(atom_types(g, z_to_index, model.type_map).cpu().numpy(), minlength=n_types)
+            for g in graphs
+        ]
+    ).astype(np.float64)
 
 
-def refit_energy_offsets(model: BayesianPotential, graphs: Sequence[Any], *, batch_size: int = 16) -> np.ndarray | None:
+def refit_energy_offsets(
+    model: BayesianPotential, graphs: Sequence[Any], *, batch_size: int = 16
+) -> np.ndarray | None:
     """Shift ``model.atomic_energies`` in place by the least-squares fit of the energy residuals
     of ``graphs`` (those with an energy label) on their element counts.
 
@@ -49,9 +53,13 @@ def refit_energy_offsets(model: BayesianPotential, graphs: Sequence[Any], *, bat
     pred, true, has = [], [], []
     with torch.no_grad():  # energies only: no force pass
         for k in range(0, len(graphs), batch_size):
-            chunk = [graphs[i] for i in range(k, min(k + batch_size, len(graphs)))]  # lists and on-disk sets alike
+            chunk = [
+                graphs[i] for i in range(k, min(k + batch_size, len(graphs)))
+            ]  # lists and on-disk sets alike
             batch = to_device(Batch.from_data_list(chunk), device)
-            pred.append(model(batch, compute_forces=False)[keys.ENERGY].double().cpu())  # posterior mean
+            pred.append(
+                model(batch, compute_forces=False)[keys.ENERGY].double().cpu()
+            )  # posterior mean
             true.append(batch[keys.ENERGY].double().cpu())
             has.append(batch[keys.HAS_ENERGY].reshape(-1).bool().cpu())
     mask = torch.cat(has).numpy()
@@ -61,6 +69,7 @@ def refit_energy_offsets(model: BayesianPotential, graphs: Sequence[Any], *, bat
     residual = (torch.cat(true) - torch.cat(pred)).numpy()[mask]  # (n,) eV
     delta = np.linalg.lstsq(counts, residual, rcond=None)[0]  # (n_types,)
     with torch.no_grad():
-        model.atomic_energies += torch.as_tensor(delta, dtype=model.atomic_energies.dtype,
-                                                 device=model.atomic_energies.device)  # fmt: skip
+        model.atomic_energies += torch.as_tensor(
+            delta, dtype=model.atomic_energies.dtype, device=model.atomic_energies.device
+        )
     return delta

@@ -30,18 +30,24 @@ _STANDARD = {"energy": "energy", "forces": "forces", "stress": "stress"}
 Frame = tuple[np.ndarray, "float | None", bool, str]  # numbers (n,), energy, isolated, location
 
 
-def open_store_for(path: str | Path, r_max: float, label_keys: dict[str, str | None]) -> OnDiskStore:
+def open_store_for(
+    path: str | Path, r_max: float, label_keys: dict[str, str | None]
+) -> OnDiskStore:
     """Open a set and check that it was built with ``r_max`` and the ``label_keys``."""
     store = OnDiskStore(path)
     if abs(store.r_max - r_max) > 1e-9:
-        raise DataError(f"'{path}' was converted with r_max {store.r_max}, not {r_max}; run "
-                        f"'mlip-unc convert --r-max {r_max}' again")  # fmt: skip
+        raise DataError(
+            f"'{path}' was converted with r_max {store.r_max}, not {r_max}; run "
+            f"'mlip-unc convert --r-max {r_max}' again"
+        )
     stored = store.meta.get("label_keys", {})
     for kind, key in label_keys.items():
         have, want = stored.get(kind) or _STANDARD[kind], key or _STANDARD[kind]
         if have != want:
-            raise DataError(f"'{path}' holds the {kind} label '{have}', not '{want}'; run "
-                            f"'mlip-unc convert --{kind}-key {want}' again")  # fmt: skip
+            raise DataError(
+                f"'{path}' holds the {kind} label '{have}', not '{want}'; run "
+                f"'mlip-unc convert --{kind}-key {want}' again"
+            )
     return store
 
 
@@ -57,13 +63,18 @@ def _require(store: OnDiskStore, items: np.ndarray, required: dict[str, bool]) -
 def _items(path: str, config: PotentialConfig, *, forces: bool) -> tuple[OnDiskStore, np.ndarray]:
     """The selected items of a set, labels checked; (store, all selected items)."""
     data = config.data
-    store = open_store_for(path, data.r_max, {"energy": data.energy_key, "forces": data.forces_key,
-                                              "stress": data.stress_key})  # fmt: skip
+    store = open_store_for(
+        path,
+        data.r_max,
+        {"energy": data.energy_key, "forces": data.forces_key, "stress": data.stress_key},
+    )
     try:
         items = np.asarray(_select(len(store), data.index), dtype=np.int64)
     except (IndexError, ValueError) as err:
         raise DataError(f"'{path}': bad frame index {data.index!r}: {err}") from None
-    _require(store, items, {"energy": True, "forces": forces, "stress": config.loss.stress_weight > 0})
+    _require(
+        store, items, {"energy": True, "forces": forces, "stress": config.loss.stress_weight > 0}
+    )
     return store, items
 
 
@@ -73,11 +84,20 @@ def _multi_atom(store: OnDiskStore, items: np.ndarray) -> np.ndarray:
 
 def _store_frames(store: OnDiskStore, items: Iterable[int]) -> Iterator[Frame]:
     off, numbers = store.array("atom_offset"), store.array("numbers")
-    energy, has_energy, isolated = store.array("energy"), store.array("has_energy"), store.array("isolated")
+    energy, has_energy, isolated = (
+        store.array("energy"),
+        store.array("has_energy"),
+        store.array("isolated"),
+    )
     for item in items:
         item = int(item)
         e = float(energy[item]) if has_energy[item] else None
-        yield np.asarray(numbers[off[item] : off[item + 1]], dtype=np.int64), e, bool(isolated[item]), store.where(item)
+        yield (
+            np.asarray(numbers[off[item] : off[item + 1]], dtype=np.int64),
+            e,
+            bool(isolated[item]),
+            store.where(item),
+        )
 
 
 def _atoms_frames(atoms_list: Sequence[ase.Atoms], energy_key: str) -> Iterator[Frame]:
@@ -85,13 +105,18 @@ def _atoms_frames(atoms_list: Sequence[ase.Atoms], energy_key: str) -> Iterator[
 
     for k, atoms in enumerate(atoms_list):
         loc = f"frame {k}"
-        yield np.asarray(atoms.numbers, dtype=np.int64), frame_energy(atoms, energy_key, context=loc), \
-            is_isolated_atom(atoms), loc  # fmt: skip
+        yield (
+            np.asarray(atoms.numbers, dtype=np.int64),
+            frame_energy(atoms, energy_key, context=loc),
+            is_isolated_atom(atoms),
+            loc,
+        )
 
 
 def _fit_references(parts: Sequence[tuple]) -> dict[int, float]:
     """Streaming :func:`~mlip_unc.data.references.fit_reference_energies`: ``parts`` are
     (callable -> frame iterator) re-read per pass; normal equations replace the frame matrix."""
+
     def frames() -> Iterator[Frame]:
         for part in parts:
             yield from (f for f in part() if f[1] is not None)
@@ -102,7 +127,9 @@ def _fit_references(parts: Sequence[tuple]) -> dict[int, float]:
         any_energy = True
         if isolated:
             if len(numbers) != 1:
-                raise DataError(f"{loc}: marked as an isolated atom but the frame has {len(numbers)} atoms")
+                raise DataError(
+                    f"{loc}: marked as an isolated atom but the frame has {len(numbers)} atoms"
+                )
             found.setdefault(int(numbers[0]), []).append(energy)
     if not any_energy:
         raise DataError("no frame has an energy label")
@@ -122,7 +149,9 @@ def _fit_references(parts: Sequence[tuple]) -> dict[int, float]:
         for numbers, energy, isolated, _ in frames():
             if isolated:
                 continue
-            x = np.bincount(column[numbers][column[numbers] >= 0], minlength=len(elements)) / len(numbers)
+            x = np.bincount(column[numbers][column[numbers] >= 0], minlength=len(elements)) / len(
+                numbers
+            )
             y = (energy - known_table[numbers].sum()) / len(numbers)
             gram += np.outer(x, x)
             rhs += x * y
@@ -132,17 +161,23 @@ def _fit_references(parts: Sequence[tuple]) -> dict[int, float]:
                 f"reference energies of {[element_symbol(z) for z in elements]} are not identifiable from the "
                 f"compositions (rank {rank} < {len(elements)}); using the minimum-norm least-squares solution",
                 stacklevel=2,
-            )  # fmt: skip
+            )
         fitted = {z: float(solution[k]) for k, z in enumerate(elements)}
     return dict(sorted({**known, **fitted}.items()))
 
 
-def _references(kind: ReferenceEnergies, isolated: list, train: list, elements: Sequence[int]) -> dict[int, float]:
+def _references(
+    kind: ReferenceEnergies, isolated: list, train: list, elements: Sequence[int]
+) -> dict[int, float]:
     if kind is ReferenceEnergies.ZERO:
         return {int(z): 0.0 for z in elements}
     if kind is ReferenceEnergies.ISOLATED and not isolated:
-        raise ConfigError("model.reference_energies: 'isolated' needs data.isolated_atoms or one-atom frames")
-    parts = {ReferenceEnergies.LEAST_SQUARES: train, ReferenceEnergies.ISOLATED: isolated}.get(kind, isolated + train)
+        raise ConfigError(
+            "model.reference_energies: 'isolated' needs data.isolated_atoms or one-atom frames"
+        )
+    parts = {ReferenceEnergies.LEAST_SQUARES: train, ReferenceEnergies.ISOLATED: isolated}.get(
+        kind, isolated + train
+    )
     refs = _fit_references(parts)
     missing = [int(z) for z in elements if int(z) not in refs]
     if missing:
@@ -154,13 +189,19 @@ def _elements(store: OnDiskStore, items: np.ndarray) -> set[int]:
     return {int(z) for numbers, *_ in _store_frames(store, items) for z in np.unique(numbers)}
 
 
-def _statistics(store: OnDiskStore, items: np.ndarray, refs: dict[int, float]) -> tuple[float, float, float, float]:
+def _statistics(
+    store: OnDiskStore, items: np.ndarray, refs: dict[int, float]
+) -> tuple[float, float, float, float]:
     """Energy shift and std (Chan's parallel update per chunk), force RMS, mean neighbours."""
     table = np.zeros(119)
     table[list(refs)] = list(refs.values())
     count, mean, m2 = 0, 0.0, 0.0
     f_sum, f_count = 0.0, 0
-    off, forces, has_forces = store.array("atom_offset"), store.array("forces"), store.array("has_forces")
+    off, forces, has_forces = (
+        store.array("atom_offset"),
+        store.array("forces"),
+        store.array("has_forces"),
+    )
     chunk: list[float] = []
 
     def merge() -> None:
@@ -172,7 +213,7 @@ def _statistics(store: OnDiskStore, items: np.ndarray, refs: dict[int, float]) -
         mean, count = mean + delta * n_b / total, total
         chunk.clear()
 
-    for item, (numbers, energy, _, _) in zip(items, _store_frames(store, items)):
+    for item, (numbers, energy, _, _) in zip(items, _store_frames(store, items), strict=False):
         if energy is not None:
             chunk.append((energy - table[numbers].sum()) / len(numbers))
             if len(chunk) >= 4096:
@@ -192,20 +233,33 @@ def _statistics(store: OnDiskStore, items: np.ndarray, refs: dict[int, float]) -
 def _file_part(path: str, config: PotentialConfig, *, forces: bool) -> list[ase.Atoms]:
     data = config.data
     frames = read_structures(
-        path, index=data.index, energy_key=data.energy_key, forces_key=data.forces_key,
-        stress_key=data.stress_key, require_forces=forces, require_stress=config.loss.stress_weight > 0,
-    )  # fmt: skip
+        path,
+        index=data.index,
+        energy_key=data.energy_key,
+        forces_key=data.forces_key,
+        stress_key=data.stress_key,
+        require_forces=forces,
+        require_stress=config.loss.stress_weight > 0,
+    )
     return [a for a in frames if len(a) != 1]
 
 
-def _dataset(part: tuple | list, config: PotentialConfig, type_map: TypeMap, source: str) -> StructureDataset:
+def _dataset(
+    part: tuple | list, config: PotentialConfig, type_map: TypeMap, source: str
+) -> StructureDataset:
     if isinstance(part, tuple):
         return OnDiskDataset(part[0], part[1], type_map, dtype=config.dtype.torch)
     data = config.data
     return StructureDataset.from_atoms(
-        part, data.r_max, type_map, energy_key=data.energy_key, forces_key=data.forces_key,
-        stress_key=data.stress_key, source=source, dtype=config.dtype.torch,
-    )  # fmt: skip
+        part,
+        data.r_max,
+        type_map,
+        energy_key=data.energy_key,
+        forces_key=data.forces_key,
+        stress_key=data.stress_key,
+        source=source,
+        dtype=config.dtype.torch,
+    )
 
 
 def prepare_ondisk(config: PotentialConfig):  # -> PreparedData (import cycle: see potential_data)
@@ -216,8 +270,11 @@ def prepare_ondisk(config: PotentialConfig):  # -> PreparedData (import cycle: s
     store, items = _items(data.train, config, forces=True)
     frames_idx = _multi_atom(store, items)
     one_atom = items[store.num_atoms(items) == 1]
-    extra = read_structures(data.isolated_atoms, energy_key=data.energy_key, require_forces=False) \
-        if data.isolated_atoms else []  # fmt: skip
+    extra = (
+        read_structures(data.isolated_atoms, energy_key=data.energy_key, require_forces=False)
+        if data.isolated_atoms
+        else []
+    )
     valid_part: tuple | list = []
     if data.valid:
         train_idx = frames_idx
@@ -241,11 +298,16 @@ def prepare_ondisk(config: PotentialConfig):  # -> PreparedData (import cycle: s
     else:
         elements |= {int(z) for a in valid_part for z in a.numbers}
     type_map = TypeMap(tuple(sorted(elements)))
-    isolated = [lambda: _store_frames(store, one_atom)] + ([lambda: _atoms_frames(extra, data.energy_key)]
-                                                            if extra else [])  # fmt: skip
+    isolated = [lambda: _store_frames(store, one_atom)] + (
+        [lambda: _atoms_frames(extra, data.energy_key)] if extra else []
+    )
     train_frames = [lambda: _store_frames(store, train_idx)]
-    refs = _references(config.model.reference_energies, isolated if (len(one_atom) or extra) else [],
-                       train_frames, type_map.atomic_numbers)  # fmt: skip
+    refs = _references(
+        config.model.reference_energies,
+        isolated if (len(one_atom) or extra) else [],
+        train_frames,
+        type_map.atomic_numbers,
+    )
     train = OnDiskDataset(store, train_idx, type_map, dtype=config.dtype.torch)
     has_valid = len(valid_part[1]) if isinstance(valid_part, tuple) else len(valid_part)
     valid = _dataset(valid_part, config, type_map, data.valid or data.train) if has_valid else None
@@ -255,10 +317,18 @@ def prepare_ondisk(config: PotentialConfig):  # -> PreparedData (import cycle: s
             t_store, t_items = _items(data.test, config, forces=False)
             test = _dataset((t_store, _multi_atom(t_store, t_items)), config, type_map, data.test)
         else:
-            test = _dataset(_file_part(data.test, config, forces=False), config, type_map, data.test)
+            test = _dataset(
+                _file_part(data.test, config, forces=False), config, type_map, data.test
+            )
     shift, std, force_rms, avg_nn = _statistics(store, train_idx, refs)
     return PreparedData(
-        train=train, valid=valid, test=test, type_map=type_map, reference_energies=refs, energy_shift=shift,
-        energy_std=std, force_rms=force_rms, avg_num_neighbors=avg_nn,
-    )  # fmt: skip
-
+        train=train,
+        valid=valid,
+        test=test,
+        type_map=type_map,
+        reference_energies=refs,
+        energy_shift=shift,
+        energy_std=std,
+        force_rms=force_rms,
+        avg_num_neighbors=avg_nn,
+    )

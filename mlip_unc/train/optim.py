@@ -39,7 +39,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return groups
 
 
-def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float, amsgrad: bool = False) -> torch.optim.Adam:
+def make_optimizer(
+    model: nn.Module, *, lr: float, weight_decay: float, amsgrad: bool = False
+) -> torch.optim.Adam:
     """Adam over :func:`param_groups` (``amsgrad``: the AMSGrad variant, mace-torch's default)."""
     return torch.optim.Adam(param_groups(model, weight_decay), lr=lr, foreach=True, amsgrad=amsgrad)
 
@@ -52,7 +54,9 @@ def ema_decay_at(decay: float, num_updates: int, *, warmup: bool = True) -> floa
     return min(float(decay), (1.0 + num_updates) / (10.0 + num_updates))
 
 
-def make_ema_avg_fn(decay: float, *, warmup: bool = True) -> Callable[[list[Tensor], list[Tensor], Tensor | int], None]:
+def make_ema_avg_fn(
+    decay: float, *, warmup: bool = True
+) -> Callable[[list[Tensor], list[Tensor], Tensor | int], None]:
     """``multi_avg_fn`` for ``torch.optim.swa_utils.AveragedModel``: in place,
     ``ema <- d ema + (1 - d) param`` with ``d = ema_decay_at(decay, num_averaged, warmup=warmup)``
     (``num_averaged``: the updates so far, the copy of the first weights included)."""

@@ -81,10 +81,14 @@ def _pass(model, dataset: Any, batch_size: int, *, keep: bool) -> dict[str, Any]
             rows["n_atoms"].append(n_atoms[has_e])
             rows["e_err"].append((out[keys.ENERGY].double() - batch[keys.ENERGY].double())[has_e])
             rows["jac"].append(jf)
-            rows["f_err"].append((out[keys.FORCES].double() - batch[keys.FORCES].double())[has_f].reshape(-1))
+            rows["f_err"].append(
+                (out[keys.FORCES].double() - batch[keys.FORCES].double())[has_f].reshape(-1)
+            )
     result: dict[str, Any] = {"a_energy": a_energy.cpu(), "a_forces": a_forces.cpu()}
     if keep:  # the Jacobians are taken on the model's device; the small solves below run on the CPU
-        result.update({k: torch.cat(v, dim=-1 if k == "jac" else 0).cpu() for k, v in rows.items() if v})
+        result.update(
+            {k: torch.cat(v, dim=-1 if k == "jac" else 0).cpu() for k, v in rows.items() if v}
+        )
     return result
 
 
@@ -100,13 +104,19 @@ def gaussian_scale_fit(
     err, var = err.double(), var.double().clamp_min(1e-30)
     weight = torch.ones_like(err) if weight is None else weight.double()
     e2 = err.square()
-    init = torch.tensor([math.log(float(e2.mean() / var.mean()) + 1e-30), math.log(float(e2.mean()) * 0.1 + 1e-30)],
-                        dtype=torch.float64)  # fmt: skip
+    init = torch.tensor(
+        [math.log(float(e2.mean() / var.mean()) + 1e-30), math.log(float(e2.mean()) * 0.1 + 1e-30)],
+        dtype=torch.float64,
+    )
     params = init.clone().requires_grad_(True)
     opt = torch.optim.LBFGS([params], lr=0.5, max_iter=200, line_search_fn="strong_wolfe")
 
     def nll() -> Tensor:
-        noise = params[1].exp() if fixed_noise is None else torch.tensor(fixed_noise, dtype=torch.float64)
+        noise = (
+            params[1].exp()
+            if fixed_noise is None
+            else torch.tensor(fixed_noise, dtype=torch.float64)
+        )
         total = params[0].exp() * var + noise * weight
         return 0.5 * (math.log(2 * math.pi) + total.log() + e2 / total).mean()
 
@@ -127,14 +137,18 @@ def _variances(proj: Tensor, eig: Tensor, lam: float) -> Tensor:
     return (proj.square() / (eig[:, None] + lam)).sum(0)
 
 
-def fit_full_posterior(model, train: Any, valid: Any | None = None, *, batch_size: int = 8) -> dict[str, Any]:
+def fit_full_posterior(
+    model, train: Any, valid: Any | None = None, *, batch_size: int = 8
+) -> dict[str, Any]:
     """Fit and attach the full posterior to ``model`` (module docstring); returns a summary
     (lambda, calibration scalars, validation NLL per lambda, effective rank of ``A``)."""
     was_training = model.training
     model.eval()
     has_valid = valid is not None and len(valid) > 0
     fit = _pass(model, train, batch_size, keep=not has_valid)
-    val = _pass(model, valid, batch_size, keep=True) if has_valid else fit  # one pass when calibrating in-sample
+    val = (
+        _pass(model, valid, batch_size, keep=True) if has_valid else fit
+    )  # one pass when calibrating in-sample
     a = fit["a_energy"] + fit["a_forces"]
     eig, vec = torch.linalg.eigh(a)  # ascending
     eig = eig.clamp_min(0.0)
@@ -147,25 +161,45 @@ def fit_full_posterior(model, train: Any, valid: Any | None = None, *, batch_siz
         alpha2, noise2, nll = gaussian_scale_fit(val["f_err"], _variances(f_proj, eig, lam))
         scores.append((nll, lam, alpha2, noise2))
     nll_f, lam, alpha2_f, noise2_f = min(scores)
-    alpha2_e, noise2_e, nll_e = gaussian_scale_fit(val["e_err"], _variances(e_proj, eig, lam), val["n_atoms"])
+    alpha2_e, noise2_e, nll_e = gaussian_scale_fit(
+        val["e_err"], _variances(e_proj, eig, lam), val["n_atoms"]
+    )
     rank = min(int(model.posterior_rank), eig.shape[0])  # low rank: the smallest eig of A
     low = _variances(f_proj[:rank], eig[:rank], lam)
     alpha2_r, _, nll_r = gaussian_scale_fit(val["f_err"], low, fixed_noise=noise2_f)
     sigma = 1.0 / (eig + lam)  # posterior variances along vec, descending with ascending eig
     factor = sigma.sqrt()[:, None] * vec.T  # rows sqrt(sigma_k) v_k, largest variance first
-    calibration = torch.tensor([alpha2_e, alpha2_f, noise2_e, noise2_f, alpha2_r], dtype=torch.float64)
+    calibration = torch.tensor(
+        [alpha2_e, alpha2_f, noise2_e, noise2_f, alpha2_r], dtype=torch.float64
+    )
     model.set_full_posterior(factor, calibration)
     model.train(was_training)
     p = eig / eig.sum().clamp_min(1e-300)
     eff_rank = float(torch.exp(-(p[p > 0] * p[p > 0].log()).sum()))
     summary = {
-        "lambda": lam, "lambda_over_mean_eig": lam / scale, "alpha2_energy": alpha2_e, "alpha2_forces": alpha2_f,
-        "noise_energy_per_atom": math.sqrt(noise2_e), "noise_forces": math.sqrt(noise2_f),
-        "valid_nll_forces": nll_f, "valid_nll_energy": nll_e, "alpha2_lowrank": alpha2_r, "lowrank_rank": rank,
-        "valid_nll_forces_lowrank": nll_r, "precision_effective_rank": eff_rank,
+        "lambda": lam,
+        "lambda_over_mean_eig": lam / scale,
+        "alpha2_energy": alpha2_e,
+        "alpha2_forces": alpha2_f,
+        "noise_energy_per_atom": math.sqrt(noise2_e),
+        "noise_forces": math.sqrt(noise2_f),
+        "valid_nll_forces": nll_f,
+        "valid_nll_energy": nll_e,
+        "alpha2_lowrank": alpha2_r,
+        "lowrank_rank": rank,
+        "valid_nll_forces_lowrank": nll_r,
+        "precision_effective_rank": eff_rank,
         "valid_nll_forces_by_lambda": {f"{s[1] / scale:.0e}": s[0] for s in scores},
         "n_valid_components": int(val["f_err"].numel()),
-    }  # fmt: skip
-    log.info("full posterior: lambda %.3g (x mean eig %.0e), alpha_F^2 %.3g, sigma_f %.3g, valid force NLL %.4g, "
-             "precision effective rank %.1f", lam, lam / scale, alpha2_f, math.sqrt(noise2_f), nll_f, eff_rank)  # fmt: skip
+    }
+    log.info(
+        "full posterior: lambda %.3g (x mean eig %.0e), alpha_F^2 %.3g, sigma_f %.3g, valid force NLL %.4g, "
+        "precision effective rank %.1f",
+        lam,
+        lam / scale,
+        alpha2_f,
+        math.sqrt(noise2_f),
+        nll_f,
+        eff_rank,
+    )
     return summary

@@ -60,9 +60,14 @@ from mlip_unc.train.potential_data import PreparedData, data_fingerprint, prepar
 from mlip_unc.train.regularizers import LambdaSchedule, regularizer_term
 
 __all__ = [
-    "PotentialTask", "TrainResult", "build_model", "finalize_checkpoint", "train_potential", "train_ensemble",
+    "PotentialTask",
+    "TrainResult",
+    "build_model",
+    "finalize_checkpoint",
+    "train_potential",
+    "train_ensemble",
     "run_training",
-]  # fmt: skip
+]
 
 log = logging.getLogger(__name__)
 _MAP_STD = 1e-8  # posterior std of a MAP head: the weight draw is the mean to ~1e-8
@@ -70,7 +75,9 @@ _RESERVED_BACKBONE_KWARGS = {"num_types": "the type map", "latent_dim": "model.l
 
 
 # ================================================================ model
-def build_model(config: PotentialConfig, data: PreparedData, *, seed: int | None = None) -> BayesianPotential:
+def build_model(
+    config: PotentialConfig, data: PreparedData, *, seed: int | None = None
+) -> BayesianPotential:
     """The potential of ``config`` with offsets, noise and neighbour statistics from ``data``.
 
     With ``model.standardise`` the per-element offsets are E0(Z) + the mean per-atom
@@ -83,15 +90,22 @@ def build_model(config: PotentialConfig, data: PreparedData, *, seed: int | None
         if key in model_cfg.backbone_kwargs:
             raise ConfigError(f"model.backbone_kwargs.{key}: set by {instead}, remove it here")
     kwargs = {
-        "num_types": len(data.type_map), "r_max": config.data.r_max,
-        "latent_dim": model_cfg.latent_dim, "avg_num_neighbors": data.avg_num_neighbors,
+        "num_types": len(data.type_map),
+        "r_max": config.data.r_max,
+        "latent_dim": model_cfg.latent_dim,
+        "avg_num_neighbors": data.avg_num_neighbors,
         **model_cfg.backbone_kwargs,
-    }  # fmt: skip
-    offsets = torch.tensor([data.reference_energies[z] for z in data.type_map.atomic_numbers], dtype=torch.float64)
+    }
+    offsets = torch.tensor(
+        [data.reference_energies[z] for z in data.type_map.atomic_numbers], dtype=torch.float64
+    )
     noise = {}
     if model_cfg.standardise:
         offsets = offsets + data.energy_shift
-        noise = {"energy_noise": max(data.energy_std, 1e-3), "force_noise": max(data.force_rms, 1e-3)}
+        noise = {
+            "energy_noise": max(data.energy_std, 1e-3),
+            "force_noise": max(data.force_rms, 1e-3),
+        }
     init_std = _MAP_STD if model_cfg.head is HeadKind.MAP else model_cfg.init_std
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed if seed is None else seed)
@@ -100,10 +114,18 @@ def build_model(config: PotentialConfig, data: PreparedData, *, seed: int | None
         except TypeError as err:
             raise ConfigError(f"model.backbone_kwargs: {err}") from None
         model = BayesianPotential(
-            backbone, data.type_map.to_list(), config.data.r_max, offsets,
-            prior_std=model_cfg.prior_std, init_std=init_std, learn_noise=model_cfg.learn_noise, **noise,
-            gradient_method="loop" if model_cfg.backbone is Backbone.MACE else "auto",  # vmap through MACE ~3x slower
-        )  # fmt: skip
+            backbone,
+            data.type_map.to_list(),
+            config.data.r_max,
+            offsets,
+            prior_std=model_cfg.prior_std,
+            init_std=init_std,
+            learn_noise=model_cfg.learn_noise,
+            **noise,
+            gradient_method="loop"
+            if model_cfg.backbone is Backbone.MACE
+            else "auto",  # vmap through MACE ~3x slower
+        )
     if model_cfg.head is HeadKind.MAP:
         model.head.weight_rho.requires_grad_(False)
     return model.to(config.dtype.torch)
@@ -117,9 +139,13 @@ def _init_from(config: PotentialConfig, data: PreparedData) -> BayesianPotential
     model.clear_full_posterior()  # training uses the learned noises; the posterior is refitted after
     missing = [z for z in data.type_map.atomic_numbers if z not in model.type_map]
     if missing:
-        raise ConfigError(f"train.init_from: {path} has no element(s) {missing} of the training data")
+        raise ConfigError(
+            f"train.init_from: {path} has no element(s) {missing} of the training data"
+        )
     if model.r_max > config.data.r_max + 1e-12:
-        raise ConfigError(f"train.init_from: {path} has r_max {model.r_max} > data.r_max {config.data.r_max}")
+        raise ConfigError(
+            f"train.init_from: {path} has r_max {model.r_max} > data.r_max {config.data.r_max}"
+        )
     if config.model.head is HeadKind.MAP:
         model.head.weight_rho.requires_grad_(False)
     return model.to(config.dtype.torch)
@@ -132,7 +158,9 @@ def _mae_rmse(err: np.ndarray) -> tuple[float, float]:
     return 1e3 * float(np.mean(np.abs(err))), 1e3 * float(np.sqrt(np.mean(err**2)))
 
 
-SIZE_RATIO_PER_ATOM = 2.0  # auto: per-atom energy counting above this largest/smallest structure size
+SIZE_RATIO_PER_ATOM = (
+    2.0  # auto: per-atom energy counting above this largest/smallest structure size
+)
 
 
 def energy_per_atom(count: EnergyCount, graphs: list) -> bool:
@@ -156,12 +184,18 @@ class PotentialTask:
 
     def __init__(self, config: PotentialConfig, data: PreparedData, out: Path) -> None:
         self.config, self.data, self.out = config, data, out
-        self.model = build_model(config, data) if config.train.init_from is None else _init_from(config, data)
+        self.model = (
+            build_model(config, data)
+            if config.train.init_from is None
+            else _init_from(config, data)
+        )
         reg = config.regularizer
         self.lam = LambdaSchedule(reg.warmup_epochs, reg.ramp_epochs, reg.lambda_max)
         self.bayesian = config.model.head is HeadKind.BAYESIAN
         loss = config.loss
-        self.stage, self.weights = loss.weights(0.0)  # (loss.stage_two_start: the weights change mid-run)
+        self.stage, self.weights = loss.weights(
+            0.0
+        )  # (loss.stage_two_start: the weights change mid-run)
         self.energy_per_atom = energy_per_atom(loss.energy_count, data.train.graphs)
         self.epoch = 0
 
@@ -176,17 +210,26 @@ class PotentialTask:
         noise = model.noise_variances(batch)
         if use_stress:
             noise[keys.STRESS] = out[keys.STRESS].new_tensor(config.loss.stress_noise**2)
-        nll = likelihood_terms(out, batch, noise, use_stress=use_stress, energy_per_atom=self.energy_per_atom)
+        nll = likelihood_terms(
+            out, batch, noise, use_stress=use_stress, energy_per_atom=self.energy_per_atom
+        )
         lam = self.lam(step.epoch)
         reg = None
         if config.regularizer.kind is not RegularizerKind.NONE and lam > 0:
             mu, s2 = model.posterior()
             reg = regularizer_term(config.regularizer.kind, out[keys.NODE_LATENT], mu, s2)
-        beta = kl_weight(step.epoch, beta=config.loss.beta, warmup_epochs=config.loss.kl_warmup_epochs)
+        beta = kl_weight(
+            step.epoch, beta=config.loss.beta, warmup_epochs=config.loss.kl_warmup_epochs
+        )
         parts = potential_loss(
-            nll, self.weights, kl=model.kl() if self.bayesian else None, beta=beta,
-            n_train=len(self.data.train), regularizer=reg, lam=lam,
-        )  # fmt: skip
+            nll,
+            self.weights,
+            kl=model.kl() if self.bayesian else None,
+            beta=beta,
+            n_train=len(self.data.train),
+            regularizer=reg,
+            lam=lam,
+        )
         terms = {name: float(value.detach()) for name, value in parts.items() if name != "loss"}
         terms.update({f"{name}_nll": float(value.detach()) for name, value in nll.items()})
         terms.update(beta=beta if self.bayesian else 0.0, **{"lambda": lam})
@@ -200,33 +243,53 @@ class PotentialTask:
         e_mask, w = pred.has_energy, self.weights
         loss = 0.0
         if e_mask.any() and w["energy"] > 0:
-            loss += w["energy"] * float(energy_nll(
-                t(pred.energy_pred[e_mask]), t(pred.energy_true[e_mask]),
-                t(pred.num_atoms[e_mask]), t(pred.energy_noise_var[e_mask]), per_atom=self.energy_per_atom,
-            ))  # fmt: skip
+            loss += w["energy"] * float(
+                energy_nll(
+                    t(pred.energy_pred[e_mask]),
+                    t(pred.energy_true[e_mask]),
+                    t(pred.num_atoms[e_mask]),
+                    t(pred.energy_noise_var[e_mask]),
+                    per_atom=self.energy_per_atom,
+                )
+            )
         if pred.has_forces.any() and w["forces"] > 0:
-            loss += w["forces"] * float(forces_nll(
-                t(pred.forces_pred), t(pred.forces_true), t(pred.forces_noise_var),
-                t(pred.atom_frame), t(pred.has_forces), pred.n_frames,
-            ))  # fmt: skip
-        e_mae, e_rmse = _mae_rmse((pred.energy_pred - pred.energy_true)[e_mask] / pred.num_atoms[e_mask])
+            loss += w["forces"] * float(
+                forces_nll(
+                    t(pred.forces_pred),
+                    t(pred.forces_true),
+                    t(pred.forces_noise_var),
+                    t(pred.atom_frame),
+                    t(pred.has_forces),
+                    pred.n_frames,
+                )
+            )
+        e_mae, e_rmse = _mae_rmse(
+            (pred.energy_pred - pred.energy_true)[e_mask] / pred.num_atoms[e_mask]
+        )
         f_mae, f_rmse = _mae_rmse((pred.forces_pred - pred.forces_true)[pred.atom_has_forces])
         _, s2 = self.model.posterior()
         return {
-            "valid_loss": loss, "valid_energy_mae_meV_atom": e_mae, "valid_energy_rmse_meV_atom": e_rmse,
-            "valid_forces_mae_meV_A": f_mae, "valid_forces_rmse_meV_A": f_rmse,
+            "valid_loss": loss,
+            "valid_energy_mae_meV_atom": e_mae,
+            "valid_energy_rmse_meV_atom": e_rmse,
+            "valid_forces_mae_meV_A": f_mae,
+            "valid_forces_rmse_meV_A": f_rmse,
             "sigma_e_meV_atom": 1e3 * float(self.model.energy_noise.detach()),
             "sigma_f_meV_A": 1e3 * float(self.model.force_noise.detach()),
-            "posterior_std_mean": float(s2.detach().sqrt().mean()), "kl": float(self.model.kl().detach()),
+            "posterior_std_mean": float(s2.detach().sqrt().mean()),
+            "kl": float(self.model.kl().detach()),
             "phase": self.stage,  # the core keeps the best model of each stage (loss.stage_two_start)
-        }  # fmt: skip
+        }
 
     # -------------------------------------------------------------- core hooks
     def signature(self) -> dict[str, Any]:
         """Architecture, loss, regulariser, seed and dtype; epochs and budget may change."""
         cfg = self.config.to_dict()
-        return {"kind": "potential", "architecture": self.model.config(),
-                **{k: cfg[k] for k in ("loss", "regularizer", "seed", "dtype")}}  # fmt: skip
+        return {
+            "kind": "potential",
+            "architecture": self.model.config(),
+            **{k: cfg[k] for k in ("loss", "regularizer", "seed", "dtype")},
+        }
 
     def on_start(self) -> None:
         write_yaml(self.out / "config.yaml", self.config.to_dict())
@@ -253,11 +316,12 @@ class PotentialTask:
 
     def history_extra(self) -> dict[str, Any]:
         return {
-            "config": self.config.to_dict(), "n_train": len(self.data.train),
+            "config": self.config.to_dict(),
+            "n_train": len(self.data.train),
             "n_valid": 0 if self.data.valid is None else len(self.data.valid),
             "reference_energies": {str(z): e for z, e in self.data.reference_energies.items()},
             "energy_shift_eV_atom": self.data.energy_shift,
-        }  # fmt: skip
+        }
 
 
 # ================================================================ entry points
@@ -276,7 +340,9 @@ class TrainResult:
     test_metrics: dict[str, float] | None = None
 
 
-def finalize_checkpoint(model_path: Path, config: PotentialConfig, data: PreparedData) -> BayesianPotential:
+def finalize_checkpoint(
+    model_path: Path, config: PotentialConfig, data: PreparedData
+) -> BayesianPotential:
     """Post-training steps on the model in ``model_path``, written back into it: the energy
     offsets refitted (``model.refit_offsets``, :mod:`mlip_unc.train.offsets`), the full
     posterior (``model.posterior: full``, Bayesian heads), the domain guard, the uncertainty
@@ -288,11 +354,18 @@ def finalize_checkpoint(model_path: Path, config: PotentialConfig, data: Prepare
     batch_size = config.train.valid_batch_size
     bayesian = config.model.head is HeadKind.BAYESIAN
     metadata = dict(payload.get("metadata") or {})
-    if config.model.refit_offsets:  # before the posterior: its energy calibration reads the energy errors
+    if (
+        config.model.refit_offsets
+    ):  # before the posterior: its energy calibration reads the energy errors
         delta = refit_energy_offsets(best, data.train.graphs, batch_size=batch_size)
         if delta is not None:
-            metadata["energy_offset_refit"] = {str(z): float(d) for z, d in zip(best.type_map, delta)}
-            log.info("energy offsets refit (eV): %s", {z: round(float(d), 6) for z, d in zip(best.type_map, delta)})
+            metadata["energy_offset_refit"] = {
+                str(z): float(d) for z, d in zip(best.type_map, delta, strict=False)
+            }
+            log.info(
+                "energy offsets refit (eV): %s",
+                {z: round(float(d), 6) for z, d in zip(best.type_map, delta, strict=False)},
+            )
     if bayesian and config.model.posterior is PosteriorKind.FULL:
         best.posterior_rank = config.model.posterior_rank
         best.posterior_basis = config.model.posterior_basis.value
@@ -301,18 +374,31 @@ def finalize_checkpoint(model_path: Path, config: PotentialConfig, data: Prepare
     metadata["domain"] = DomainGuard.fit(data.train).to_dict()
     levels_data = data.valid if data.valid is not None and len(data.valid) else data.train
     if bayesian:
-        metadata["uncertainty_levels"] = uncertainty_levels(best, levels_data, batch_size=batch_size)
-    extra = {k: v for k, v in payload.items() if k not in ("kind", "config", "model_state", "format", "version")}
+        metadata["uncertainty_levels"] = uncertainty_levels(
+            best, levels_data, batch_size=batch_size
+        )
+    extra = {
+        k: v
+        for k, v in payload.items()
+        if k not in ("kind", "config", "model_state", "format", "version")
+    }
     save_checkpoint(model_path, {**best.to_checkpoint(), **extra, "metadata": metadata})
     return best
 
 
-def _test_metrics(model: BayesianPotential, config: PotentialConfig, data: PreparedData) -> dict[str, float] | None:
+def _test_metrics(
+    model: BayesianPotential, config: PotentialConfig, data: PreparedData
+) -> dict[str, float] | None:
     if data.test is None:
         return None
-    test = evaluate_potential(model, data.test, uncertainty="energy", batch_size=config.train.valid_batch_size).metrics
-    log.info("test: E_mae=%.2f meV/atom F_mae=%.1f meV/A", test.get("energy_mae_meV_atom", float("nan")),
-             test.get("forces_mae_meV_A", float("nan")))  # fmt: skip
+    test = evaluate_potential(
+        model, data.test, uncertainty="energy", batch_size=config.train.valid_batch_size
+    ).metrics
+    log.info(
+        "test: E_mae=%.2f meV/atom F_mae=%.1f meV/A",
+        test.get("energy_mae_meV_atom", float("nan")),
+        test.get("forces_mae_meV_A", float("nan")),
+    )
     return test
 
 
@@ -320,33 +406,61 @@ def train_potential(config: PotentialConfig, *, data: PreparedData | None = None
     """Train one model (``train.ensemble`` is ignored here; see :func:`run_training`)."""
     data = prepare_data(config) if data is None else data
     out = Path(config.out)
-    log.info("%d training / %d validation structures, elements %s, out %s", len(data.train),
-             0 if data.valid is None else len(data.valid), data.type_map.symbols, out)  # fmt: skip
+    log.info(
+        "%d training / %d validation structures, elements %s, out %s",
+        len(data.train),
+        0 if data.valid is None else len(data.valid),
+        data.type_map.symbols,
+        out,
+    )
     task = PotentialTask(config, data, out)
-    trainer = Trainer(task, config.train, seed=config.seed, out=out, history_extra=task.history_extra)
+    trainer = Trainer(
+        task, config.train, seed=config.seed, out=out, history_extra=task.history_extra
+    )
     result = trainer.fit(resume=config.train.resume, overwrite=config.train.overwrite)
     model_path = out / "model.pt"
     if not distributed.is_main():  # torchrun: rank 0 finalises and writes the model
-        return TrainResult(out=out, model_path=model_path, history=result.history, best_epoch=result.best_epoch,
-                           best_valid_loss=None, stop_reason=result.stop_reason, train_minutes=result.minutes,
-                           n_train=len(data.train))  # fmt: skip
+        return TrainResult(
+            out=out,
+            model_path=model_path,
+            history=result.history,
+            best_epoch=result.best_epoch,
+            best_valid_loss=None,
+            stop_reason=result.stop_reason,
+            train_minutes=result.minutes,
+            n_train=len(data.train),
+        )
     if not model_path.is_file():  # e.g. resumed after the budget was already spent
         task.on_best(task.model.state_dict(), trainer.epoch)
     test = _test_metrics(finalize_checkpoint(model_path, config, data), config, data)
     if test is not None:
-        history = {**task.history_extra(), "initial": result.initial, "epochs": result.history,
-                   "best_epoch": result.best_epoch, "stop_reason": result.stop_reason,
-                   "train_minutes": result.minutes, "test": test}  # fmt: skip
+        history = {
+            **task.history_extra(),
+            "initial": result.initial,
+            "epochs": result.history,
+            "best_epoch": result.best_epoch,
+            "stop_reason": result.stop_reason,
+            "train_minutes": result.minutes,
+            "test": test,
+        }
         write_json(out / "history.json", history)
     best = None if not np.isfinite(result.best_metric) else result.best_metric
     return TrainResult(
-        out=out, model_path=model_path, history=result.history, best_epoch=result.best_epoch,
-        best_valid_loss=best, stop_reason=result.stop_reason, train_minutes=result.minutes,
-        n_train=len(data.train), test_metrics=test,
-    )  # fmt: skip
+        out=out,
+        model_path=model_path,
+        history=result.history,
+        best_epoch=result.best_epoch,
+        best_valid_loss=best,
+        stop_reason=result.stop_reason,
+        train_minutes=result.minutes,
+        n_train=len(data.train),
+        test_metrics=test,
+    )
 
 
-def train_ensemble(config: PotentialConfig, *, data: PreparedData | None = None) -> list[TrainResult]:
+def train_ensemble(
+    config: PotentialConfig, *, data: PreparedData | None = None
+) -> list[TrainResult]:
     """Train ``train.ensemble`` members with seeds ``seed + k`` under ``out/member_k``.
 
     The data (and the validation split, from ``seed``) are shared; the members differ in
@@ -359,10 +473,13 @@ def train_ensemble(config: PotentialConfig, *, data: PreparedData | None = None)
         log.info("ensemble member %d/%d (seed %d)", k + 1, config.train.ensemble, member.seed)
         results.append(train_potential(member, data=data))
     if distributed.is_main():
-        write_json(Path(config.out) / "ensemble.json", {
-            "members": [str(r.model_path.relative_to(config.out)) for r in results],
-            "train_minutes": sum(r.train_minutes for r in results),
-        })  # fmt: skip
+        write_json(
+            Path(config.out) / "ensemble.json",
+            {
+                "members": [str(r.model_path.relative_to(config.out)) for r in results],
+                "train_minutes": sum(r.train_minutes for r in results),
+            },
+        )
     return results
 
 

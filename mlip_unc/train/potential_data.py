@@ -54,10 +54,14 @@ class PreparedData:
 def _read(path: str, config: PotentialConfig, *, forces: bool = True) -> list[ase.Atoms]:
     data = config.data
     return read_structures(
-        path, index=data.index, energy_key=data.energy_key, forces_key=data.forces_key,
-        stress_key=data.stress_key, require_forces=forces,
+        path,
+        index=data.index,
+        energy_key=data.energy_key,
+        forces_key=data.forces_key,
+        stress_key=data.stress_key,
+        require_forces=forces,
         require_stress=config.loss.stress_weight > 0,
-    )  # fmt: skip
+    )
 
 
 def _is_isolated(atoms: ase.Atoms) -> bool:
@@ -65,7 +69,10 @@ def _is_isolated(atoms: ase.Atoms) -> bool:
 
 
 def _reference_energies(
-    kind: ReferenceEnergies, isolated: list[ase.Atoms], frames: list[ase.Atoms], elements: Sequence[int],
+    kind: ReferenceEnergies,
+    isolated: list[ase.Atoms],
+    frames: list[ase.Atoms],
+    elements: Sequence[int],
     energy_key: str,
 ) -> dict[int, float]:
     if kind is ReferenceEnergies.ZERO:
@@ -74,7 +81,9 @@ def _reference_energies(
         refs = fit_reference_energies(frames, energy_key)
     elif kind is ReferenceEnergies.ISOLATED:
         if not isolated:
-            raise ConfigError("model.reference_energies: 'isolated' needs data.isolated_atoms or one-atom frames")
+            raise ConfigError(
+                "model.reference_energies: 'isolated' needs data.isolated_atoms or one-atom frames"
+            )
         refs = fit_reference_energies(isolated, energy_key)
     else:
         refs = fit_reference_energies(isolated + frames, energy_key)
@@ -93,17 +102,30 @@ def _split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
     return list(split.train), list(split.val) + list(split.test)
 
 
-def _dataset(atoms: list[ase.Atoms], config: PotentialConfig, type_map: TypeMap, source: str,
-             frames: Sequence[int] | None = None) -> StructureDataset:
+def _dataset(
+    atoms: list[ase.Atoms],
+    config: PotentialConfig,
+    type_map: TypeMap,
+    source: str,
+    frames: Sequence[int] | None = None,
+) -> StructureDataset:
     data = config.data
     return StructureDataset.from_atoms(
-        atoms, data.r_max, type_map, energy_key=data.energy_key, forces_key=data.forces_key,
-        stress_key=data.stress_key, frame_indices=frames, source=source,
+        atoms,
+        data.r_max,
+        type_map,
+        energy_key=data.energy_key,
+        forces_key=data.forces_key,
+        stress_key=data.stress_key,
+        frame_indices=frames,
+        source=source,
         dtype=config.dtype.torch,
-    )  # fmt: skip
+    )
 
 
-def _statistics(train: list[ase.Atoms], refs: dict[int, float], energy_key: str) -> tuple[float, float]:
+def _statistics(
+    train: list[ase.Atoms], refs: dict[int, float], energy_key: str
+) -> tuple[float, float]:
     residuals = []
     for atoms in train:
         energy = frame_energy(atoms, energy_key)
@@ -131,13 +153,21 @@ def prepare_data(config: PotentialConfig) -> PreparedData:
     isolated = [a for a in frames if _is_isolated(a)]
     frames_idx = [k for k, a in enumerate(frames) if not _is_isolated(a)]
     if data.isolated_atoms:
-        isolated += read_structures(data.isolated_atoms, energy_key=data.energy_key, require_forces=False)
+        isolated += read_structures(
+            data.isolated_atoms, energy_key=data.energy_key, require_forces=False
+        )
     if data.valid:
-        train_idx, valid_atoms = frames_idx, [a for a in _read(data.valid, config) if not _is_isolated(a)]
+        train_idx, valid_atoms = (
+            frames_idx,
+            [a for a in _read(data.valid, config) if not _is_isolated(a)],
+        )
         valid_idx: list[int] = []
     else:
         pos_train, pos_valid = _split(len(frames_idx), data.valid_fraction, config.seed)
-        train_idx, valid_idx = [frames_idx[k] for k in pos_train], [frames_idx[k] for k in pos_valid]
+        train_idx, valid_idx = (
+            [frames_idx[k] for k in pos_train],
+            [frames_idx[k] for k in pos_valid],
+        )
         valid_atoms = [frames[k] for k in valid_idx]
     if data.max_train is not None and data.max_train < len(train_idx):
         keep = np.random.default_rng(config.seed).permutation(len(train_idx))[: data.max_train]
@@ -147,7 +177,11 @@ def prepare_data(config: PotentialConfig) -> PreparedData:
     train_atoms = [frames[k] for k in train_idx]
     type_map = TypeMap.from_atoms_list([*train_atoms, *valid_atoms])
     refs = _reference_energies(
-        config.model.reference_energies, isolated, train_atoms, type_map.atomic_numbers, data.energy_key
+        config.model.reference_energies,
+        isolated,
+        train_atoms,
+        type_map.atomic_numbers,
+        data.energy_key,
     )
     train = _dataset(train_atoms, config, type_map, data.train, train_idx)
     valid = None
@@ -159,14 +193,22 @@ def prepare_data(config: PotentialConfig) -> PreparedData:
         test_atoms = [a for a in _read(data.test, config, forces=False) if not _is_isolated(a)]
         test = _dataset(test_atoms, config, type_map, data.test)
     shift, std = _statistics(train_atoms, refs, data.energy_key)
-    forces = torch.cat([g[keys.FORCES] for g in train.graphs if bool(g[keys.HAS_FORCES])] or [torch.zeros(1, 3)])
+    forces = torch.cat(
+        [g[keys.FORCES] for g in train.graphs if bool(g[keys.HAS_FORCES])] or [torch.zeros(1, 3)]
+    )
     n_edges = sum(g[keys.EDGE_INDEX].shape[1] for g in train.graphs)
     n_atoms = sum(g.num_nodes for g in train.graphs)
     return PreparedData(
-        train=train, valid=valid, test=test, type_map=type_map, reference_energies=refs,
-        energy_shift=shift, energy_std=std, force_rms=float(forces.pow(2).mean().sqrt()),
+        train=train,
+        valid=valid,
+        test=test,
+        type_map=type_map,
+        reference_energies=refs,
+        energy_shift=shift,
+        energy_std=std,
+        force_rms=float(forces.pow(2).mean().sqrt()),
         avg_num_neighbors=max(n_edges / max(n_atoms, 1), 1.0),
-    )  # fmt: skip
+    )
 
 
 def data_fingerprint(data: PreparedData) -> list[float]:
@@ -174,5 +216,8 @@ def data_fingerprint(data: PreparedData) -> list[float]:
     out = []
     for dataset in (data.train, data.valid):
         graphs = [] if dataset is None else dataset.graphs
-        out += [float(len(graphs)), round(float(sum(float(g[keys.ENERGY].sum()) for g in graphs)), 6)]
+        out += [
+            float(len(graphs)),
+            round(float(sum(float(g[keys.ENERGY].sum()) for g in graphs)), 6),
+        ]
     return out

@@ -30,7 +30,7 @@ VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 
 def to_voigt(matrix: np.ndarray) -> np.ndarray:
     """``(..., 3, 3)`` -> ``(..., 6)`` in ASE's Voigt order (the upper triangle)."""
-    rows, cols = zip(*VOIGT)
+    rows, cols = zip(*VOIGT, strict=False)
     return matrix[..., list(rows), list(cols)]
 
 
@@ -96,8 +96,13 @@ def _graphs_and_loader(data: Any, batch_size: int) -> tuple[list, Iterable]:
 
 def _frame_indices(graphs: list) -> np.ndarray:
     """``FRAME_INDEX`` of each graph (its position in the list when a graph has none)."""
-    return np.array([int(g[keys.FRAME_INDEX].reshape(-1)[0]) if keys.FRAME_INDEX in g else k
-                     for k, g in enumerate(graphs)], dtype=np.int64)  # fmt: skip
+    return np.array(
+        [
+            int(g[keys.FRAME_INDEX].reshape(-1)[0]) if keys.FRAME_INDEX in g else k
+            for k, g in enumerate(graphs)
+        ],
+        dtype=np.int64,
+    )
 
 
 def _np(t: Tensor) -> np.ndarray:
@@ -123,15 +128,23 @@ def _stress_row(batch: Any, out: dict, n_graphs: int, computed: bool) -> dict[st
     label = getattr(batch, keys.STRESS, None)
     row = {
         "periodic": _periodic(batch, n_graphs),
-        "has_stress": np.zeros(n_graphs, bool) if has is None else _np(has).reshape(-1).astype(bool),
-        "stress_true": np.zeros((n_graphs, 3, 3)) if label is None else _np(label).reshape(-1, 3, 3),
+        "has_stress": np.zeros(n_graphs, bool)
+        if has is None
+        else _np(has).reshape(-1).astype(bool),
+        "stress_true": np.zeros((n_graphs, 3, 3))
+        if label is None
+        else _np(label).reshape(-1, 3, 3),
     }
     if not computed:  # non-periodic structures: stress 0, exactly; periodic ones: not asked, NaN
-        row["stress_pred"] = np.where(row["periodic"][:, None, None], np.nan, np.zeros((n_graphs, 3, 3)))
+        row["stress_pred"] = np.where(
+            row["periodic"][:, None, None], np.nan, np.zeros((n_graphs, 3, 3))
+        )
         row["stress_epistemic_var"] = np.zeros((n_graphs, 3, 3))
         return row
     stress = out.get(keys.STRESS)
-    row["stress_pred"] = np.full((n_graphs, 3, 3), np.nan) if stress is None else _np(stress).reshape(-1, 3, 3)
+    row["stress_pred"] = (
+        np.full((n_graphs, 3, 3), np.nan) if stress is None else _np(stress).reshape(-1, 3, 3)
+    )
     if keys.STRESS_VAR in out:
         row["stress_epistemic_var"] = _np(out[keys.STRESS_VAR]).reshape(-1, 3, 3)
     return row
@@ -175,11 +188,19 @@ def predict(
             with_stress = stress and bool(_periodic(batch, n_graphs).any())
             any_stress |= with_stress
             kwargs = {"compute_stress": True} if with_stress else {}
-            out = model(batch, compute_forces=True, uncertainty=mode, n_samples=n_samples, generator=generator,
-                        **kwargs)  # fmt: skip
+            out = model(
+                batch,
+                compute_forces=True,
+                uncertainty=mode,
+                n_samples=n_samples,
+                generator=generator,
+                **kwargs,
+            )
             noise = model.noise_variances(batch)
-            graph = batch[keys.BATCH] if getattr(batch, keys.BATCH, None) is not None else torch.zeros(
-                batch[keys.POSITIONS].shape[0], dtype=torch.long
+            graph = (
+                batch[keys.BATCH]
+                if getattr(batch, keys.BATCH, None) is not None
+                else torch.zeros(batch[keys.POSITIONS].shape[0], dtype=torch.long)
             )
             row = {
                 "num_atoms": _np(batch[keys.NUM_ATOMS].reshape(-1)),
@@ -213,7 +234,12 @@ def predict(
         arrays[name] = arrays[name].astype(np.int64)
     for name in ("has_energy", "has_forces"):
         arrays[name] = arrays[name].astype(bool)
-    for name in ("energy_epistemic_var", "forces_epistemic_var", "local_energy_var", "stress_epistemic_var"):
+    for name in (
+        "energy_epistemic_var",
+        "forces_epistemic_var",
+        "local_energy_var",
+        "stress_epistemic_var",
+    ):
         if name in arrays and len(parts[name]) != len(parts["energy_pred"]):
             del arrays[name]  # present in some batches only: drop rather than misalign
     if not any_stress:  # no periodic structure: no stress variance was predicted

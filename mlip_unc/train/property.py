@@ -29,7 +29,12 @@ from mlip_unc import keys
 from mlip_unc.config import PropertyConfig, RegularizerKind, StopMetric
 from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from mlip_unc.models.factory import PropertyPredictor, build_model
-from mlip_unc.models.property import CHECKPOINT_KIND, StandardisedModel, feature_metadata, predict_graphs
+from mlip_unc.models.property import (
+    CHECKPOINT_KIND,
+    StandardisedModel,
+    feature_metadata,
+    predict_graphs,
+)
 from mlip_unc.train import distributed
 from mlip_unc.train.core import EpochCallback, FitResult, Step, Trainer
 from mlip_unc.train.losses import gaussian_nll, kl_weight, negative_elbo
@@ -107,7 +112,9 @@ def seeded_model(config: PropertyConfig, train: Sequence[Data]) -> StandardisedM
     mean, std = target_statistics(train)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.train.seed)
-        return build_model(config, n_targets=int(train[0][keys.TARGET].shape[-1]), y_mean=mean, y_std=std)
+        return build_model(
+            config, n_targets=int(train[0][keys.TARGET].shape[-1]), y_mean=mean, y_std=std
+        )
 
 
 @dataclass
@@ -145,8 +152,13 @@ class PropertyTask:
             s2 = head.weight_var[0] if head is not None else None
             reg = regularizer_term(self.reg_kind, out[keys.LATENT], mu, s2)
             loss = loss + lam * reg
-        return loss, {"nll": float(nll.detach()), "kl": float(kl_part.detach()), "reg": float(reg.detach()),
-                      "beta": beta, "lambda": lam}  # fmt: skip
+        return loss, {
+            "nll": float(nll.detach()),
+            "kl": float(kl_part.detach()),
+            "reg": float(reg.detach()),
+            "beta": beta,
+            "lambda": lam,
+        }
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -159,7 +171,9 @@ class PropertyTask:
         head = self.model.bayes_head
         return {
             "val_rmse": float(err.pow(2).mean().sqrt()),
-            "val_nll": float(gaussian_nll(out[keys.PREDICTION], out[keys.PREDICTION_VAR].clamp_min(1e-12), y)),
+            "val_nll": float(
+                gaussian_nll(out[keys.PREDICTION], out[keys.PREDICTION_VAR].clamp_min(1e-12), y)
+            ),
             "val_mean_std": float(out[keys.PREDICTION_VAR].sqrt().mean()),
             "val_mean_epistemic_std": float(out[keys.EPISTEMIC_VAR].clamp_min(0).sqrt().mean()),
             "effective_rank": effective_rank(out[keys.LATENT]) if len(graphs) > 1 else float("nan"),
@@ -200,7 +214,9 @@ def prediction_metrics(pred: dict[str, Any], y_true: Any, names: Sequence[str]) 
     y_true = np.asarray(y_true, dtype=np.float64)
     per = {}
     for t, name in enumerate(names):
-        m = regression_metrics(pred["mean"][:, t], pred["std"][:, t], y_true[:, t], nan_policy="omit")
+        m = regression_metrics(
+            pred["mean"][:, t], pred["std"][:, t], y_true[:, t], nan_policy="omit"
+        )
         m["mean_std"] = float(np.mean(pred["std"][:, t]))
         m["mean_epistemic_std"] = float(np.mean(pred["epistemic_std"][:, t]))
         m["mean_aleatoric_std"] = float(np.mean(pred["aleatoric_std"][:, t]))
@@ -215,12 +231,16 @@ def _targets(graphs: Sequence[Data]) -> np.ndarray:
     return torch.cat([g[keys.TARGET] for g in graphs]).double().numpy()
 
 
-def _fit_calibration(predictor: PropertyPredictor, val: Sequence[Data], kind: str) -> list[dict[str, Any]]:
+def _fit_calibration(
+    predictor: PropertyPredictor, val: Sequence[Data], kind: str
+) -> list[dict[str, Any]]:
     y_val, pred = _targets(val), predictor.predict(val)
     calibrators = []
     for t in range(y_val.shape[1]):
         ok = ~np.isnan(y_val[:, t])
-        calibrators.append(make_calibrator(kind).fit(pred["mean"][ok, t], pred["std"][ok, t], y_val[ok, t]))
+        calibrators.append(
+            make_calibrator(kind).fit(pred["mean"][ok, t], pred["std"][ok, t], y_val[ok, t])
+        )
     predictor.calibrators = calibrators
     return [c.state_dict() for c in calibrators]
 
@@ -263,8 +283,13 @@ def train_property_model(
     names = list((metadata or {}).get("target_names") or [])
     n_targets = int(train[0][keys.TARGET].shape[-1])
     names = names if len(names) == n_targets else [f"target_{t}" for t in range(n_targets)]
-    meta = {**feature_metadata(), **(metadata or {}), "n_targets": n_targets, "target_names": names,
-            "n_train": len(train)}  # fmt: skip
+    meta = {
+        **feature_metadata(),
+        **(metadata or {}),
+        "n_targets": n_targets,
+        "target_names": names,
+        "n_train": len(train),
+    }
     model = seeded_model(config, train)
     if freeze_posterior is not None:
         freeze_posterior_from(model, freeze_posterior)
@@ -277,22 +302,36 @@ def train_property_model(
     predictor = PropertyPredictor(model.eval(), config, meta)
     kind = config.train.calibration.value
     calibration = None if kind == "none" else _fit_calibration(predictor, val, kind)
-    meta.update(best_epoch=result.best_epoch, epochs_run=result.epochs_run,
-                stopped_early=result.stopped_early, train_seconds=60.0 * result.minutes)  # fmt: skip
-    save_checkpoint(out_dir / "model.pt", model_payload(model, config, meta, calibration=calibration))
+    meta.update(
+        best_epoch=result.best_epoch,
+        epochs_run=result.epochs_run,
+        stopped_early=result.stopped_early,
+        train_seconds=60.0 * result.minutes,
+    )
+    save_checkpoint(
+        out_dir / "model.pt", model_payload(model, config, meta, calibration=calibration)
+    )
     if not test:
         return predictor, None
     y_test, names_ = _targets(test), names
     metrics = prediction_metrics(predictor.predict(test), y_test, names_)
     metrics["val"] = prediction_metrics(predictor.predict(val), _targets(val), names_)
     metrics["recalibration"] = recalibration_summary(calibration)
-    if calibration is not None:  # top level: recalibrated (what `predict` gives); the raw model beside it
+    if (
+        calibration is not None
+    ):  # top level: recalibrated (what `predict` gives); the raw model beside it
         raw = PropertyPredictor(model, config, meta)
         metrics["uncalibrated"] = prediction_metrics(raw.predict(test), y_test, names_)
         metrics["val_uncalibrated"] = prediction_metrics(raw.predict(val), _targets(val), names_)
     metrics.update(
-        method=config.model.method.value, seed=config.train.seed, train_seconds=60.0 * result.minutes,
-        epochs_run=result.epochs_run, best_epoch=result.best_epoch, stopped_early=result.stopped_early,
-        n_train=len(train), n_val=len(val), n_test=len(test),
+        method=config.model.method.value,
+        seed=config.train.seed,
+        train_seconds=60.0 * result.minutes,
+        epochs_run=result.epochs_run,
+        best_epoch=result.best_epoch,
+        stopped_early=result.stopped_early,
+        n_train=len(train),
+        n_val=len(val),
+        n_test=len(test),
     )
     return predictor, metrics

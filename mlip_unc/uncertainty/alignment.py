@@ -80,7 +80,9 @@ def three_factor_split(z: TensorLike, s2: TensorLike) -> ThreeFactorSplit:
     return ThreeFactorSplit(norm2, s2t.mean(), alignment_kappa(zt, s2t))
 
 
-def alignment_index(z: TensorLike, mu: TensorLike, s2: TensorLike, min_abs_mean: float = 0.0) -> Tensor:
+def alignment_index(
+    z: TensorLike, mu: TensorLike, s2: TensorLike, min_abs_mean: float = 0.0
+) -> Tensor:
     """Mean-conditioned alignment index ``A(z) = (mu^T z)^2 / ((z^T S z)(mu^T S^-1 mu))`` in [0, 1].
 
     As defined in docs/method.md section 4 of this project (Cauchy-Schwarz; ``A = 1`` iff
@@ -173,8 +175,12 @@ def mean_log_factors(
     Means over the points with ``z != 0`` (and a finite, positive kappa); NaN means when there
     is none. Their sum is ``mean log U`` over those points (docs/method.md section 4).
     """
-    norm2, mean_s2, kappa = (torch.as_tensor(np.asarray(v, dtype=np.float64)) if not isinstance(v, Tensor)
-                             else v.detach().double().cpu() for v in stats)
+    norm2, mean_s2, kappa = (
+        torch.as_tensor(np.asarray(v, dtype=np.float64))
+        if not isinstance(v, Tensor)
+        else v.detach().double().cpu()
+        for v in stats
+    )
     ok = (norm2 > 0) & (kappa > 0) & torch.isfinite(kappa)  # drop z = 0 points
     return (
         float(norm2[ok].log().mean()),
@@ -198,7 +204,7 @@ def log_variance_decomposition(
     a, b = mean_log_factors(model_a_stats), mean_log_factors(model_b_stats)
     if math.isnan(a[0]) or math.isnan(b[0]):
         raise ValueError("no point with ||z|| > 0")
-    d = [bb - aa for aa, bb in zip(a, b)]
+    d = [bb - aa for aa, bb in zip(a, b, strict=False)]
     return LogUDecomposition(log_norm2=d[0], log_mean_s2=d[1], log_kappa=d[2], log_u=sum(d))
 
 
@@ -224,7 +230,12 @@ def effective_rank(z: TensorLike, *, center: bool = False) -> float:
 
 @torch.no_grad()
 def lpa_summary(
-    z: TensorLike, mu: TensorLike, s2: TensorLike, *, min_abs_mean: float = 0.0, r: int | None = None
+    z: TensorLike,
+    mu: TensorLike,
+    s2: TensorLike,
+    *,
+    min_abs_mean: float = 0.0,
+    r: int | None = None,
 ) -> dict[str, float]:
     """Summary of docs/method.md section 4 of this project over a set of latents.
 
@@ -245,7 +256,9 @@ def lpa_summary(
         "mean_s2": float(split.mean_s2),
         "mean_s": float(s2t.sqrt().mean()),
         "mean_kappa": float(torch.nanmean(split.kappa)),
-        "median_alignment": float(torch.nanmedian(a)) if bool(torch.isfinite(a).any()) else float("nan"),
+        "median_alignment": float(torch.nanmedian(a))
+        if bool(torch.isfinite(a).any())
+        else float("nan"),
         "rho_lpa": rho_lpa(zt, s2t),
         "low_variance_fraction": float(torch.nanmean(low_variance_energy_fraction(zt, s2t, r_eff))),
         "effective_rank": effective_rank(zt),

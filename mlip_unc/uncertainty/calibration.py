@@ -79,7 +79,9 @@ def _finite_mask(arrays: dict[str, np.ndarray], nan_policy: NanPolicy) -> np.nda
     return mask
 
 
-def _pair(y_pred: ArrayLike, y_true: ArrayLike, nan_policy: NanPolicy) -> tuple[np.ndarray, np.ndarray]:
+def _pair(
+    y_pred: ArrayLike, y_true: ArrayLike, nan_policy: NanPolicy
+) -> tuple[np.ndarray, np.ndarray]:
     p, t = as_numpy(y_pred), as_numpy(y_true)
     if p.shape != t.shape:
         raise ValueError(f"y_pred {p.shape} and y_true {t.shape} differ in size")
@@ -140,7 +142,9 @@ def mae(y_pred: ArrayLike, y_true: ArrayLike, *, nan_policy: NanPolicy = "raise"
 
 
 # ---------------------------------------------------------------- proper scores
-def nll(y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: NanPolicy = "raise") -> float:
+def nll(
+    y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: NanPolicy = "raise"
+) -> float:
     """Gaussian negative log-likelihood, mean over points, including ``0.5 log(2 pi)``.
 
     ``mean( 0.5 log(2 pi sigma^2) + (y - mu)^2 / (2 sigma^2) )``.
@@ -149,7 +153,9 @@ def nll(y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: N
     return float(-np.mean(stats.norm.logpdf(t, loc=p, scale=s)))
 
 
-def crps(y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: NanPolicy = "raise") -> float:
+def crps(
+    y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: NanPolicy = "raise"
+) -> float:
     """Continuous ranked probability score of a Gaussian, closed form, mean over points.
 
     ``sigma [ z (2 Phi(z) - 1) + 2 phi(z) - 1/sqrt(pi) ]`` with ``z = (y - mu)/sigma``
@@ -157,7 +163,9 @@ def crps(y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: 
     """
     p, s, t = _triple(y_pred, y_std, y_true, nan_policy)
     z = (t - p) / s
-    per_point = s * (z * (2.0 * stats.norm.cdf(z) - 1.0) + 2.0 * stats.norm.pdf(z) - 1.0 / math.sqrt(math.pi))
+    per_point = s * (
+        z * (2.0 * stats.norm.cdf(z) - 1.0) + 2.0 * stats.norm.pdf(z) - 1.0 / math.sqrt(math.pi)
+    )
     return float(np.mean(per_point))
 
 
@@ -233,7 +241,9 @@ def ence(
     return float(np.mean(vals))
 
 
-def spearman(y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: NanPolicy = "raise") -> float:
+def spearman(
+    y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: NanPolicy = "raise"
+) -> float:
     """Spearman rank correlation of ``(std, |error|)``; NaN when the std is constant."""
     p, s, t = _triple(y_pred, y_std, y_true, nan_policy)
     return spearman_corr(s, np.abs(p - t))

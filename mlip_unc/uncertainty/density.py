@@ -106,19 +106,31 @@ class AtomLatentReference:
     """Training atoms' latents per element, each element a :class:`LatentReference` (k capped at
     that element's count); ``distances`` is :func:`atom_latent_knn_distance` against them."""
 
-    def __init__(self, z_train: Tensor | np.ndarray, type_train: Tensor | np.ndarray, k: int = 10) -> None:
+    def __init__(
+        self, z_train: Tensor | np.ndarray, type_train: Tensor | np.ndarray, k: int = 10
+    ) -> None:
         zt, tt = _as_matrix(z_train, "z_train"), _types(type_train)
         if tt.shape[0] != zt.shape[0]:
-            raise ValueError(f"one type per latent: {tt.shape[0]} types for {zt.shape[0]} training latents")
-        self.elements = {int(e): LatentReference(zt[torch.as_tensor(np.flatnonzero(tt == e))],
-                                                 k=min(k, int(np.sum(tt == e)))) for e in np.unique(tt)}  # fmt: skip
+            raise ValueError(
+                f"one type per latent: {tt.shape[0]} types for {zt.shape[0]} training latents"
+            )
+        self.elements = {
+            int(e): LatentReference(
+                zt[torch.as_tensor(np.flatnonzero(tt == e))], k=min(k, int(np.sum(tt == e)))
+            )
+            for e in np.unique(tt)
+        }
 
-    def distances(self, z_query: Tensor | np.ndarray, type_query: Tensor | np.ndarray) -> np.ndarray:
+    def distances(
+        self, z_query: Tensor | np.ndarray, type_query: Tensor | np.ndarray
+    ) -> np.ndarray:
         """``(n_q,)`` per-atom distance among atoms of the same element; ``inf`` for an element
         absent from training (no support at all)."""
         zq, tq = _as_matrix(z_query, "z_query"), _types(type_query)
         if tq.shape[0] != zq.shape[0]:
-            raise ValueError(f"one type per latent: {tq.shape[0]} types for {zq.shape[0]} query latents")
+            raise ValueError(
+                f"one type per latent: {tq.shape[0]} types for {zq.shape[0]} query latents"
+            )
         out = np.full(zq.shape[0], np.inf)
         for element in np.unique(tq):
             if (ref := self.elements.get(int(element))) is not None:
@@ -196,7 +208,11 @@ def _pair_distances(structure: Any, r_max: float) -> tuple[np.ndarray, int]:
             return np.asarray(neighbor_list("d", structure, r_max), dtype=np.float64), n
         pos = np.asarray(structure.get_positions(), dtype=np.float64)
     else:
-        pos = structure.detach().cpu().numpy() if isinstance(structure, Tensor) else np.asarray(structure)
+        pos = (
+            structure.detach().cpu().numpy()
+            if isinstance(structure, Tensor)
+            else np.asarray(structure)
+        )
         pos = pos.astype(np.float64)
         n = pos.shape[0]
     if pos.ndim != 2 or pos.shape[1] != 3:
@@ -212,7 +228,11 @@ def _pair_distances(structure: Any, r_max: float) -> tuple[np.ndarray, int]:
 
 
 def structure_descriptor(
-    structures: Sequence[Any], n_bins: int = 64, r_max: float = 6.0, *, smearing: float | None = None
+    structures: Sequence[Any],
+    n_bins: int = 64,
+    r_max: float = 6.0,
+    *,
+    smearing: float | None = None,
 ) -> np.ndarray:
     """Interatomic-distance histogram per structure, a fixed SOAP-free descriptor.
 
@@ -245,13 +265,18 @@ def structure_descriptor(
 
 
 def descriptor_knn_distance(
-    desc_query: Tensor | np.ndarray, desc_train: Tensor | np.ndarray, k: int = 10, standardise: bool = True
+    desc_query: Tensor | np.ndarray,
+    desc_train: Tensor | np.ndarray,
+    k: int = 10,
+    standardise: bool = True,
 ) -> np.ndarray:
     """Mean distance to the ``k`` nearest training descriptors (n_q,); see :func:`latent_knn_distance`."""
     return latent_knn_distance(desc_query, desc_train, k=k, standardise=standardise)
 
 
-def structural_calibration(std: ArrayLike, density_proxy: ArrayLike, *, nan_policy: NanPolicy = "omit") -> float:
+def structural_calibration(
+    std: ArrayLike, density_proxy: ArrayLike, *, nan_policy: NanPolicy = "omit"
+) -> float:
     """Structural calibration ``Spearman(predictive std, density proxy)``.
 
     As defined in docs/method.md section 7 of this project. Good structural calibration is a

@@ -81,8 +81,9 @@ def atom_force_norm(forces: ArrayLike) -> np.ndarray:
     return np.linalg.norm(as_numpy(forces).reshape(-1, 3), axis=1)
 
 
-def per_frame(values: ArrayLike, atom_frame: ArrayLike, n_frames: int | None = None,
-              how: str = "max") -> np.ndarray:  # fmt: skip
+def per_frame(
+    values: ArrayLike, atom_frame: ArrayLike, n_frames: int | None = None, how: str = "max"
+) -> np.ndarray:
     """Reduce per-atom ``values (n_atoms,)`` to ``(n_frames,)`` by ``how`` = "max" or "mean".
 
     ``atom_frame (n_atoms,)`` is the frame (0..n_frames-1) of each atom; a frame without atoms
@@ -109,7 +110,9 @@ def sigma_force_spearman_atoms(forces_var: ArrayLike, forces_pred: ArrayLike) ->
     return spearman(atom_force_std(forces_var), atom_force_norm(forces_pred))
 
 
-def sigma_force_spearman_frames(forces_var: ArrayLike, forces_pred: ArrayLike, atom_frame: ArrayLike) -> float:
+def sigma_force_spearman_frames(
+    forces_var: ArrayLike, forces_pred: ArrayLike, atom_frame: ArrayLike
+) -> float:
     """Per-frame ``Spearman(max_a sigma_a, max_a |F_pred,a|)`` (frame = max over its atoms)."""
     sigma = per_frame(atom_force_std(forces_var), atom_frame)
     force = per_frame(atom_force_norm(forces_pred), atom_frame)
@@ -175,8 +178,14 @@ def std_over_rmse(var: ArrayLike, errors: ArrayLike) -> float:
     return math.sqrt(float(np.mean(np.clip(v[ok], 0.0, None))) / mse)
 
 
-def frame_ranking(score: ArrayLike, error: ArrayLike, force: ArrayLike, score_ood: ArrayLike | None = None,
-                  error_ood: ArrayLike | None = None, force_ood: ArrayLike | None = None) -> dict[str, float]:  # fmt: skip
+def frame_ranking(
+    score: ArrayLike,
+    error: ArrayLike,
+    force: ArrayLike,
+    score_ood: ArrayLike | None = None,
+    error_ood: ArrayLike | None = None,
+    force_ood: ArrayLike | None = None,
+) -> dict[str, float]:
     """How a frame score ranks in-domain errors and separates OOD frames.
 
     Args:
@@ -196,14 +205,18 @@ def frame_ranking(score: ArrayLike, error: ArrayLike, force: ArrayLike, score_oo
         labels = np.r_[np.zeros(s.size), np.ones(as_numpy(score_ood).size)]
         s_all = np.r_[s, as_numpy(score_ood)]
         out["auroc_ood"] = auroc(s_all, labels)
-        out["auroc_sigma_over_force"] = sigma_over_force_auroc(s_all, np.r_[f, as_numpy(force_ood)], labels)
+        out["auroc_sigma_over_force"] = sigma_over_force_auroc(
+            s_all, np.r_[f, as_numpy(force_ood)], labels
+        )
         pooled = spearman(s_all, np.r_[e, as_numpy(error_ood)])
     else:
         pooled = spearman(s, e)
     return {
-        **out, "spearman_frame_in_domain": spearman(s, e), "spearman_frame_pooled": pooled,
+        **out,
+        "spearman_frame_in_domain": spearman(s, e),
+        "spearman_frame_pooled": pooled,
         "partial_spearman_given_force": partial_spearman(s, e, f),
-    }  # fmt: skip
+    }
 
 
 # ---------------------------------------------------------------- force Jacobian of the latents

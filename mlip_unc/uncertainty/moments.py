@@ -106,8 +106,12 @@ def factor_kappa(z: Tensor, factor: Tensor) -> Tensor:
 
 def _grads(output: Tensor, inputs: Sequence[Tensor], *, retain_graph: bool, create_graph: bool):
     grads = torch.autograd.grad(
-        output, inputs, retain_graph=retain_graph, create_graph=create_graph,
-        allow_unused=True, materialize_grads=True,
+        output,
+        inputs,
+        retain_graph=retain_graph,
+        create_graph=create_graph,
+        allow_unused=True,
+        materialize_grads=True,
     )
     return grads
 
@@ -160,14 +164,19 @@ def linear_gradients(
         grad_outputs = torch.eye(n_weights, dtype=phi.dtype, device=phi.device)  # (K, K)
         grad_outputs = grad_outputs.unsqueeze(1).expand(n_weights, *outputs.shape)
         grads = torch.autograd.grad(
-            outputs, inputs, grad_outputs=grad_outputs, is_grads_batched=True,
-            retain_graph=retain_graph, create_graph=create_graph,
-            allow_unused=True, materialize_grads=True,
+            outputs,
+            inputs,
+            grad_outputs=grad_outputs,
+            is_grads_batched=True,
+            retain_graph=retain_graph,
+            create_graph=create_graph,
+            allow_unused=True,
+            materialize_grads=True,
         )
         # torch materialises unused inputs' gradients without the batch axis: restore it
         return tuple(
             g if g.dim() == x.dim() + 1 else x.new_zeros((n_weights, *x.shape))
-            for g, x in zip(grads, inputs)
+            for g, x in zip(grads, inputs, strict=False)
         )
     if method != "loop":
         raise ValueError(f"unknown gradient method {method!r} (use 'loop', 'batched' or 'auto')")
@@ -176,8 +185,10 @@ def linear_gradients(
         last = k == n_weights - 1
         per_weight.append(
             _grads(
-                (phi @ weights[k]).sum(), inputs,
-                retain_graph=retain_graph or create_graph or not last, create_graph=create_graph,
+                (phi @ weights[k]).sum(),
+                inputs,
+                retain_graph=retain_graph or create_graph or not last,
+                create_graph=create_graph,
             )
         )
     return tuple(torch.stack([g[n] for g in per_weight]) for n in range(len(inputs)))

@@ -14,7 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from mlip_unc.uncertainty.calibration import ArrayLike, as_numpy, calibration_curve, miscalibration_area
+from mlip_unc.uncertainty.calibration import (
+    ArrayLike,
+    as_numpy,
+    calibration_curve,
+    miscalibration_area,
+)
 
 __all__ = [
     "plot_calibration_curve",
@@ -67,7 +72,12 @@ def plot_calibration_curve(
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="ideal")
     ax.plot(expected, observed, lw=2, label=f"{label or 'model'} (area {area:.3f})")
     ax.fill_between(expected, expected, observed, alpha=0.2)
-    ax.set(xlabel="expected proportion in interval", ylabel="observed proportion", xlim=(0, 1), ylim=(0, 1))
+    ax.set(
+        xlabel="expected proportion in interval",
+        ylabel="observed proportion",
+        xlim=(0, 1),
+        ylim=(0, 1),
+    )
     ax.set_aspect("equal")
     ax.legend(loc="upper left", fontsize=8)
     return _save(fig, out_path, dpi)
@@ -132,7 +142,7 @@ def plot_lpa_vs_fraction(
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in table:
         groups[str(row.get(group_key, ""))].append(row)
-    for ax, (title, key) in zip(axes, panels.items()):
+    for ax, (title, key) in zip(axes, panels.items(), strict=False):
         for name, rows in groups.items():
             by_frac: dict[float, list[float]] = defaultdict(list)
             for row in rows:

@@ -91,7 +91,9 @@ class ZScaling:
     def __init__(self, scale: float = 1.0) -> None:
         self.scale = float(scale)
 
-    def fit(self, y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: str = "raise") -> ZScaling:
+    def fit(
+        self, y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: str = "raise"
+    ) -> ZScaling:
         p, s, t = _triple(y_pred, y_std, y_true, nan_policy)  # type: ignore[arg-type]
         self.scale = math.sqrt(float(np.mean(((t - p) / s) ** 2)))
         return self
@@ -145,7 +147,9 @@ class IsotonicRecalibration:
     ) -> IsotonicRecalibration:
         p, s, t = _triple(y_pred, y_std, y_true, nan_policy)  # type: ignore[arg-type]
         cdf = np.sort(ndtr((t - p) / s))  # (n,)
-        fitted = np.searchsorted(cdf, cdf, side="right") / cdf.size  # (n,) non-decreasing, in (0, 1]
+        fitted = (
+            np.searchsorted(cdf, cdf, side="right") / cdf.size
+        )  # (n,) non-decreasing, in (0, 1]
         x = np.concatenate([[0.0], cdf, [1.0]])
         y = np.maximum.accumulate(np.concatenate([[0.0], fitted, [1.0]]))
         self.knots_x, self.knots_y = _compress_knots(x, y, self.max_knots)
@@ -230,11 +234,15 @@ _CLASSES: dict[CalibratorKind, Any] = {
 }
 
 
-def make_calibrator(name: str | CalibratorKind) -> IdentityCalibrator | ZScaling | IsotonicRecalibration:
+def make_calibrator(
+    name: str | CalibratorKind,
+) -> IdentityCalibrator | ZScaling | IsotonicRecalibration:
     """A fresh calibrator from ``"none" | "zscaling" | "isotonic"``."""
     return _CLASSES[CalibratorKind(name)]()
 
 
-def calibrator_from_state_dict(d: dict[str, Any]) -> IdentityCalibrator | ZScaling | IsotonicRecalibration:
+def calibrator_from_state_dict(
+    d: dict[str, Any],
+) -> IdentityCalibrator | ZScaling | IsotonicRecalibration:
     """Restore any calibrator from its ``state_dict()`` (dispatch on ``d["kind"]``)."""
     return _CLASSES[CalibratorKind(d["kind"])].from_state_dict(d)

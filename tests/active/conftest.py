@@ -12,8 +12,16 @@ class FakeUncertaintyCalculator(Calculator):
     """EMT energies/forces plus a made-up 'uncertainty' = displacement from the start."""
 
     implemented_properties = [
-        "energy", "free_energy", "forces", "energy_std", "energy_epistemic_var",
-        "energies_std", "forces_std", "max_force_std", "alignment", "flag",
+        "energy",
+        "free_energy",
+        "forces",
+        "energy_std",
+        "energy_epistemic_var",
+        "energies_std",
+        "forces_std",
+        "max_force_std",
+        "alignment",
+        "flag",
     ]
 
     def __init__(self, reference: np.ndarray, threshold: float = 0.05, **kwargs):
@@ -32,10 +40,16 @@ class FakeUncertaintyCalculator(Calculator):
         disp = np.linalg.norm(self.atoms.positions - self.reference, axis=1)  # (n,)
         std = 0.01 + disp
         self.results.update(
-            energy=a.get_potential_energy(), free_energy=a.get_potential_energy(),
-            forces=a.get_forces(), energy_std=float(std.sum()), energy_epistemic_var=float(std.sum() ** 2),
-            energies_std=std, forces_std=np.repeat(std[:, None], 3, axis=1) / np.sqrt(3),
-            max_force_std=float(std.max()), alignment=0.5, flag=bool(std.max() > self.threshold),
+            energy=a.get_potential_energy(),
+            free_energy=a.get_potential_energy(),
+            forces=a.get_forces(),
+            energy_std=float(std.sum()),
+            energy_epistemic_var=float(std.sum() ** 2),
+            energies_std=std,
+            forces_std=np.repeat(std[:, None], 3, axis=1) / np.sqrt(3),
+            max_force_std=float(std.max()),
+            alignment=0.5,
+            flag=bool(std.max() > self.threshold),
         )
 
 
@@ -47,8 +61,12 @@ def fake_calc_factory():
 TINY_TRAINING = {
     "dtype": "float64",
     "data": {"r_max": 4.0},
-    "model": {"backbone": "gin", "backbone_kwargs": {"hidden": 8, "num_layers": 1, "num_basis": 4},
-              "latent_dim": 4, "standardise": False},
+    "model": {
+        "backbone": "gin",
+        "backbone_kwargs": {"hidden": 8, "num_layers": 1, "num_basis": 4},
+        "latent_dim": 4,
+        "standardise": False,
+    },
     "loss": {"energy_weight": 1e-3},
     "train": {"epochs": 1, "batch_size": 4, "progress": False},
 }
@@ -69,8 +87,12 @@ def tiny_checkpoint(tmp_path):
     from mlip_unc.models.potential import BayesianPotential, build_backbone
 
     torch.manual_seed(0)
-    backbone = build_backbone("gin", num_types=1, r_max=4.0, hidden=8, latent_dim=4, num_layers=1, num_basis=4)
+    backbone = build_backbone(
+        "gin", num_types=1, r_max=4.0, hidden=8, latent_dim=4, num_layers=1, num_basis=4
+    )
     model = BayesianPotential(backbone, [29], 4.0, torch.tensor([-0.01]), init_std=0.3).double()
     path = tmp_path / "tiny.pt"
-    model.save(path, metadata={"uncertainty_levels": {"max_force_std": 1e-3, "energy_std_per_atom": 1e-3}})
+    model.save(
+        path, metadata={"uncertainty_levels": {"max_force_std": 1e-3, "energy_std_per_atom": 1e-3}}
+    )
     return path

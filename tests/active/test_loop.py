@@ -21,14 +21,18 @@ def test_config_validation_names_the_key():
     with pytest.raises(ConfigError, match="nothing to start from"):
         validate(ActiveLearningConfig, {"structures": CU})
     with pytest.raises(ConfigError, match=r"^md\.ensemble"):
-        validate(ActiveLearningConfig, {"structures": CU, "bootstrap": {}, "md": {"ensemble": "npt"}})
+        validate(
+            ActiveLearningConfig, {"structures": CU, "bootstrap": {}, "md": {"ensemble": "npt"}}
+        )
 
 
 def test_bad_thresholds_fail_before_any_work(tmp_path):
     out = tmp_path / "al"
     for thresholds in ({"max_force": 2.0}, {"max_force_std": -1.0}):
-        config = validate(ActiveLearningConfig, {"out": str(out), "structures": CU, "bootstrap": {},
-                                                 "thresholds": thresholds})  # fmt: skip
+        config = validate(
+            ActiveLearningConfig,
+            {"out": str(out), "structures": CU, "bootstrap": {}, "thresholds": thresholds},
+        )
         with pytest.raises(ThresholdError, match="^thresholds: "):
             run_active_learning(config)
     assert not out.exists()
@@ -36,7 +40,9 @@ def test_bad_thresholds_fail_before_any_work(tmp_path):
 
 def test_train_model_stores_levels_and_refit_offsets(tmp_path, tiny_training):
     emt = make_oracle("emt")
-    frames = oracle_md(bulk("Cu", cubic=True, a=3.61), emt, GenerateSettings(frames=6, interval=3, equilibration=0))
+    frames = oracle_md(
+        bulk("Cu", cubic=True, a=3.61), emt, GenerateSettings(frames=6, interval=3, equilibration=0)
+    )
     path = train_model(frames[:4], frames[4:], tiny_training, tmp_path / "run", refit_offsets=True)
     calc = UncertaintyCalculator(path)
     assert set(calc.uncertainty_levels) >= {"max_force_std", "energy_std_per_atom"}
@@ -51,23 +57,40 @@ def test_train_model_stores_levels_and_refit_offsets(tmp_path, tiny_training):
 
 def test_train_model_without_validation_levels_on_training_frames(tmp_path, tiny_training):
     emt = make_oracle("emt")
-    frames = oracle_md(bulk("Cu", cubic=True, a=3.61), emt, GenerateSettings(frames=4, interval=3, equilibration=0))
-    tiny_training["data"]["valid_fraction"] = 0.0  # the trainer has no validation set: stores no levels
+    frames = oracle_md(
+        bulk("Cu", cubic=True, a=3.61), emt, GenerateSettings(frames=4, interval=3, equilibration=0)
+    )
+    tiny_training["data"]["valid_fraction"] = (
+        0.0  # the trainer has no validation set: stores no levels
+    )
     path = train_model(frames, [], tiny_training, tmp_path / "run")
     levels = UncertaintyCalculator(path).uncertainty_levels
-    assert levels["n_structures"] == 4 and levels["max_force_std"] > 0 and levels["energy_std_per_atom"] > 0
+    assert (
+        levels["n_structures"] == 4
+        and levels["max_force_std"] > 0
+        and levels["energy_std_per_atom"] > 0
+    )
 
 
 def test_one_round_with_the_emt_oracle(tmp_path, tiny_training, caplog, capsys):
-    config = validate(ActiveLearningConfig, {
-        "out": str(tmp_path / "al"), "oracle": "emt", "structures": CU, "rounds": 1,
-        "bootstrap": {"frames": 6, "valid_frames": 2, "interval": 3, "equilibration": 0},
-        "test": {"temperature": 1000, "frames": 2, "interval": 3, "equilibration": 0},
-        "training": tiny_training, "retrain_epochs": 1,
-        "md": {"temperature": 1500, "steps": 6, "interval": 2, "timestep": 2.0},
-        "thresholds": {"max_force_std": 1e-9},  # flag everything: the round must label and retrain
-        "selection": {"top_k": 3},
-    })  # fmt: skip
+    config = validate(
+        ActiveLearningConfig,
+        {
+            "out": str(tmp_path / "al"),
+            "oracle": "emt",
+            "structures": CU,
+            "rounds": 1,
+            "bootstrap": {"frames": 6, "valid_frames": 2, "interval": 3, "equilibration": 0},
+            "test": {"temperature": 1000, "frames": 2, "interval": 3, "equilibration": 0},
+            "training": tiny_training,
+            "retrain_epochs": 1,
+            "md": {"temperature": 1500, "steps": 6, "interval": 2, "timestep": 2.0},
+            "thresholds": {
+                "max_force_std": 1e-9
+            },  # flag everything: the round must label and retrain
+            "selection": {"top_k": 3},
+        },
+    )
     with caplog.at_level("INFO", logger="mlip_unc.active.loop"):
         rows = run_active_learning(config, progress=True)
     assert [r["round"] for r in rows] == [0, 1]
@@ -84,14 +107,19 @@ def test_one_round_with_the_emt_oracle(tmp_path, tiny_training, caplog, capsys):
     assert rows[1]["test_force_rmse"] > 0
     out = tmp_path / "al"
     assert (out / "report.md").is_file() and (out / "rounds.png").stat().st_size > 0
-    assert (out / "round_0" / "md_0" / "md.png").is_file() and (out / "round_0" / "labelled.xyz").is_file()
+    assert (out / "round_0" / "md_0" / "md.png").is_file() and (
+        out / "round_0" / "labelled.xyz"
+    ).is_file()
     calc = UncertaintyCalculator(rows[1]["model"])
     # the retrained model's own levels, on the enlarged validation set (2 bootstrap + 1 labelled)
     assert calc.uncertainty_levels["n_structures"] == rows[1]["n_valid"] == 3
     assert calc.metadata["training_config"]["train"]["init_from"] == rows[0]["model"]
     history = json.loads((out / "round_0" / "retrained" / "history.json").read_text())
     assert history["config"]["train"]["init_from"] == rows[0]["model"]
-    assert calc.model.backbone.config() == UncertaintyCalculator(rows[0]["model"]).model.backbone.config()
+    assert (
+        calc.model.backbone.config()
+        == UncertaintyCalculator(rows[0]["model"]).model.backbone.config()
+    )
 
 
 class _Killed(Exception):
@@ -99,16 +127,26 @@ class _Killed(Exception):
 
 
 def _al_config(out, tiny_training, oracle):
-    return validate(ActiveLearningConfig, {
-        "out": str(out), "oracle": oracle, "structures": CU, "rounds": 2,
-        "bootstrap": {"frames": 6, "valid_frames": 2, "interval": 3, "equilibration": 0},
-        "training": tiny_training, "retrain_epochs": 1,
-        "md": {"temperature": 1500, "steps": 6, "interval": 2, "timestep": 2.0},
-        "thresholds": {"max_force_std": 1e-9}, "selection": {"top_k": 2},
-    })  # fmt: skip
+    return validate(
+        ActiveLearningConfig,
+        {
+            "out": str(out),
+            "oracle": oracle,
+            "structures": CU,
+            "rounds": 2,
+            "bootstrap": {"frames": 6, "valid_frames": 2, "interval": 3, "equilibration": 0},
+            "training": tiny_training,
+            "retrain_epochs": 1,
+            "md": {"temperature": 1500, "steps": 6, "interval": 2, "timestep": 2.0},
+            "thresholds": {"max_force_std": 1e-9},
+            "selection": {"top_k": 2},
+        },
+    )
 
 
-def test_resume_after_a_kill_gives_the_same_data_and_labels_nothing_twice(tmp_path, tiny_training, monkeypatch):
+def test_resume_after_a_kill_gives_the_same_data_and_labels_nothing_twice(
+    tmp_path, tiny_training, monkeypatch
+):
     """Kill during an oracle call of round 1, then --resume: the final training set equals an
     uninterrupted run's, and no structure goes to the oracle twice."""
     import ase.io
@@ -125,6 +163,7 @@ def test_resume_after_a_kill_gives_the_same_data_and_labels_nothing_twice(tmp_pa
             if len(calls) == 3:  # the first label of round 1 (round 0 labels 2)
                 raise _Killed
             return compute(a, o)
+
         return original(self, atoms, oracle, spy)
 
     monkeypatch.setattr(CachedLabels, "label", counting)
@@ -144,11 +183,13 @@ def test_resume_after_a_kill_gives_the_same_data_and_labels_nothing_twice(tmp_pa
     assert [r["n_train"] for r in resumed] == [r["n_train"] for r in straight]
     final = lambda root: ase.io.read(root / "round_1" / "retrained" / "train.xyz", ":")  # noqa: E731
     a, b = final(tmp_path / "a"), final(tmp_path / "b")
-    assert len(a) == len(b) and all(np.allclose(x.positions, y.positions) for x, y in zip(a, b))
-    assert all(np.isclose(x.get_potential_energy(), y.get_potential_energy()) for x, y in zip(a, b))
+    assert len(a) == len(b) and all(np.allclose(x.positions, y.positions) for x, y in zip(a, b, strict=False))
+    assert all(np.isclose(x.get_potential_energy(), y.get_potential_energy()) for x, y in zip(a, b, strict=False))
 
 
-def test_a_bootstrap_killed_half_way_is_read_back_not_recomputed(tmp_path, tiny_training, monkeypatch):
+def test_a_bootstrap_killed_half_way_is_read_back_not_recomputed(
+    tmp_path, tiny_training, monkeypatch
+):
     """Kill during the oracle MD that makes the round-0 data, then --resume: the replayed
     trajectory comes from the label cache (no oracle call repeated) and the data are the same."""
     import ase.io
@@ -189,5 +230,7 @@ def test_a_bootstrap_killed_half_way_is_read_back_not_recomputed(tmp_path, tiny_
         run_active_learning(config, resume=True)
     assert len(calls) == n_straight + 1  # only the killed call was made again
     a, b = (ase.io.read(tmp_path / r / "data" / "train.xyz", ":") for r in ("a", "b"))
-    assert len(a) == len(b) == 6 and all(np.array_equal(x.positions, y.positions) for x, y in zip(a, b))
-    assert all(np.array_equal(x.get_forces(), y.get_forces()) for x, y in zip(a, b))
+    assert len(a) == len(b) == 6 and all(
+        np.array_equal(x.positions, y.positions) for x, y in zip(a, b, strict=False)
+    )
+    assert all(np.array_equal(x.get_forces(), y.get_forces()) for x, y in zip(a, b, strict=False))

@@ -31,7 +31,9 @@ def _md(fake_calc_factory, threshold):
 
 def test_logs_every_interval_and_writes_flagged_frames(tmp_path, fake_calc_factory):
     atoms, calc, dyn = _md(fake_calc_factory, threshold=0.03)
-    monitor = UncertaintyMonitor(atoms, tmp_path / "md.csv", flagged_path=tmp_path / "flag.xyz", dyn=dyn)
+    monitor = UncertaintyMonitor(
+        atoms, tmp_path / "md.csv", flagged_path=tmp_path / "flag.xyz", dyn=dyn
+    )
     dyn.attach(monitor, interval=5)
     dyn.run(20)
     monitor.close()
@@ -71,7 +73,9 @@ def _guarded_calc(thresholds: dict, *, train_a: float) -> UncertaintyCalculator:
     from mlip_unc.models.potential import BayesianPotential, build_backbone
 
     torch.manual_seed(0)
-    backbone = build_backbone("gin", num_types=1, r_max=4.0, hidden=8, latent_dim=4, num_layers=1, num_basis=4)
+    backbone = build_backbone(
+        "gin", num_types=1, r_max=4.0, hidden=8, latent_dim=4, num_layers=1, num_basis=4
+    )
     model = BayesianPotential(backbone, [29], 4.0, torch.tensor([-0.01]), init_std=0.3).double()
     guard = DomainGuard.fit([bulk("Cu", "fcc", a=train_a, cubic=True)], 4.0)
     return UncertaintyCalculator(model, uncertainty="exact", thresholds=thresholds, domain=guard)
@@ -88,13 +92,17 @@ def test_flag_reason_keeps_out_of_domain_apart_from_sigma(tmp_path, case):
     thermalize_momenta(atoms, temperature_K=300, rng=np.random.default_rng(0))
     atoms.calc = calc
     dyn = VelocityVerlet(atoms, 1.0 * units.fs)
-    with UncertaintyMonitor(atoms, tmp_path / "md.csv", flagged_path=tmp_path / "flag.xyz", dyn=dyn) as monitor:
+    with UncertaintyMonitor(
+        atoms, tmp_path / "md.csv", flagged_path=tmp_path / "flag.xyz", dyn=dyn
+    ) as monitor:
         dyn.attach(monitor, interval=2)
         dyn.run(4)
     rows = list(csv.DictReader((tmp_path / "md.csv").open()))
     ood = case == "out_of_domain"
     assert len(rows) == 3 and all(int(r["flag"]) == 1 and int(r["failed"]) == 0 for r in rows)
-    assert all(int(r["out_of_domain"]) == ood and int(r["uncertainty_flag"]) == (not ood) for r in rows)
+    assert all(
+        int(r["out_of_domain"]) == ood and int(r["uncertainty_flag"]) == (not ood) for r in rows
+    )
     frame = read(tmp_path / "flag.xyz", -1)
     assert frame.info["flag_reason"] == case and frame.info["out_of_domain"] == ood
     if ood:
@@ -105,7 +113,9 @@ def test_a_failed_frame_is_recorded_and_the_md_stops_cleanly(tmp_path, fake_calc
     class FailsAfter(fake_calc_factory):
         def calculate(self, atoms=None, properties=None, system_changes=()):
             if self.n_calls >= 5:
-                raise NonFiniteResultError(f"non-finite energy for a structure of {len(atoms)} atoms")
+                raise NonFiniteResultError(
+                    f"non-finite energy for a structure of {len(atoms)} atoms"
+                )
             super().calculate(atoms, properties, system_changes)
 
     start = bulk("Cu", "fcc", a=3.6, cubic=True)
@@ -138,5 +148,9 @@ def test_real_calculator_nan_ends_the_run_as_failed(tmp_path):
         calc.model.head.weight_mu.fill_(float("nan"))
     settings = MDSettings(ensemble="nve", temperature=300, steps=5, timestep=1.0, interval=1)
     result = run_md(bulk("Cu", "fcc", a=3.6, cubic=True), calc, settings, tmp_path, plot=False)
-    assert result.failure is not None and "non-finite energy" in result.failure and "4 atoms" in result.failure
+    assert (
+        result.failure is not None
+        and "non-finite energy" in result.failure
+        and "4 atoms" in result.failure
+    )
     assert result.steps_done == 0 and result.log["failed"].tolist() == [1.0]

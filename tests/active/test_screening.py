@@ -45,10 +45,14 @@ def setup(tmp_path, tiny_checkpoint):
 
 def _same(a: list, b: list) -> None:
     assert [x.info["source_index"] for x in a] == [y.info["source_index"] for y in b]
-    for x, y in zip(a, b):
-        assert x.info.keys() == y.info.keys()  # same rank, index and score values, exactly (NaN: not computed)
+    for x, y in zip(a, b, strict=False):
+        assert (
+            x.info.keys() == y.info.keys()
+        )  # same rank, index and score values, exactly (NaN: not computed)
         assert all(np.array_equal(x.info[k], y.info[k], equal_nan=True) for k in x.info)
-        assert np.array_equal(x.positions, y.positions) and np.array_equal(x.cell.array, y.cell.array)
+        assert np.array_equal(x.positions, y.positions) and np.array_equal(
+            x.cell.array, y.cell.array
+        )
 
 
 CASES = [
@@ -78,17 +82,25 @@ def test_ties_keep_the_earlier_frame_and_scores_csv_matches(setup, tmp_path):
     traj, make_calc = setup
     frames = read_structures(traj, require_energy=False, require_forces=False)
     scores = score_structures(make_calc(), frames)
-    k_top = int(np.sum(scores["max_force_std"] > scores["max_force_std"][3])) + 2  # cuts through the tie
+    k_top = (
+        int(np.sum(scores["max_force_std"] > scores["max_force_std"][3])) + 2
+    )  # cuts through the tie
     expected, _ = flag_structures(make_calc(), frames, top_k=k_top)
-    assert 3 in [a.info["source_index"] for a in expected] and 20 not in [a.info["source_index"] for a in expected]
-    result = screen_file(traj, make_calc, top_k=k_top, chunk_size=3, workers=2, scores_csv=tmp_path / "s.csv")
+    assert 3 in [a.info["source_index"] for a in expected] and 20 not in [
+        a.info["source_index"] for a in expected
+    ]
+    result = screen_file(
+        traj, make_calc, top_k=k_top, chunk_size=3, workers=2, scores_csv=tmp_path / "s.csv"
+    )
     _same(result.selected, expected)
     with open(tmp_path / "s.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert [int(r["frame"]) for r in rows] == list(range(len(frames)))
     assert np.array_equal([float(r["max_force_std"]) for r in rows], scores["max_force_std"])
     stats = result.stats["max_force_std"]
-    assert stats["max"] == scores["max_force_std"].max() and stats["mean"] == pytest.approx(scores["max_force_std"].mean())
+    assert stats["max"] == scores["max_force_std"].max() and stats["mean"] == pytest.approx(
+        scores["max_force_std"].mean()
+    )
 
 
 def test_chunks_cover_the_file_and_bad_frames_are_named(setup, tmp_path):
@@ -98,7 +110,9 @@ def test_chunks_cover_the_file_and_bad_frames_are_named(setup, tmp_path):
     text = traj.read_text().splitlines()
     bad = tmp_path / "bad.xyz"
     bad.write_text("\n".join(text[: 6 * 13] + ["not-a-count"] + text[6 * 13 + 1 :]) + "\n")
-    with pytest.raises(DataError, match=r"bad.xyz', frame 13 \(line 79\): expected the number of atoms"):
+    with pytest.raises(
+        DataError, match=r"bad.xyz', frame 13 \(line 79\): expected the number of atoms"
+    ):
         screen_file(bad, make_calc, top_k=2, workers=2, chunk_size=4)
     with pytest.raises(ValueError, match="give top_k, threshold or both"):
         screen_file(traj, make_calc)
@@ -111,13 +125,28 @@ def test_cli_flag_with_workers(setup, tmp_path):
 
     traj, make_calc = setup
     out = tmp_path / "flagged.xyz"
-    args = ["flag", "-m", str(make_calc.args[0]), "-d", str(traj), "--top-k", "3", "--out", str(out)]
-    result = CliRunner().invoke(app, [*args, "--workers", "2", "--chunk-size", "6", "--scores", str(tmp_path / "s.csv")])
+    args = [
+        "flag",
+        "-m",
+        str(make_calc.args[0]),
+        "-d",
+        str(traj),
+        "--top-k",
+        "3",
+        "--out",
+        str(out),
+    ]
+    result = CliRunner().invoke(
+        app, [*args, "--workers", "2", "--chunk-size", "6", "--scores", str(tmp_path / "s.csv")]
+    )
     assert result.exit_code == 0, result.output
     assert "29 structures" in result.output and (tmp_path / "s.csv").is_file()
-    expected, _ = flag_structures(make_calc(), read_structures(traj, require_energy=False, require_forces=False),
-                                  top_k=3)  # fmt: skip
-    assert [a.info["source_index"] for a in ase.io.read(out, ":")] == [a.info["source_index"] for a in expected]
+    expected, _ = flag_structures(
+        make_calc(), read_structures(traj, require_energy=False, require_forces=False), top_k=3
+    )
+    assert [a.info["source_index"] for a in ase.io.read(out, ":")] == [
+        a.info["source_index"] for a in expected
+    ]
 
 
 def test_scale_benchmark_quick_runs_under_30_s(tmp_path):
@@ -127,24 +156,59 @@ def test_scale_benchmark_quick_runs_under_30_s(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--quick", "--out", str(tmp_path)],
-                          check=False, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--quick", "--out", str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert cpu < 30, f"--quick used {cpu:.1f} CPU s ({wall:.1f} s wall)"
     data = json.loads((tmp_path / "scale.json").read_text())
-    assert {(r["frames"], r["workers"]) for r in data["rows"]} == {(100, 1), (100, 2), (300, 1), (300, 2)}
-    assert all(r["finished"] and r["frames_per_s"] > 0 and r["peak_rss_MiB"] > 0 for r in data["rows"])
-    assert all(r["worker_rss_MiB"] for r in data["rows"] if r["workers"] == 2)  # the pool really ran
+    assert {(r["frames"], r["workers"]) for r in data["rows"]} == {
+        (100, 1),
+        (100, 2),
+        (300, 1),
+        (300, 2),
+    }
+    assert all(
+        r["finished"] and r["frames_per_s"] > 0 and r["peak_rss_MiB"] > 0 for r in data["rows"]
+    )
+    assert all(
+        r["worker_rss_MiB"] for r in data["rows"] if r["workers"] == 2
+    )  # the pool really ran
     assert "frames_per_s" in (tmp_path / "scale.md").read_text()
     # an earlier run kept beside it is rendered under its own heading by --report-only
-    earlier = {**data, "command": "python benchmarks/scale.py --time-limit 1", "rows": data["rows"][:1]}
+    earlier = {
+        **data,
+        "command": "python benchmarks/scale.py --time-limit 1",
+        "rows": data["rows"][:1],
+    }
     (tmp_path / "scale_earlier.json").write_text(json.dumps([earlier]))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--report-only", "--out",
-                           str(tmp_path)], check=False, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "scale.py"),
+            "--report-only",
+            "--out",
+            str(tmp_path),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (tmp_path / "scale.md").read_text()
-    assert md.count("## Earlier flag run") == 1 and "`python benchmarks/scale.py --time-limit 1`" in md
+    assert (
+        md.count("## Earlier flag run") == 1 and "`python benchmarks/scale.py --time-limit 1`" in md
+    )
     assert md.index("## Earlier flag run") > md.index(data["command"])

@@ -7,7 +7,6 @@ import pytest
 from benchmark_scripts import load_benchmark
 
 
-
 @pytest.fixture(scope="module")
 def bench():
     return load_benchmark("distance_aware")
@@ -35,11 +34,15 @@ def test_quick_run_recomputes_the_default_row_and_resumes(bench, tmp_path):
     for key in bench.cf.LINES:  # the lowrank row here is the run's default row, on the same frames
         assert r["rows"]["lowrank"][key] == pytest.approx(entry[entry["default"]][key])
     assert r["fit"]["c"] >= 0.0 and set(r["cost_ms"]) == {"plain", "lowrank", "distance_aware"}
-    assert r["rows"]["distance_aware"]["cost_ratio"] == pytest.approx(r["cost_ms"]["distance_aware"] / r["cost_ms"]["plain"])
+    assert r["rows"]["distance_aware"]["cost_ratio"] == pytest.approx(
+        r["cost_ms"]["distance_aware"] / r["cost_ms"]["plain"]
+    )
     for key, lines in r["lines"].items():
         assert lines["all"] == all(lines[k]["met"] for k in bench.cf.LINES), key
     steps = [json.loads(x)["step"] for x in (run / "distance_aware.jsonl").read_text().splitlines()]
     bench.main(["--quick", "--out", str(tmp_path)])
     again = [json.loads(x)["step"] for x in (run / "distance_aware.jsonl").read_text().splitlines()]
-    assert [s for s in again if not s.startswith("invocation:")] == [s for s in steps if not s.startswith("invocation:")]
+    assert [s for s in again if not s.startswith("invocation:")] == [
+        s for s in steps if not s.startswith("invocation:")
+    ]
     assert "| distance_aware |" in (tmp_path / "distance_aware.md").read_text()

@@ -23,8 +23,11 @@ import mlearn_groups  # noqa: E402
 
 def _entry(atoms, group: str) -> dict:
     atoms.calc = EMT()
-    return {"structure": AseAtomsAdaptor.get_structure(atoms).as_dict(), "group": group,
-            "outputs": {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces().tolist()}}  # fmt: skip
+    return {
+        "structure": AseAtomsAdaptor.get_structure(atoms).as_dict(),
+        "group": group,
+        "outputs": {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces().tolist()},
+    }
 
 
 def _files(root: Path) -> Path:
@@ -46,17 +49,43 @@ def test_errors_by_group_match_a_direct_evaluation(tmp_path):
     data = _files(tmp_path / "data")
     torch.manual_seed(0)
     backbone = build_backbone("gin", num_types=1, r_max=3.0, latent_dim=4, hidden=8, num_layers=1)
-    model = BayesianPotential(backbone, [29], 3.0, torch.tensor([-0.1], dtype=torch.float64)).double().eval()
+    model = (
+        BayesianPotential(backbone, [29], 3.0, torch.tensor([-0.1], dtype=torch.float64))
+        .double()
+        .eval()
+    )
     acc = tmp_path / "acc"
     (acc / "checkpoints" / "run0").mkdir(parents=True)
     model.save(acc / "checkpoints" / "run0" / "model.pt")
-    records = [{"kind": "settings"}, {"kind": "run", "dataset": "Si", "row": "gin", "seed": 0, "checkpoint": "checkpoints/run0"},
-               {"kind": "run", "dataset": "Si", "row": "mace_torch", "seed": 0}, {"kind": "run", "dataset": "ethanol", "row": "gin", "seed": 0}]  # fmt: skip
+    records = [
+        {"kind": "settings"},
+        {"kind": "run", "dataset": "Si", "row": "gin", "seed": 0, "checkpoint": "checkpoints/run0"},
+        {"kind": "run", "dataset": "Si", "row": "mace_torch", "seed": 0},
+        {"kind": "run", "dataset": "ethanol", "row": "gin", "seed": 0},
+    ]
     (acc / "accuracy.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    out = mlearn_groups.main(["--data-root", str(tmp_path / "data"), "--accuracy-dir", str(acc), "--out", str(tmp_path / "out")])
+    out = mlearn_groups.main(
+        [
+            "--data-root",
+            str(tmp_path / "data"),
+            "--accuracy-dir",
+            str(acc),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     test = out["Si"]["gin seed 0"]["test"]
-    pred = predict(model, StructureDataset.from_files(data / "test.json", 3.0, TypeMap.from_list([29]), energy_key="energy",
-                                                      forces_key="forces", dtype=torch.float64))  # fmt: skip
+    pred = predict(
+        model,
+        StructureDataset.from_files(
+            data / "test.json",
+            3.0,
+            TypeMap.from_list([29]),
+            energy_key="energy",
+            forces_key="forces",
+            dtype=torch.float64,
+        ),
+    )
     err = 1000 * (pred.energy_pred - pred.energy_true) / pred.num_atoms
     surface = np.arange(6) % 3 == 2
     assert test["Surface"]["frames"] == 2 and test["Elastic"]["frames"] == 4

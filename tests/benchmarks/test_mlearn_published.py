@@ -19,17 +19,40 @@ def test_clean_param_drops_only_removed_keywords(bench):
     text = "rcutfac 4.9\ntwojmax 8\nrfac0 0.99363\nrmin0 0\ndiagonalstyle 3\nquadraticflag 1\nbzeroflag 0"
     out = bench.clean_param(text)
     assert "diagonalstyle" not in out
-    assert out.splitlines() == ["rcutfac 4.9", "twojmax 8", "rfac0 0.99363", "rmin0 0", "quadraticflag 1", "bzeroflag 0"]
+    assert out.splitlines() == [
+        "rcutfac 4.9",
+        "twojmax 8",
+        "rfac0 0.99363",
+        "rmin0 0",
+        "quadraticflag 1",
+        "bzeroflag 0",
+    ]
 
 
 def test_markdown_and_arguments(bench, tmp_path):
     with pytest.raises(SystemExit):  # not a checkout of mlearn
         bench.parse_args(["--mlearn", str(tmp_path)])
-    row = {"energy_mae_meV_atom": 3.8, "force_mae_meV_A": 116.0, "stress_mae_GPa": 0.41, "n_frames": 25}
-    results = {"Si": {"snap": row, "qsnap": {**row, "energy_mae_meV_atom": 6.4},
-                      "nnp": {**row, "scaling_range_mismatch": 4.6e-7}},
-               "meta": {"command": "python x", "updated": "now", "lammps": "1", "mlearn_commit": "abc",
-                        "method": "m.", "not_evaluated": bench.NOT_EVALUATED}}  # fmt: skip
+    row = {
+        "energy_mae_meV_atom": 3.8,
+        "force_mae_meV_A": 116.0,
+        "stress_mae_GPa": 0.41,
+        "n_frames": 25,
+    }
+    results = {
+        "Si": {
+            "snap": row,
+            "qsnap": {**row, "energy_mae_meV_atom": 6.4},
+            "nnp": {**row, "scaling_range_mismatch": 4.6e-7},
+        },
+        "meta": {
+            "command": "python x",
+            "updated": "now",
+            "lammps": "1",
+            "mlearn_commit": "abc",
+            "method": "m.",
+            "not_evaluated": bench.NOT_EVALUATED,
+        },
+    }
     bench.write_markdown(results, tmp_path / "mlearn_published.md")
     text = (tmp_path / "mlearn_published.md").read_text()
     assert "| Si | snap | 3.8 | 116 | 0.41 | 25 |" in text and "| Si | qsnap | 6.4 |" in text
@@ -37,7 +60,10 @@ def test_markdown_and_arguments(bench, tmp_path):
     # accuracy.md shows the same rows under the set
     (tmp_path / "mlearn_published.json").write_text(json.dumps(results))
     lines = bench.acc.evaluated_published("Si", tmp_path / "mlearn_published.json")
-    assert "| snap | 3.8 | 116 | 0.41 |" in lines and bench.acc.evaluated_published("Ge", tmp_path / "none.json") == []
+    assert (
+        "| snap | 3.8 | 116 | 0.41 |" in lines
+        and bench.acc.evaluated_published("Ge", tmp_path / "none.json") == []
+    )
 
 
 def test_snap_constant_model_through_lammps(bench, tmp_path):
@@ -47,7 +73,8 @@ def test_snap_constant_model_through_lammps(bench, tmp_path):
     model.mkdir()
     twojmax = 2  # 5 bispectrum components (diagonal style 3) + beta0
     (model / "SNAPotential.snapparam").write_text(
-        f"rcutfac 4.0\ntwojmax {twojmax}\nrfac0 0.99363\nrmin0 0\ndiagonalstyle 3\nquadraticflag 0\nbzeroflag 0\n")
+        f"rcutfac 4.0\ntwojmax {twojmax}\nrfac0 0.99363\nrmin0 0\ndiagonalstyle 3\nquadraticflag 0\nbzeroflag 0\n"
+    )
     (model / "SNAPotential.snapcoeff").write_text("1 6\nSi 0.5 1\n-5.0\n" + "0.0\n" * 5)
     try:
         calc = bench.snap_calculator(model, "Si", tmp_path)

@@ -9,15 +9,22 @@ ml = load_benchmark("molecular_likelihood")
 
 def _row(dataset, method, nll, miscal, rho, rmse, n=3):
     cell = lambda v: {"mean": v}  # noqa: E731
-    return {"dataset": dataset, "split": "random", "method": method, "n": n,
-            "raw": {"rmse": cell(rmse), "spearman": cell(rho)},
-            "recal": {"nll": cell(nll), "miscalibration_area": cell(miscal)}}  # fmt: skip
+    return {
+        "dataset": dataset,
+        "split": "random",
+        "method": method,
+        "n": n,
+        "raw": {"rmse": cell(rmse), "spearman": cell(rho)},
+        "recal": {"nll": cell(nll), "miscalibration_area": cell(miscal)},
+    }
 
 
 def test_compare_counts_each_criterion_in_its_own_direction():
     rows = [
-        _row("a", "bgnn", 1.0, 0.05, 0.1, 0.5), _row("a", "bgnn_hetero", 0.9, 0.06, 0.3, 0.6),
-        _row("b", "bgnn", 2.0, 0.05, 0.2, 1.0), _row("b", "bgnn_hetero", 2.0, 0.04, 0.1, 0.9),
+        _row("a", "bgnn", 1.0, 0.05, 0.1, 0.5),
+        _row("a", "bgnn_hetero", 0.9, 0.06, 0.3, 0.6),
+        _row("b", "bgnn", 2.0, 0.05, 0.2, 1.0),
+        _row("b", "bgnn_hetero", 2.0, 0.04, 0.1, 0.9),
         _row("c", "bgnn", 1.0, 0.05, 0.1, 0.5),  # no hetero run: not compared
         _row("a", "mve", 0.1, 0.01, 0.9, 0.1),  # other methods ignored
     ]

@@ -13,7 +13,12 @@ from ase.build import bulk
 from benchmark_scripts import load_benchmark
 
 RC = 9.0  # Bohr
-FUNCTIONS = ["2 Si 0.01 0.0 {rc}", "2 Si 0.05 3.0 {rc}", "3 Si Si 0.01 -1 1.0 {rc}", "3 Si Si 0.02 1 4.0 {rc}"]
+FUNCTIONS = [
+    "2 Si 0.01 0.0 {rc}",
+    "2 Si 0.05 3.0 {rc}",
+    "3 Si Si 0.01 -1 1.0 {rc}",
+    "3 Si Si 0.02 1 4.0 {rc}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +28,24 @@ def n2p2():
 
 def _write_model(folder: Path, scaling: np.ndarray, seed: int = 0, hidden: int = 5) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    lines = ["number_of_elements 1", "elements Si", "atom_energy Si -0.2", "cutoff_type 1", "scale_symmetry_functions",
-             "scale_min_short 0.0", "scale_max_short 1.0", "global_hidden_layers_short 1",
-             f"global_nodes_short {hidden}", "global_activation_short t l", "# a comment line",
-             *(f"symfunction_short Si {f.format(rc=RC)}" for f in FUNCTIONS)]  # fmt: skip
+    lines = [
+        "number_of_elements 1",
+        "elements Si",
+        "atom_energy Si -0.2",
+        "cutoff_type 1",
+        "scale_symmetry_functions",
+        "scale_min_short 0.0",
+        "scale_max_short 1.0",
+        "global_hidden_layers_short 1",
+        f"global_nodes_short {hidden}",
+        "global_activation_short t l",
+        "# a comment line",
+        *(f"symfunction_short Si {f.format(rc=RC)}" for f in FUNCTIONS),
+    ]
     (folder / "input.nn").write_text("\n".join(lines) + "\n")
-    (folder / "scaling.data").write_text("".join(f"1 {k + 1} {lo:.16e} {hi:.16e} 0.0 1.0\n" for k, (lo, hi) in enumerate(scaling)))
+    (folder / "scaling.data").write_text(
+        "".join(f"1 {k + 1} {lo:.16e} {hi:.16e} 0.0 1.0\n" for k, (lo, hi) in enumerate(scaling))
+    )
     rng = np.random.default_rng(seed)
     out, index = [], 0
     for layer, (n_in, n_out) in enumerate([(len(FUNCTIONS), hidden), (hidden, 1)]):
@@ -50,7 +67,8 @@ def _cell() -> Atoms:
 def _hand(atoms: Atoms, bohr: float) -> np.ndarray:
     """The four functions of FUNCTIONS for a non-periodic cluster, by explicit loops."""
     pos = atoms.positions / bohr
-    fc = lambda r: 0.5 * (math.cos(math.pi * r / RC) + 1) if r < RC else 0.0
+    def fc(r):
+        return 0.5 * (math.cos(math.pi * r / RC) + 1) if r < RC else 0.0
     out = np.zeros((len(atoms), 4))
     for i in range(len(atoms)):
         others = [j for j in range(len(atoms)) if j != i]
@@ -64,7 +82,12 @@ def _hand(atoms: Atoms, bohr: float) -> np.ndarray:
             cos = a @ b / (rij * rik)
             cut = fc(rij) * fc(rik) * fc(rjk)
             for col, (eta, lam, zeta) in ((2, (0.01, -1, 1.0)), (3, (0.02, 1, 4.0))):
-                out[i, col] += 2 ** (1 - zeta) * (1 + lam * cos) ** zeta * math.exp(-eta * (rij**2 + rik**2 + rjk**2)) * cut
+                out[i, col] += (
+                    2 ** (1 - zeta)
+                    * (1 + lam * cos) ** zeta
+                    * math.exp(-eta * (rij**2 + rik**2 + rjk**2))
+                    * cut
+                )
     return out
 
 
@@ -86,13 +109,19 @@ def test_reader_and_order_matching(n2p2, tmp_path):
     perm = np.array([2, 0, 3, 1])  # scaling row k describes function perm[k]
     _write_model(tmp_path / "m", ranges[perm])
     model = n2p2.read_model(tmp_path / "m")
-    assert model.atom_energy == -0.2 and model.activations == ["t", "l"] and model.weights[0][0].shape == (5, 4)
+    assert (
+        model.atom_energy == -0.2
+        and model.activations == ["t", "l"]
+        and model.weights[0][0].shape == (5, 4)
+    )
     assert n2p2.match_order(model, frames, n2p2.BOHR) < 1e-12
     np.testing.assert_array_equal(model.order, perm)
     # errors name the file and the line
     bad = tmp_path / "bad"
     _write_model(bad, ranges)
-    (bad / "input.nn").write_text((bad / "input.nn").read_text().replace("3 Si Si 0.01 -1", "9 Si Si 0.01 -1"))
+    (bad / "input.nn").write_text(
+        (bad / "input.nn").read_text().replace("3 Si Si 0.01 -1", "9 Si Si 0.01 -1")
+    )
     with pytest.raises(ValueError, match=r"input.nn:\d+: symmetry function type 9"):
         n2p2.read_model(bad)
     with pytest.raises(ValueError, match="order unknown"):
@@ -103,7 +132,9 @@ def test_reader_and_order_matching(n2p2, tmp_path):
 def calc(n2p2, tmp_path):
     frames = [_cell()]
     _write_model(tmp_path / "probe", np.tile([0.0, 1.0], (4, 1)))
-    g = torch.cat([n2p2.symmetry_functions(n2p2.read_model(tmp_path / "probe"), a, n2p2.BOHR) for a in frames]).numpy()
+    g = torch.cat(
+        [n2p2.symmetry_functions(n2p2.read_model(tmp_path / "probe"), a, n2p2.BOHR) for a in frames]
+    ).numpy()
     _write_model(tmp_path / "m", np.stack([g.min(0) * 0.9, g.max(0) * 1.1], axis=1))
     model = n2p2.read_model(tmp_path / "m")
     n2p2.match_order(model, frames, n2p2.BOHR)
@@ -152,4 +183,6 @@ def test_energy_invariances(calc):
         assert other.get_potential_energy() == pytest.approx(e0, rel=1e-10)
     shuffled.calc = rotated.calc = calc
     np.testing.assert_allclose(shuffled.get_forces(), f0[perm], atol=1e-9)
-    np.testing.assert_allclose(np.linalg.norm(rotated.get_forces(), axis=1), np.linalg.norm(f0, axis=1), atol=1e-9)
+    np.testing.assert_allclose(
+        np.linalg.norm(rotated.get_forces(), axis=1), np.linalg.norm(f0, axis=1), atol=1e-9
+    )

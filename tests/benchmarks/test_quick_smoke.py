@@ -29,8 +29,15 @@ def _run(script: str, out: Path, *extra: str) -> tuple[float, float]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    done = subprocess.run([sys.executable, f"benchmarks/{script}", "--quick", "--out", str(out), *extra], cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=1200, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", "--quick", "--out", str(out), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+        check=False,
+    )
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -40,7 +47,15 @@ def _run(script: str, out: Path, *extra: str) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------- the layout checks
-SPEED_ROWS = {"energy", "E+F", "E+F+energy_var", "E+F+exact", "E+F+lowrank", "E+F+sampled4", "committee5"}
+SPEED_ROWS = {
+    "energy",
+    "E+F",
+    "E+F+energy_var",
+    "E+F+exact",
+    "E+F+lowrank",
+    "E+F+sampled4",
+    "committee5",
+}
 
 
 def check_speed(out: Path) -> None:
@@ -48,7 +63,11 @@ def check_speed(out: Path) -> None:
     main = results["parts"]["main"]
     meta = main["meta"]
     assert meta["command"].startswith("python benchmarks/speed.py --quick") and meta["threads"] == 1
-    assert len(meta["load_avg_start"]) == 3 and len(meta["load_avg_end"]) == 3 and meta["quick"] is True
+    assert (
+        len(meta["load_avg_start"]) == 3
+        and len(meta["load_avg_end"]) == 3
+        and meta["quick"] is True
+    )
     groups: dict[tuple, dict[str, dict]] = {}
     for call in main["calls"]:
         groups.setdefault((call["model"], call["system"]), {})[call["row"]] = call
@@ -64,7 +83,11 @@ def check_speed(out: Path) -> None:
     assert all(t["per_s"] > 0 for t in main["training"])
     assert main["memory"] and all(m["peak_mib"] >= m["setup_mib"] > 0 for m in main["memory"])
     md = (out / "speed.md").read_text()
-    for section in ("## Calculator: per-call time (part `main`)", "## Training throughput", "## Peak memory"):
+    for section in (
+        "## Calculator: per-call time (part `main`)",
+        "## Training throughput",
+        "## Peak memory",
+    ):
         assert section in md, section
     assert meta["command"] in md and "| gin | ethanol_9 | 9 | E+F+exact |" in md
 
@@ -75,23 +98,36 @@ def check_potential(out: Path) -> None:
     rows = results["datasets"]["cu_emt"]
     assert set(rows) == {"gin", "equivariant"}
     for row in rows.values():
-        assert 0 < row["force_mae_meV_A"] < 1e4 and row["n_frames"] == 8 and row["ood"]["n_frames"] == 8
+        assert (
+            0 < row["force_mae_meV_A"] < 1e4
+            and row["n_frames"] == 8
+            and row["ood"]["n_frames"] == 8
+        )
     for backbone in ("gin", "equivariant"):
         ratio = results["cost_ratio"][backbone]
-        assert set(ratio) == {"energy", "local", "sampled_k4", "exact", "ensemble5"} and all(r > 0 for r in ratio.values())
+        assert set(ratio) == {"energy", "local", "sampled_k4", "exact", "ensemble5"} and all(
+            r > 0 for r in ratio.values()
+        )
         assert set(results["quality"][backbone]["exact"]) >= {"spearman", "auroc"}
     md = (out / "potential.md").read_text()
-    for section in ("## Accuracy and force-uncertainty quality (exact mode)", "## Cost and flagging quality on 4-atom"):
+    for section in (
+        "## Accuracy and force-uncertainty quality (exact mode)",
+        "## Cost and flagging quality on 4-atom",
+    ):
         assert section in md, section
     assert "QUICK run" in md and results["command"] in md
 
 
 def check_paper_study(out: Path) -> None:
-    records = [json.loads(line) for line in (out / "paper_study.jsonl").read_text().splitlines() if line]
+    records = [
+        json.loads(line) for line in (out / "paper_study.jsonl").read_text().splitlines() if line
+    ]
     variants = {"bgnn", "agl", "isotropy", "anti", "rotation"}
     frozen = {f"{v}_frozen" for v in ("isotropy", "anti", "rotation")}
     got = sorted((r["variant"], r["fraction"]) for r in records)
-    assert got == sorted([(v, f) for v in variants for f in (50.0, 100.0)] + [(v, 100.0) for v in frozen])
+    assert got == sorted(
+        [(v, f) for v in variants for f in (50.0, 100.0)] + [(v, 100.0) for v in frozen]
+    )
     assert all(r["settings"]["dataset"] == "synthetic" and r["seed"] == 0 for r in records)
     summary = json.loads((out / "paper_study.json").read_text())
     assert summary["n_runs"] == len(records) and summary["rows"] and "acceptance" in summary
@@ -102,19 +138,33 @@ def check_paper_study(out: Path) -> None:
 
 def check_energy_weight_probe(out: Path) -> None:
     r = json.loads((out / "energy_weight_probe.json").read_text())
-    assert r["quick"] and r["command"].startswith("python benchmarks/energy_weight_probe.py --quick")
-    assert [(run["head"], run["energy_weight"]) for run in r["runs"]] == [("bayesian", 1.0), ("bayesian", 0.01)]
-    assert all(run["epochs"] == 1 and run["forces_mae_meV_A"] > 0 and run["n_test_frames"] == 3 for run in r["runs"])
+    assert r["quick"] and r["command"].startswith(
+        "python benchmarks/energy_weight_probe.py --quick"
+    )
+    assert [(run["head"], run["energy_weight"]) for run in r["runs"]] == [
+        ("bayesian", 1.0),
+        ("bayesian", 0.01),
+    ]
+    assert all(
+        run["epochs"] == 1 and run["forces_mae_meV_A"] > 0 and run["n_test_frames"] == 3
+        for run in r["runs"]
+    )
     md = (out / "energy_weight_probe.md").read_text()
     assert "QUICK smoke run" in md and r["command"] in md and "| bayesian | 0.01 | 1 |" in md
-    assert r["overrides"] == ["loss.forces_weight=2.0"] and "with loss.forces_weight=2.0" in md  # --set passed on
+    assert (
+        r["overrides"] == ["loss.forces_weight=2.0"] and "with loss.forces_weight=2.0" in md
+    )  # --set passed on
 
 
 def check_paper_study_optimum(out: Path) -> None:
     r = json.loads((out / "paper_study_optimum.json").read_text())
-    assert r["quick"] and r["command"].startswith("python benchmarks/paper_study_optimum.py --quick")
+    assert r["quick"] and r["command"].startswith(
+        "python benchmarks/paper_study_optimum.py --quick"
+    )
     (study,) = r["studies"]
-    assert study["n_models"] == 2 and study["max_abs_check_diff"] < 1e-9  # re-evaluation = the study's record
+    assert (
+        study["n_models"] == 2 and study["max_abs_check_diff"] < 1e-9
+    )  # re-evaluation = the study's record
     assert [row["fraction"] for row in study["table"]] == [50.0, 100.0]
     for row in study["table"]:  # the widths change, the means do not
         assert row["optimal_rmse"] == pytest.approx(row["trained_rmse"], rel=1e-9)
@@ -124,8 +174,13 @@ def check_paper_study_optimum(out: Path) -> None:
     assert not (out / "paper_study_optimum.jsonl").exists()  # --quick keeps nothing
 
 
-CHECKS = {"speed.py": check_speed, "potential.py": check_potential, "paper_study.py": check_paper_study,
-          "energy_weight_probe.py": check_energy_weight_probe, "paper_study_optimum.py": check_paper_study_optimum}  # fmt: skip
+CHECKS = {
+    "speed.py": check_speed,
+    "potential.py": check_potential,
+    "paper_study.py": check_paper_study,
+    "energy_weight_probe.py": check_energy_weight_probe,
+    "paper_study_optimum.py": check_paper_study_optimum,
+}
 EXTRA = {"energy_weight_probe.py": ("--set", "loss.forces_weight=2.0")}
 
 
@@ -154,11 +209,19 @@ def _break_json(path: Path, drop: list[str]) -> None:
     path.write_text(json.dumps(data))
 
 
-@pytest.mark.parametrize(("script", "file", "drop", "section"), [
-    ("speed.py", "speed.json", ["parts", "main", "training"], "## Peak memory"),
-    ("potential.py", "potential.json", ["cost_ratio"], "## Accuracy and force-uncertainty quality"),
-    ("paper_study.py", "paper_study.json", ["acceptance"], "QUICK smoke run"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("script", "file", "drop", "section"),
+    [
+        ("speed.py", "speed.json", ["parts", "main", "training"], "## Peak memory"),
+        (
+            "potential.py",
+            "potential.json",
+            ["cost_ratio"],
+            "## Accuracy and force-uncertainty quality",
+        ),
+        ("paper_study.py", "paper_study.json", ["acceptance"], "QUICK smoke run"),
+    ],
+)
 def test_the_checks_fail_on_a_broken_layout(outputs, tmp_path, script, file, drop, section):
     out, _ = outputs[script]
     for kind in ("json", "md"):
@@ -179,9 +242,28 @@ def test_paper_study_summary_marks_the_claims_from_the_records(outputs, tmp_path
     study, _ = outputs["paper_study.py"]
     optimum = outputs["paper_study_optimum.py"][0] / "paper_study_optimum.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "benchmarks/paper_study_summary.py", "--studies", str(study), "--check",
-                           str(study), "--expected-seeds", "1", "--optimum", str(optimum), "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/paper_study_summary.py",
+            "--studies",
+            str(study),
+            "--check",
+            str(study),
+            "--expected-seeds",
+            "1",
+            "--optimum",
+            str(optimum),
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "paper_study_summary.json").read_text())
     acc = json.loads((study / "paper_study.json").read_text())["acceptance"]
@@ -195,7 +277,12 @@ def test_paper_study_summary_marks_the_claims_from_the_records(outputs, tmp_path
     assert summary["checks"][0]["converged"] is True  # a check identical to the study moves nothing
     assert "PARTIAL" not in (tmp_path / "paper_study.md").read_text()
     md = (tmp_path / "paper_study.md").read_text()
-    for section in ("| synthetic (smoke run) | 1 | 13 |", "## Training length: the rule and its check",
-                    "## Per dataset", "## Force LPA on 3BPA",
-                    "### Claim 1 at the ELBO-optimal posterior widths", "- synthetic (quick): epistemic std"):  # fmt: skip
+    for section in (
+        "| synthetic (smoke run) | 1 | 13 |",
+        "## Training length: the rule and its check",
+        "## Per dataset",
+        "## Force LPA on 3BPA",
+        "### Claim 1 at the ELBO-optimal posterior widths",
+        "- synthetic (quick): epistemic std",
+    ):
         assert section in md, section

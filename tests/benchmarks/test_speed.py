@@ -29,14 +29,23 @@ def _row(speed, model, system, row, ms):
 
 
 def test_ratios_are_to_the_same_groups_e_plus_f(speed):
-    rows = [_row(speed, "gin", "a", "E+F", [10, 20, 30]), _row(speed, "gin", "a", "E+F+exact", [40, 40, 90]),
-            _row(speed, "gin", "b", "E+F", [5, 5, 5]), _row(speed, "gin", "b", "committee5", [25, 30, 20])]  # fmt: skip
+    rows = [
+        _row(speed, "gin", "a", "E+F", [10, 20, 30]),
+        _row(speed, "gin", "a", "E+F+exact", [40, 40, 90]),
+        _row(speed, "gin", "b", "E+F", [5, 5, 5]),
+        _row(speed, "gin", "b", "committee5", [25, 30, 20]),
+    ]
     out = {(e["system"], e["row"]): e for e in speed.summarise(rows)}
     assert out["a", "E+F"]["ratio"] == 1.0 and out["a", "E+F"]["ratio_paired"] == 1.0
-    assert out["a", "E+F+exact"]["ms_median"] == 40 and out["a", "E+F+exact"]["ratio"] == pytest.approx(2.0)
+    assert out["a", "E+F+exact"]["ms_median"] == 40 and out["a", "E+F+exact"][
+        "ratio"
+    ] == pytest.approx(2.0)
     assert out["a", "E+F+exact"]["ratio_paired"] == pytest.approx(3.0)  # median of 4, 2, 3
     assert out["b", "committee5"]["ratio"] == pytest.approx(5.0)  # not divided by group a's E+F
-    assert out["a", "E+F+exact"]["ms_q25"] == pytest.approx(40.0) and out["a", "E+F+exact"]["repeats"] == 3
+    assert (
+        out["a", "E+F+exact"]["ms_q25"] == pytest.approx(40.0)
+        and out["a", "E+F+exact"]["repeats"] == 3
+    )
 
 
 def test_every_row_is_timed_once_per_round_in_rotated_order(speed):
@@ -50,18 +59,45 @@ def test_every_row_is_timed_once_per_round_in_rotated_order(speed):
 
 
 def _entry(model_rows, command):
-    meta = {"command": command, "python": "py", "started": "t0", "finished": "t1", "load_avg_start": [1, 1, 1],
-            "load_avg_end": [2, 2, 2], "threads": 1, "repeats": 3, "warmup": 1, "versions": {}, "weights": "untrained",
-            "quick": False, "systems": {"s": {"formula": "H2", "source": "x", "periodic": False, "n_atoms": 2}},
-            "skipped": {}}  # fmt: skip
-    calls = [{"model": m, "system": "s", "n_atoms": 2, "row": r, "ms_median": ms, "ms_q25": ms, "ms_q75": ms,
-              "ratio": ratio, "ratio_paired": ratio, "repeats": 3} for m, r, ms, ratio in model_rows]  # fmt: skip
+    meta = {
+        "command": command,
+        "python": "py",
+        "started": "t0",
+        "finished": "t1",
+        "load_avg_start": [1, 1, 1],
+        "load_avg_end": [2, 2, 2],
+        "threads": 1,
+        "repeats": 3,
+        "warmup": 1,
+        "versions": {},
+        "weights": "untrained",
+        "quick": False,
+        "systems": {"s": {"formula": "H2", "source": "x", "periodic": False, "n_atoms": 2}},
+        "skipped": {},
+    }
+    calls = [
+        {
+            "model": m,
+            "system": "s",
+            "n_atoms": 2,
+            "row": r,
+            "ms_median": ms,
+            "ms_q25": ms,
+            "ms_q75": ms,
+            "ratio": ratio,
+            "ratio_paired": ratio,
+            "repeats": 3,
+        }
+        for m, r, ms, ratio in model_rows
+    ]
     return {"meta": meta, "calls": calls}
 
 
 def test_parts_merge_and_render(speed, tmp_path):
     path = tmp_path / "speed.json"
-    main = _entry([("equivariant", "E+F", 10.0, 1.0), ("equivariant", "E+F+exact", 50.0, 5.0)], "python main")
+    main = _entry(
+        [("equivariant", "E+F", 10.0, 1.0), ("equivariant", "E+F+exact", 50.0, 5.0)], "python main"
+    )
     path.write_text(json.dumps(speed.merge(path, "main", main)))
     mace = _entry([("equivariant", "E+F", 12.0, 1.0), ("mace", "E+F", 30.0, 1.0)], "python mace")
     merged = speed.merge(path, "mace", mace)
@@ -70,5 +106,8 @@ def test_parts_merge_and_render(speed, tmp_path):
     assert "- part `main` (status: complete)" in md and "  - `python main` (stages calls)" in md
     assert "  - `python mace` (stages calls)" in md
     assert "## Calculator: per-call time (part `mace`)" in md
-    assert "| mace | s | 2 | E+F | 30.00 | 30.00-30.00 | 1.00 (x native equivariant E+F: 2.50) | 1.00 |" in md
+    assert (
+        "| mace | s | 2 | E+F | 30.00 | 30.00-30.00 | 1.00 (x native equivariant E+F: 2.50) | 1.00 |"
+        in md
+    )
     assert "| equivariant | s | 2 | E+F+exact | 50.00 |" in md

@@ -46,7 +46,14 @@ def _entry(atoms):
         "outputs": {
             "energy": atoms.get_potential_energy(),
             "forces": atoms.get_forces().tolist(),
-            "virial_stress": [kbar[0, 0], kbar[1, 1], kbar[2, 2], kbar[0, 1], kbar[1, 2], kbar[2, 0]],
+            "virial_stress": [
+                kbar[0, 0],
+                kbar[1, 1],
+                kbar[2, 2],
+                kbar[0, 1],
+                kbar[1, 2],
+                kbar[2, 0],
+            ],
         },
         "num_atoms": len(atoms),
     }
@@ -73,19 +80,34 @@ def test_train_and_eval_on_mlearn_json(tmp_path):
     assert result.exit_code == 0, result.output
 
     metrics, xyz = tmp_path / "m.json", tmp_path / "pred.xyz"
-    result = runner.invoke(app, [
-        "eval", "--model", str(out / "model.pt"), "--data", str(tmp_path / "test.json"),
-        "--uncertainty", "exact", "--out", str(metrics), "--predictions", str(xyz),
-    ])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(out / "model.pt"),
+            "--data",
+            str(tmp_path / "test.json"),
+            "--uncertainty",
+            "exact",
+            "--out",
+            str(metrics),
+            "--predictions",
+            str(xyz),
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert "stress MAE (GPa, periodic frames)" in result.output and "energy MAE (meV/atom)" in result.output
+    assert (
+        "stress MAE (GPa, periodic frames)" in result.output
+        and "energy MAE (meV/atom)" in result.output
+    )
     values = json.loads(metrics.read_text())
     assert values["stress_n_frames"] == 2 and values["stress_mae_GPa"] > 0
 
     back = ase.io.read(xyz, ":")
     calc = UncertaintyCalculator(out / "model.pt", uncertainty="exact", domain=False)
     e_err, s_err = [], []
-    for read, ref in zip(back, test_frames):
+    for read, ref in zip(back, test_frames, strict=False):
         # the file holds the reference labels (converted from kbar) and the model's predictions
         np.testing.assert_allclose(read.get_stress(), ref.get_stress(), atol=1e-9)
         atoms = ref.copy()

@@ -36,7 +36,9 @@ def _write_data(root):
         atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
         atoms.rattle(0.1, seed=k)
         atoms.calc = EMT()
-        atoms.calc = SinglePointCalculator(atoms, energy=atoms.get_potential_energy(), forces=atoms.get_forces())
+        atoms.calc = SinglePointCalculator(
+            atoms, energy=atoms.get_potential_energy(), forces=atoms.get_forces()
+        )
         frames.append(atoms)
     ase.io.write(root / "train.xyz", frames[:8])
     ase.io.write(root / "test.xyz", frames[8:])
@@ -47,17 +49,31 @@ def test_train_then_eval(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(CONFIG.format(root=tmp_path))
     out = tmp_path / "run"
-    result = runner.invoke(app, ["train", "--config", str(config), "--set", "epochs=2", "--out", str(out)])
+    result = runner.invoke(
+        app, ["train", "--config", str(config), "--set", "epochs=2", "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     history = json.loads((out / "history.json").read_text())
     assert len(history["epochs"]) == 2
     BayesianPotential.from_checkpoint(out / "model.pt")
 
     metrics, frames = tmp_path / "m.json", tmp_path / "frames.csv"
-    result = runner.invoke(app, [
-        "eval", "--model", str(out / "model.pt"), "--data", str(tmp_path / "test.xyz"),
-        "--uncertainty", "sampled", "--out", str(metrics), "--per-frame", str(frames),
-    ])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(out / "model.pt"),
+            "--data",
+            str(tmp_path / "test.xyz"),
+            "--uncertainty",
+            "sampled",
+            "--out",
+            str(metrics),
+            "--per-frame",
+            str(frames),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "force MAE (meV/A)" in result.output
     values = json.loads(metrics.read_text())
@@ -74,5 +90,7 @@ def test_bad_key_is_reported(tmp_path):
 
 
 def test_eval_missing_checkpoint(tmp_path):
-    result = runner.invoke(app, ["eval", "--model", str(tmp_path / "no.pt"), "--data", str(tmp_path / "x.xyz")])
+    result = runner.invoke(
+        app, ["eval", "--model", str(tmp_path / "no.pt"), "--data", str(tmp_path / "x.xyz")]
+    )
     assert result.exit_code == 1 and "does not exist" in result.output

@@ -12,14 +12,58 @@ from typer.testing import CliRunner
 from mlip_unc.cli import app
 
 SMILES = [
-    "C", "CC", "CCC", "CCCC", "CCCCC", "CCCCCC", "CO", "CCO", "CCCO", "CCCCO",
-    "CC(C)O", "CC(=O)O", "CC(=O)C", "CCOC", "c1ccccc1", "Cc1ccccc1", "CCc1ccccc1", "Oc1ccccc1",
-    "c1ccncc1", "C1CCCCC1", "C1CCCC1", "CN", "CCN", "CCCN", "CC#N", "C=C", "C=CC", "CC=CC",
-    "ClC", "CCCl", "FC(F)F", "CS", "CCS", "O=C=O", "CC(C)C", "CC(C)(C)C", "OCCO", "NCCN",
-    "c1ccoc1", "c1ccsc1",
+    "C",
+    "CC",
+    "CCC",
+    "CCCC",
+    "CCCCC",
+    "CCCCCC",
+    "CO",
+    "CCO",
+    "CCCO",
+    "CCCCO",
+    "CC(C)O",
+    "CC(=O)O",
+    "CC(=O)C",
+    "CCOC",
+    "c1ccccc1",
+    "Cc1ccccc1",
+    "CCc1ccccc1",
+    "Oc1ccccc1",
+    "c1ccncc1",
+    "C1CCCCC1",
+    "C1CCCC1",
+    "CN",
+    "CCN",
+    "CCCN",
+    "CC#N",
+    "C=C",
+    "C=CC",
+    "CC=CC",
+    "ClC",
+    "CCCl",
+    "FC(F)F",
+    "CS",
+    "CCS",
+    "O=C=O",
+    "CC(C)C",
+    "CC(C)(C)C",
+    "OCCO",
+    "NCCN",
+    "c1ccoc1",
+    "c1ccsc1",
 ]
-SMALL = ["--set", "model.hidden=16", "--set", "model.layers=2", "--set", "model.latent_dim=8",
-         "--set", "batch_size=8", "--no-progress"]
+SMALL = [
+    "--set",
+    "model.hidden=16",
+    "--set",
+    "model.layers=2",
+    "--set",
+    "model.latent_dim=8",
+    "--set",
+    "batch_size=8",
+    "--no-progress",
+]
 runner = CliRunner()
 
 
@@ -35,8 +79,22 @@ def tiny_csv(tmp_path):
 
 
 def _train(csv_path, out, *extra):
-    args = ["property", "train", "--data", str(csv_path), "--smiles-column", "mol",
-            "--target-column", "logS", "--out", str(out), "--epochs", "3", *SMALL, *extra]
+    args = [
+        "property",
+        "train",
+        "--data",
+        str(csv_path),
+        "--smiles-column",
+        "mol",
+        "--target-column",
+        "logS",
+        "--out",
+        str(out),
+        "--epochs",
+        "3",
+        *SMALL,
+        *extra,
+    ]
     return runner.invoke(app, args)
 
 
@@ -46,8 +104,22 @@ def test_train_then_predict(tiny_csv, tmp_path):
     assert result.exit_code == 0, result.output
     assert "miscalibration_area" in result.output and "rmse" in result.output
     metrics = json.loads((out / "metrics.json").read_text())
-    for key in ("rmse", "mae", "nll", "spearman", "miscalibration_area", "ence", "coverage_95", "crps",
-                "sharpness", "mean_std", "mean_epistemic_std", "train_seconds", "command", "seed"):
+    for key in (
+        "rmse",
+        "mae",
+        "nll",
+        "spearman",
+        "miscalibration_area",
+        "ence",
+        "coverage_95",
+        "crps",
+        "sharpness",
+        "mean_std",
+        "mean_epistemic_std",
+        "train_seconds",
+        "command",
+        "seed",
+    ):
         assert key in metrics, key
     assert metrics["seed"] == 1 and metrics["n_test"] == 4 and "uncalibrated" in metrics
     assert (out / "history.json").is_file()
@@ -56,8 +128,10 @@ def test_train_then_predict(tiny_csv, tmp_path):
     assert raw["normalization"]["std"][0] > 0
 
     preds = tmp_path / "preds.csv"
-    result = runner.invoke(app, ["property", "predict", "--model", str(out), "--data", str(tiny_csv),
-                                 "--out", str(preds)])
+    result = runner.invoke(
+        app,
+        ["property", "predict", "--model", str(out), "--data", str(tiny_csv), "--out", str(preds)],
+    )
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader(preds.open()))
     assert len(rows) == len(SMILES)
@@ -90,7 +164,11 @@ def test_train_then_predict(tiny_csv, tmp_path):
 
 def test_split_file_train_fraction_and_resume(tiny_csv, tmp_path):
     split = tmp_path / "split.json"
-    split.write_text(json.dumps({"train": list(range(30)), "val": list(range(30, 35)), "test": list(range(35, 40))}))
+    split.write_text(
+        json.dumps(
+            {"train": list(range(30)), "val": list(range(30, 35)), "test": list(range(35, 40))}
+        )
+    )
     out = tmp_path / "run"
     args = ("--split-file", str(split), "--method", "mve", "--train-fraction", "0.5")
     first = _train(tiny_csv, out, *args, "--stop-after", "1")
@@ -108,8 +186,19 @@ def test_damaged_model_gives_a_clear_error(tiny_csv, tmp_path):
     assert _train(tiny_csv, out, "--method", "mve", "--epochs", "1").exit_code == 0
     model = out / "model.pt"
     model.write_bytes(model.read_bytes()[: model.stat().st_size // 3])
-    result = runner.invoke(app, ["property", "predict", "--model", str(out), "--data", str(tiny_csv),
-                                 "--out", str(tmp_path / "p.csv")])
+    result = runner.invoke(
+        app,
+        [
+            "property",
+            "predict",
+            "--model",
+            str(out),
+            "--data",
+            str(tiny_csv),
+            "--out",
+            str(tmp_path / "p.csv"),
+        ],
+    )
     assert result.exit_code != 0
     assert "truncated or corrupted" in result.output
     assert "Traceback" not in result.output and "pickle" not in result.output.lower().split("(")[0]
@@ -118,8 +207,19 @@ def test_damaged_model_gives_a_clear_error(tiny_csv, tmp_path):
 def test_bad_inputs_exit_non_zero(tiny_csv, tmp_path):
     result = _train(tiny_csv, tmp_path / "x", "--target-column", "nope")
     assert result.exit_code != 0 and "no column" in result.output
-    result = runner.invoke(app, ["property", "predict", "--model", str(tmp_path / "missing"),
-                                 "--data", str(tiny_csv), "--out", str(tmp_path / "p.csv")])
+    result = runner.invoke(
+        app,
+        [
+            "property",
+            "predict",
+            "--model",
+            str(tmp_path / "missing"),
+            "--data",
+            str(tiny_csv),
+            "--out",
+            str(tmp_path / "p.csv"),
+        ],
+    )
     assert result.exit_code != 0 and "does not exist" in result.output
 
 
@@ -129,9 +229,24 @@ def test_known_dataset_with_shared_split(tmp_path):
     if not (root / "moleculenet" / "esol").is_dir():
         pytest.skip("shared data not present")
     out = tmp_path / "esol"
-    result = runner.invoke(app, ["property", "train", "--dataset", "esol", "--data-root", str(root),
-                                 "--split-file", str(root / "splits" / "esol.json"), "--epochs", "1",
-                                 "--out", str(out), *SMALL])
+    result = runner.invoke(
+        app,
+        [
+            "property",
+            "train",
+            "--dataset",
+            "esol",
+            "--data-root",
+            str(root),
+            "--split-file",
+            str(root / "splits" / "esol.json"),
+            "--epochs",
+            "1",
+            "--out",
+            str(out),
+            *SMALL,
+        ],
+    )
     assert result.exit_code == 0, result.output
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["n_train"] == 902 and metrics["n_test"] == 113
@@ -142,6 +257,17 @@ def test_header_only_csv_is_a_clear_error(tmp_path):
     path.write_text("mol,logS\n")
     result = _train(path, tmp_path / "run")
     assert result.exit_code == 1 and "no valid data rows" in result.output
-    result = runner.invoke(app, ["property", "predict", "--model", str(tmp_path / "run"), "--data", str(path),
-                                 "--out", str(tmp_path / "p.csv")])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "property",
+            "predict",
+            "--model",
+            str(tmp_path / "run"),
+            "--data",
+            str(path),
+            "--out",
+            str(tmp_path / "p.csv"),
+        ],
+    )
     assert result.exit_code == 1 and "error:" in result.output and "Traceback" not in result.output

@@ -50,7 +50,13 @@ def molecules() -> list[ase.Atoms]:
     """8 labelled molecules of H, C, O with varied compositions (10 atoms or fewer)."""
     rng = np.random.default_rng(0)
     compositions = [
-        [6, 1, 1, 1, 1], [8, 1, 1], [6, 6, 8, 1, 1, 1, 1, 1, 1], [6, 8, 8],
-        [6, 6, 1, 1, 1, 1], [8, 8], [6, 1, 1, 1, 8, 1], [1, 1],
-    ]  # fmt: skip
+        [6, 1, 1, 1, 1],
+        [8, 1, 1],
+        [6, 6, 8, 1, 1, 1, 1, 1, 1],
+        [6, 8, 8],
+        [6, 6, 1, 1, 1, 1],
+        [8, 8],
+        [6, 1, 1, 1, 8, 1],
+        [1, 1],
+    ]
     return [_make_molecule(rng, c) for c in compositions]

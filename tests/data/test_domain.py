@@ -48,7 +48,9 @@ def test_fit_records_pairs_and_nearest_neighbours(guard):
     assert 2.3 < guard.min_distance[(29, 29)] < guard.max_nn_distance[29] < 2.6
     assert 2.6 < guard.min_distance[(13, 13)] < guard.max_nn_distance[13] < 2.95
     assert not guard.check(bulk("Cu", "fcc", a=3.6, cubic=True)).out_of_domain  # the ideal lattice
-    from_graphs = DomainGuard.fit(StructureDataset.from_atoms(cells(), R_MAX))  # r_max from the dataset
+    from_graphs = DomainGuard.fit(
+        StructureDataset.from_atoms(cells(), R_MAX)
+    )  # r_max from the dataset
     assert from_graphs == guard
     assert DomainGuard.fit(list(StructureDataset.from_atoms(cells(), R_MAX)), R_MAX) == guard
 
@@ -79,7 +81,9 @@ def test_a_stretched_cell_is_flagged(guard):
 def test_margins_are_0_9_and_1_1():
     dimers = [Atoms("Cu2", positions=[[0, 0, 0], [0, 0, d]]) for d in (2.2, 2.4)]
     guard = DomainGuard.fit(dimers, R_MAX)
-    assert guard.min_distance[(29, 29)] == pytest.approx(2.2) and guard.max_nn_distance[29] == pytest.approx(2.4)
+    assert guard.min_distance[(29, 29)] == pytest.approx(2.2) and guard.max_nn_distance[
+        29
+    ] == pytest.approx(2.4)
 
     def ood(d: float) -> bool:
         return guard.check(Atoms("Cu2", positions=[[0, 0, 0], [0, 0, d]])).out_of_domain
@@ -114,7 +118,9 @@ def test_unseen_pairs_and_elements():
     alloy = cells()[0]
     alloy.numbers[0] = 13
     check = guard.check(alloy)
-    assert check.out_of_domain and check.rules == ("unseen_pair",) and check.unseen_pairs == ("Al-Cu",)
+    assert (
+        check.out_of_domain and check.rules == ("unseen_pair",) and check.unseen_pairs == ("Al-Cu",)
+    )
     relaxed = DomainGuard.fit(cells(), R_MAX, flag_unseen_pairs=False)
     check = relaxed.check(alloy)
     assert not check.out_of_domain and check.unseen_pairs == ("Al-Cu",)
@@ -128,7 +134,9 @@ def test_coincident_atoms_raise_naming_the_pair(guard):
     atoms = cells()[0]
     atoms.numbers[2] = 13
     atoms.positions[2] = atoms.positions[0] + [0.005, 0.0, 0.0]
-    with pytest.raises(CoincidentAtomsError, match=r"atoms 0 \(Cu\) and 2 \(Al\) are 0\.0050 A apart") as err:
+    with pytest.raises(
+        CoincidentAtomsError, match=r"atoms 0 \(Cu\) and 2 \(Al\) are 0\.0050 A apart"
+    ) as err:
         guard.check(atoms)
     assert isinstance(err.value, ValueError)
     with pytest.raises(ValueError, match=r"atoms 0 \(Cu\) and 2 \(Al\)"):

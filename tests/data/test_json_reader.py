@@ -100,7 +100,7 @@ def test_json_round_trip_equals_emt(emt_json) -> None:
     path, cells = emt_json
     frames = read_structures(path, stress_key="stress", require_stress=True)
     assert len(frames) == len(cells)
-    for read, ref in zip(frames, cells):
+    for read, ref in zip(frames, cells, strict=False):
         np.testing.assert_allclose(read.cell.array, ref.cell.array, atol=1e-12)
         np.testing.assert_allclose(read.positions, ref.positions, atol=1e-10)
         assert read.pbc.all() and list(read.numbers) == list(ref.numbers)
@@ -120,7 +120,7 @@ def test_dataset_from_json_with_index(emt_json) -> None:
     path, cells = emt_json
     dataset = StructureDataset.from_files(path, 4.0, index="1:3", stress_key="stress")
     assert [g[keys.FRAME_INDEX].item() for g in dataset] == [1, 2]  # list indices
-    for graph, ref in zip(dataset, cells[1:]):
+    for graph, ref in zip(dataset, cells[1:], strict=False):
         assert graph[keys.HAS_ENERGY].item() and graph[keys.HAS_FORCES].item()
         assert graph[keys.HAS_STRESS].item() and graph[keys.PBC].all()
         expected = torch.as_tensor(voigt_6_to_full_3x3_stress(ref.get_stress()))
@@ -130,8 +130,14 @@ def test_dataset_from_json_with_index(emt_json) -> None:
 def test_molecule_dict_and_missing_outputs(tmp_path: Path) -> None:
     water = Molecule(["O", "H", "H"], [[0, 0, 0], [0, 0.76, 0.59], [0, -0.76, 0.59]])
     path = tmp_path / "mol.json"
-    path.write_text(json.dumps([{"structure": water.as_dict(), "outputs": {"energy": -14.2}},
-                                {"structure": water.as_dict()}]))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            [
+                {"structure": water.as_dict(), "outputs": {"energy": -14.2}},
+                {"structure": water.as_dict()},
+            ]
+        )
+    )
     frames = read_structures(path, require_forces=False, require_energy=False)
     assert not frames[0].pbc.any() and frames[0].get_chemical_formula() == "H2O"
     assert frames[0].get_potential_energy() == -14.2 and frames[1].calc is None
@@ -160,8 +166,10 @@ def _broken(field: str) -> dict:
     elif field == "element":
         entry["structure"]["sites"][2]["species"][0]["element"] = "Qq"
     elif field == "disordered":
-        entry["structure"]["sites"][1]["species"] = [{"element": "Cu", "occu": 0.5},
-                                                     {"element": "Ni", "occu": 0.5}]  # fmt: skip
+        entry["structure"]["sites"][1]["species"] = [
+            {"element": "Cu", "occu": 0.5},
+            {"element": "Ni", "occu": 0.5},
+        ]
     elif field == "num_atoms":
         entry["num_atoms"] = 5
     elif field == "stress_size":
@@ -237,10 +245,14 @@ def _work_matches_energy(frames: list[ase.Atoms]) -> None:
         chain = [a for _, a in sorted([*members, (0.0, ground)], key=lambda m: m[0])]
         work, start = 0.0, chain[0].get_potential_energy()
         for prev, cur in itertools.pairwise(chain):
-            deform = [np.linalg.solve(cell0, a.cell.array).T for a in (prev, cur)]  # cell = cell0 F^T
+            deform = [
+                np.linalg.solve(cell0, a.cell.array).T for a in (prev, cur)
+            ]  # cell = cell0 F^T
             d_def, mid = deform[1] - deform[0], 0.5 * (deform[0] + deform[1])
-            power = [a.get_volume() * np.sum(frame_stress(a, "stress") * (d_def @ np.linalg.inv(mid)))
-                     for a in (prev, cur)]  # fmt: skip
+            power = [
+                a.get_volume() * np.sum(frame_stress(a, "stress") * (d_def @ np.linalg.inv(mid)))
+                for a in (prev, cur)
+            ]
             work += 0.5 * (power[0] + power[1])
             change = cur.get_potential_energy() - start  # eV, up to ~17 along the shear modes
             assert work == pytest.approx(change, rel=0.02, abs=0.05), f"mode {mode}"
@@ -252,9 +264,11 @@ def test_mlearn_si_json_reads_like_its_extxyz_conversion(data_root: Path) -> Non
     frames = read_structures(folder / "training.json", stress_key="stress", require_stress=True)
     converted = read_structures(folder / "training.extxyz", stress_key="virial_stress_kbar")
     assert len(frames) == len(converted) == 214
-    for atoms, other in zip(frames, converted):
+    for atoms, other in zip(frames, converted, strict=False):
         assert set(atoms.numbers) == {14} and atoms.pbc.all()
         np.testing.assert_allclose(atoms.positions, other.positions, atol=1e-6)
         assert atoms.get_potential_energy() == pytest.approx(other.get_potential_energy(), abs=1e-8)
-        np.testing.assert_allclose(frame_stress(atoms, "stress"), frame_stress(other, "virial_stress_kbar"))
+        np.testing.assert_allclose(
+            frame_stress(atoms, "stress"), frame_stress(other, "virial_stress_kbar")
+        )
     _work_matches_energy(frames)

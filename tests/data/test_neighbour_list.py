@@ -43,8 +43,12 @@ def _unwrapped() -> ase.Atoms:
 
 def _wire() -> ase.Atoms:
     positions = np.random.default_rng(1).uniform(0.0, 3.0, size=(3, 3))
-    return ase.Atoms("H3", positions=positions, cell=[[2.5, 0, 0], [0, 0, 0], [0, 0, 0]],
-                     pbc=[True, False, False])  # fmt: skip
+    return ase.Atoms(
+        "H3",
+        positions=positions,
+        cell=[[2.5, 0, 0], [0, 0, 0], [0, 0, 0]],
+        pbc=[True, False, False],
+    )
 
 
 CASES = {
@@ -61,12 +65,12 @@ def _our_pairs(atoms: ase.Atoms, r_max: float) -> dict[tuple, float]:
     edge_index, shift = neighbour_list(atoms.positions, atoms.cell.array, atoms.pbc, r_max)
     j, i = edge_index
     vec = atoms.positions[j] - atoms.positions[i] + shift @ atoms.cell.array
-    return {(a, b, *s): d for a, b, s, d in zip(i, j, shift.tolist(), np.linalg.norm(vec, axis=1))}
+    return {(a, b, *s): d for a, b, s, d in zip(i, j, shift.tolist(), np.linalg.norm(vec, axis=1), strict=False)}
 
 
 def _ase_pairs(atoms: ase.Atoms, r_max: float) -> dict[tuple, float]:
     i, j, d, shift = ase_neighbor_list("ijdS", atoms, r_max)
-    return {(a, b, *s): x for a, b, s, x in zip(i, j, shift.tolist(), d)}
+    return {(a, b, *s): x for a, b, s, x in zip(i, j, shift.tolist(), d, strict=False)}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -92,12 +96,14 @@ def test_edge_vectors_match_ase_direction() -> None:
     atoms = _triclinic()
     edge_index, shift = neighbour_list(atoms.positions, atoms.cell.array, atoms.pbc, 5.0)
     vec = edge_vectors(
-        torch.tensor(atoms.positions), torch.tensor(edge_index), torch.tensor(shift),
+        torch.tensor(atoms.positions),
+        torch.tensor(edge_index),
+        torch.tensor(shift),
         torch.tensor(atoms.cell.array),
-    ).numpy()  # fmt: skip
+    ).numpy()
     i, j, big_d, big_s = ase_neighbor_list("ijDS", atoms, 5.0)
-    ref = {(a, b, *s): v for a, b, s, v in zip(i, j, big_s.tolist(), big_d)}
-    for (j_, i_), s, v in zip(edge_index.T, shift.tolist(), vec):
+    ref = {(a, b, *s): v for a, b, s, v in zip(i, j, big_s.tolist(), big_d, strict=False)}
+    for (j_, i_), s, v in zip(edge_index.T, shift.tolist(), vec, strict=False):
         np.testing.assert_allclose(v, ref[(i_, j_, *s)], atol=1e-10)
 
 
@@ -123,10 +129,12 @@ def test_bad_inputs_raise(positions, cell, pbc, r_max, match) -> None:
 def _graph(atoms: ase.Atoms, r_max: float) -> Data:
     edge_index, shift = neighbour_list(atoms.positions, atoms.cell.array, atoms.pbc, r_max)
     return Data(
-        pos=torch.tensor(atoms.positions), edge_index=torch.tensor(edge_index),
+        pos=torch.tensor(atoms.positions),
+        edge_index=torch.tensor(edge_index),
         cell_shift=torch.tensor(shift, dtype=torch.float64),
-        cell=torch.tensor(atoms.cell.array).reshape(1, 3, 3), num_nodes=len(atoms),
-    )  # fmt: skip
+        cell=torch.tensor(atoms.cell.array).reshape(1, 3, 3),
+        num_nodes=len(atoms),
+    )
 
 
 def test_gradients_flow_to_positions_and_cell() -> None:
@@ -182,6 +190,8 @@ def test_geometry_imports_only_keys_of_mlip_unc() -> None:
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {
         f"{n.module}.{a.name}" if n.module == "mlip_unc" else str(n.module)
-        for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names
-    }  # fmt: skip
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom)
+        for a in n.names
+    }
     assert {m for m in names if m.startswith("mlip_unc")} == {"mlip_unc.keys"}

@@ -72,10 +72,12 @@ def _assert_same_graph(g, h) -> None:
 def test_items_equal_the_in_memory_dataset_read_in_chunks(data, dtype):
     memory = StructureDataset.from_files(data / "train.xyz", R_MAX, dtype=dtype)
     disk = OnDiskDataset(data / "train.mlipdb", dtype=dtype)
-    assert len(disk) == len(memory) == 15 and disk.type_map == memory.type_map and disk.r_max == R_MAX
+    assert (
+        len(disk) == len(memory) == 15 and disk.type_map == memory.type_map and disk.r_max == R_MAX
+    )
     chunked = [g for chunk in disk.chunks(4) for g in chunk]
     assert len(chunked) == len(memory)
-    for g, h, c in zip(memory, disk, chunked):
+    for g, h, c in zip(memory, disk, chunked, strict=False):
         _assert_same_graph(g, h)
         _assert_same_graph(g, c)
     sub = disk.subset([3, 0])  # a view keeps the order asked for, no graph is copied
@@ -88,7 +90,10 @@ def test_items_equal_the_in_memory_dataset_read_in_chunks(data, dtype):
         OnDiskDataset(data / "train.mlipdb", type_map=TypeMap((29,)))[1]
     atoms = disk.store.atoms(5)  # the structure with its labels
     ref = ase.io.read(data / "train.xyz", 5)
-    assert np.allclose(atoms.positions, ref.positions) and atoms.get_potential_energy() == ref.get_potential_energy()
+    assert (
+        np.allclose(atoms.positions, ref.positions)
+        and atoms.get_potential_energy() == ref.get_potential_energy()
+    )
     assert np.allclose(atoms.get_stress(), ref.get_stress())
 
 
@@ -147,31 +152,51 @@ def test_convert_is_atomic_and_names_the_bad_frame(tmp_path):
         convert_files(tmp_path / "bad.xyz", tmp_path / "bad.mlipdb", r_max=R_MAX)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.xyz"]  # no set, no temporary folder
     (tmp_path / "bad.xyz").write_text("3\ncomment\nCu 0 0 0\n")  # the file ends inside the frame
-    with pytest.raises(DataError, match=r"bad.xyz', frame 0 \(line 1\): the file ends inside the frame"):
+    with pytest.raises(
+        DataError, match=r"bad.xyz', frame 0 \(line 1\): the file ends inside the frame"
+    ):
         convert_files(tmp_path / "bad.xyz", tmp_path / "bad.mlipdb", r_max=R_MAX)
 
 
 def _config(train, out, **data):
-    return potential_config_from_dict({
-        "seed": 0, "out": str(out),
-        "data": {"train": str(train), "valid_fraction": 0.25, "r_max": R_MAX, **data},
-        "model": {"backbone": "gin", "backbone_kwargs": {"hidden": 8, "num_layers": 1}, "latent_dim": 4},
-        "train": {"epochs": 2, "batch_size": 2, "lr": 0.02, "progress": False},
-    })  # fmt: skip
+    return potential_config_from_dict(
+        {
+            "seed": 0,
+            "out": str(out),
+            "data": {"train": str(train), "valid_fraction": 0.25, "r_max": R_MAX, **data},
+            "model": {
+                "backbone": "gin",
+                "backbone_kwargs": {"hidden": 8, "num_layers": 1},
+                "latent_dim": 4,
+            },
+            "train": {"epochs": 2, "batch_size": 2, "lr": 0.02, "progress": False},
+        }
+    )
 
 
 @pytest.mark.parametrize("references", ["auto", "least_squares"])
 def test_prepared_statistics_match_the_in_memory_path(data, tmp_path, references):
     kw = {}
-    mem = prepare_data(_config(data / "train.xyz", tmp_path / "a").updated(model={"reference_energies": references}, **kw))
-    disk = prepare_data(_config(data / "train.mlipdb", tmp_path / "b").updated(model={"reference_energies": references}))
+    mem = prepare_data(
+        _config(data / "train.xyz", tmp_path / "a").updated(
+            model={"reference_energies": references}, **kw
+        )
+    )
+    disk = prepare_data(
+        _config(data / "train.mlipdb", tmp_path / "b").updated(
+            model={"reference_energies": references}
+        )
+    )
     assert isinstance(disk.train, OnDiskDataset) and len(disk.train) == len(mem.train)
-    assert disk.type_map == mem.type_map and disk.reference_energies.keys() == mem.reference_energies.keys()
+    assert (
+        disk.type_map == mem.type_map
+        and disk.reference_energies.keys() == mem.reference_energies.keys()
+    )
     for z, e in mem.reference_energies.items():
         assert disk.reference_energies[z] == pytest.approx(e, rel=1e-9, abs=1e-9)
     for name in ("energy_shift", "energy_std", "force_rms", "avg_num_neighbors"):
         assert getattr(disk, name) == pytest.approx(getattr(mem, name), rel=1e-9, abs=1e-12), name
-    for g, h in zip(mem.valid, disk.valid):
+    for g, h in zip(mem.valid, disk.valid, strict=False):
         _assert_same_graph(g, h)
 
 
@@ -179,7 +204,7 @@ def test_two_epochs_from_the_set_give_the_same_loss_as_from_extxyz(data, tmp_pat
     a = train_potential(_config(data / "train.xyz", tmp_path / "xyz"))
     b = train_potential(_config(data / "train.mlipdb", tmp_path / "db"))
     assert len(a.history) == len(b.history) == 2
-    for row_a, row_b in zip(a.history, b.history):
+    for row_a, row_b in zip(a.history, b.history, strict=False):
         for key in ("train_loss", "valid_loss"):
             assert row_b[key] == pytest.approx(row_a[key], rel=1e-6), key
     wrong = _config(data / "train.mlipdb", tmp_path / "c", r_max=3.0)
@@ -190,20 +215,43 @@ def test_two_epochs_from_the_set_give_the_same_loss_as_from_extxyz(data, tmp_pat
 def test_cli_convert_and_eval_accept_the_set(data, tmp_path):
     runner = CliRunner()
     out = tmp_path / "cli.mlipdb"
-    result = runner.invoke(app, ["convert", "--data", str(data / "train.xyz"), "--out", str(out), "--r-max", "4.0"])
+    result = runner.invoke(
+        app, ["convert", "--data", str(data / "train.xyz"), "--out", str(out), "--r-max", "4.0"]
+    )
     assert result.exit_code == 0, result.output
     assert "15 frames" in result.output and is_store(out)
-    result = runner.invoke(app, ["convert", "--data", str(data / "train.xyz"), "--out", str(out), "--r-max", "4"])
+    result = runner.invoke(
+        app, ["convert", "--data", str(data / "train.xyz"), "--out", str(out), "--r-max", "4"]
+    )
     assert result.exit_code == 1 and "--overwrite" in result.output
-    model = train_potential(_config(data / "train.xyz", tmp_path / "m").updated(train={"epochs": 1})).model_path
+    model = train_potential(
+        _config(data / "train.xyz", tmp_path / "m").updated(train={"epochs": 1})
+    ).model_path
     metrics = {}
     for name, source in (("xyz", data / "train.xyz"), ("db", out)):
-        result = runner.invoke(app, ["eval", "-m", str(model), "--data", str(source), "-u", "energy", "--index", "0:12",
-                                     "--out", str(tmp_path / f"{name}.json"),
-                                     "--predictions", str(tmp_path / f"{name}.xyz")])  # fmt: skip
+        result = runner.invoke(
+            app,
+            [
+                "eval",
+                "-m",
+                str(model),
+                "--data",
+                str(source),
+                "-u",
+                "energy",
+                "--index",
+                "0:12",
+                "--out",
+                str(tmp_path / f"{name}.json"),
+                "--predictions",
+                str(tmp_path / f"{name}.xyz"),
+            ],
+        )
         assert result.exit_code == 0, result.output
         metrics[name] = json.loads((tmp_path / f"{name}.json").read_text())
     for key in ("n_frames", "energy_mae_meV_atom", "forces_mae_meV_A"):
         assert metrics["db"][key] == pytest.approx(metrics["xyz"][key], rel=1e-9), key
     pred_a, pred_b = ase.io.read(tmp_path / "xyz.xyz", ":"), ase.io.read(tmp_path / "db.xyz", ":")
-    assert [a.info["mlip_unc_energy"] for a in pred_a] == pytest.approx([b.info["mlip_unc_energy"] for b in pred_b])
+    assert [a.info["mlip_unc_energy"] for a in pred_a] == pytest.approx(
+        [b.info["mlip_unc_energy"] for b in pred_b]
+    )

@@ -47,8 +47,10 @@ def test_scaffold_split_shares_no_scaffold(seed: int) -> None:
     smiles = _smiles_list()
     split = scaffold_split(smiles, (0.6, 0.2, 0.2), seed=seed)
     _check_partition(split, len(smiles))
-    scaffolds = [{bemis_murcko_scaffold(smiles[k]) for k in part}
-                 for part in (split.train, split.val, split.test)]  # fmt: skip
+    scaffolds = [
+        {bemis_murcko_scaffold(smiles[k]) for k in part}
+        for part in (split.train, split.val, split.test)
+    ]
     train, val, test = scaffolds
     assert not (train & val or train & test or val & test)
     assert len(split.train) <= 0.6 * len(smiles) and len(split.test) > 0
@@ -63,7 +65,7 @@ def test_training_subsets_are_nested() -> None:
     train = random_split(200, seed=3).train
     subsets = [set(training_subset(train, f, seed=7)) for f in (0.05, 0.1, 0.25, 0.5, 1.0)]
     assert [len(s) for s in subsets] == [8, 16, 40, 80, 160]
-    assert all(small <= large for small, large in zip(subsets, subsets[1:]))
+    assert all(small <= large for small, large in zip(subsets, subsets[1:], strict=False))
     assert subsets[-1] == set(train)
     assert set(training_subset(list(reversed(train)), 0.25, seed=7)) == subsets[2]
     assert set(training_subset(train, 0.25, seed=8)) != subsets[2]

@@ -163,20 +163,33 @@ GOOD_FRAME = f"2\n{XYZ_HEADER}\nH 0 0 0 0 0 0\nH 0 0 0.74 0 0 0\n"
 @pytest.mark.parametrize(
     "bad_frame, kwargs, match",
     [
-        (f"2\n{XYZ_HEADER}\nH 0 0 0 0 0 0\nCl 0 0 2 0 0 0\n", {"type_map": TypeMap.from_list([1])},
-         r"Cl \(Z=17\) in '.*bad.xyz', frame 1"),
+        (
+            f"2\n{XYZ_HEADER}\nH 0 0 0 0 0 0\nCl 0 0 2 0 0 0\n",
+            {"type_map": TypeMap.from_list([1])},
+            r"Cl \(Z=17\) in '.*bad.xyz', frame 1",
+        ),
         (f"0\n{XYZ_HEADER}\n", {}, r"'.*bad.xyz', frame 1: empty structure"),
         (f"2\n{XYZ_HEADER}\nH 0 0 nan 0 0 0\nH 0 0 0.74 0 0 0\n", {}, r"frame 1: NaN or inf"),
         (GOOD_FRAME.replace(" energy=-1.0", ""), {}, r"frame 1: no energy under key 'energy'"),
-        (GOOD_FRAME, {"energy_key": "energy_xtb"}, r"frame 0: no energy under key 'energy_xtb'.*"
-         r"calculator results \['energy', 'forces'\]"),
-        (GOOD_FRAME.replace(":forces:R:3", "").replace(" 0 0 0\n", "\n"), {},
-         r"frame 1: no forces under key 'forces'"),
-        (GOOD_FRAME.replace('pbc="F F F"', 'Lattice="3 0 0 6 0 0 0 0 3" pbc="T T T"'), {},
-         r"frame 1: periodic cell has zero volume"),
+        (
+            GOOD_FRAME,
+            {"energy_key": "energy_xtb"},
+            r"frame 0: no energy under key 'energy_xtb'.*"
+            r"calculator results \['energy', 'forces'\]",
+        ),
+        (
+            GOOD_FRAME.replace(":forces:R:3", "").replace(" 0 0 0\n", "\n"),
+            {},
+            r"frame 1: no forces under key 'forces'",
+        ),
+        (
+            GOOD_FRAME.replace('pbc="F F F"', 'Lattice="3 0 0 6 0 0 0 0 3" pbc="T T T"'),
+            {},
+            r"frame 1: periodic cell has zero volume",
+        ),
     ],
     ids=["element", "empty", "nan", "no_energy", "custom_key_missing", "no_forces", "zero_volume"],
-)  # fmt: skip
+)
 def test_bad_files_raise_naming_the_culprit(tmp_path: Path, bad_frame, kwargs, match) -> None:
     path = tmp_path / "bad.xyz"
     if "energy_xtb" in str(kwargs):
@@ -197,8 +210,9 @@ def test_missing_file_and_parse_error(tmp_path: Path) -> None:
 
 def test_optional_labels_flagged_absent(tmp_path: Path) -> None:
     path = tmp_path / "nolabels.xyz"
-    path.write_text(GOOD_FRAME.replace(" energy=-1.0", "").replace(":forces:R:3", "")
-                    .replace(" 0 0 0\n", "\n"))  # fmt: skip
+    path.write_text(
+        GOOD_FRAME.replace(" energy=-1.0", "").replace(":forces:R:3", "").replace(" 0 0 0\n", "\n")
+    )
     dataset = StructureDataset.from_files(path, 3.0, require_energy=False, require_forces=False)
     assert not dataset[0][keys.HAS_ENERGY].item() and not dataset[0][keys.HAS_FORCES].item()
 
@@ -222,10 +236,12 @@ def test_reference_energies_prefer_isolated_atoms(molecules) -> None:
     rows = [a for a in molecules if 6 in a.numbers]
     n = np.array([len(a) for a in rows], dtype=float)
     counts = np.array([[np.sum(a.numbers == 6)] for a in rows], dtype=float)
-    rest = np.array([
-        a.get_potential_energy() - sum(isolated[z] for z in a.numbers if z != 6) for a in rows
-    ])  # fmt: skip
-    assert fitted[6] == pytest.approx(np.linalg.lstsq(counts / n[:, None], rest / n, rcond=None)[0][0])
+    rest = np.array(
+        [a.get_potential_energy() - sum(isolated[z] for z in a.numbers if z != 6) for a in rows]
+    )
+    assert fitted[6] == pytest.approx(
+        np.linalg.lstsq(counts / n[:, None], rest / n, rcond=None)[0][0]
+    )
 
 
 def test_reference_energy_of_elemental_periodic_set_is_mean_per_atom_energy() -> None:

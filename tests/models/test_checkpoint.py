@@ -5,7 +5,10 @@ from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_ch
 
 
 def test_round_trip_weights_only(tmp_path):
-    path = save_checkpoint(tmp_path / "m.pt", {"kind": "x", "model_state": {"w": torch.ones(2)}, "config": {"a": [1, 2]}})
+    path = save_checkpoint(
+        tmp_path / "m.pt",
+        {"kind": "x", "model_state": {"w": torch.ones(2)}, "config": {"a": [1, 2]}},
+    )
     out = load_checkpoint(path, kind="x")
     assert torch.equal(out["model_state"]["w"], torch.ones(2)) and out["config"] == {"a": [1, 2]}
     assert not list(tmp_path.glob("*.tmp"))
@@ -13,9 +16,15 @@ def test_round_trip_weights_only(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
 def test_damaged_checkpoint_gives_clear_error(tmp_path, damage):
-    path = save_checkpoint(tmp_path / "m.pt", {"kind": "x", "model_state": {"w": torch.randn(1000)}})
+    path = save_checkpoint(
+        tmp_path / "m.pt", {"kind": "x", "model_state": {"w": torch.randn(1000)}}
+    )
     data = path.read_bytes()
-    path.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"not a checkpoint" * 10, "empty": b""}[damage])
+    path.write_bytes(
+        {"truncate": data[: len(data) // 2], "garbage": b"not a checkpoint" * 10, "empty": b""}[
+            damage
+        ]
+    )
     with pytest.raises(CheckpointError, match="truncated or corrupted"):
         load_checkpoint(path)
 
@@ -62,7 +71,11 @@ def test_a_pickled_object_is_refused_with_the_right_reason(tmp_path):
 
 def test_changed_config_or_metadata_is_detected(tmp_path):
     """The digest covers non-tensor values too: a changed number in the config is refused."""
-    payload = {"kind": "potential", "model_state": {"w": torch.ones(3)}, "config": {"r_max": 5.0, "name": "abc"}}
+    payload = {
+        "kind": "potential",
+        "model_state": {"w": torch.ones(3)},
+        "config": {"r_max": 5.0, "name": "abc"},
+    }
     path = save_checkpoint(tmp_path / "m.pt", payload)
     raw = torch.load(path, weights_only=True)
     assert raw["digest"] == 2
@@ -76,7 +89,13 @@ def test_changed_config_or_metadata_is_detected(tmp_path):
 def test_tensor_only_digest_of_older_checkpoints_still_checked(tmp_path):
     from mlip_unc.models.checkpoint import tensor_digest
 
-    old = {"format": "mlip_unc", "version": 1, "kind": "x", "model_state": {"w": torch.ones(3)}, "config": {"a": 1}}
+    old = {
+        "format": "mlip_unc",
+        "version": 1,
+        "kind": "x",
+        "model_state": {"w": torch.ones(3)},
+        "config": {"a": 1},
+    }
     old["sha256"] = tensor_digest(old)  # digest 1: tensors only
     torch.save(old, tmp_path / "old.pt")
     assert load_checkpoint(tmp_path / "old.pt")["config"] == {"a": 1}

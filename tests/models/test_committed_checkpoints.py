@@ -20,13 +20,25 @@ CHECKPOINTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "
 # atom 0 (eV/A) and the sum of the epistemic force variances (eV^2/A^2).
 REFERENCE = {
     "3bpa_equivariant": (
-        -4226.125008730098, [-0.12817625514390166, 1.0577726554595914, 0.0], 0.0012104825654197574
+        -4226.125008730098,
+        [-0.12817625514390166, 1.0577726554595914, 0.0],
+        0.0012104825654197574,
     ),
-    "3bpa_gin": (-4218.989573893891, [2.399622165690775, -0.285823126721793, 0.0], 0.0013238406675529569),
+    "3bpa_gin": (
+        -4218.989573893891,
+        [2.399622165690775, -0.285823126721793, 0.0],
+        0.0013238406675529569,
+    ),
     "ethanol_equivariant": (
-        -4210.18351603742, [-0.21392685223619343, 0.40161369680478515, 0.0], 6.39808557626162e-06
+        -4210.18351603742,
+        [-0.21392685223619343, 0.40161369680478515, 0.0],
+        6.39808557626162e-06,
     ),
-    "ethanol_gin": (-4210.128999953697, [-0.07980686994737791, 0.48102414785425845, 0.0], 7.511596399193667e-05),
+    "ethanol_gin": (
+        -4210.128999953697,
+        [-0.07980686994737791, 0.48102414785425845, 0.0],
+        7.511596399193667e-05,
+    ),
 }
 
 
@@ -45,9 +57,15 @@ def test_committed_checkpoint_gives_its_reference_numbers(name: str) -> None:
     out = model(_ethanol(model), uncertainty="exact")
     energy, force0, force_var = REFERENCE[name]
     f64 = torch.float64
-    torch.testing.assert_close(out[keys.ENERGY], torch.tensor([energy], dtype=f64), rtol=0, atol=1e-7)
-    torch.testing.assert_close(out[keys.FORCES][0], torch.tensor(force0, dtype=f64), rtol=0, atol=1e-9)
-    torch.testing.assert_close(out[keys.FORCES_VAR].sum(), torch.tensor(force_var, dtype=f64), rtol=1e-9, atol=0)
+    torch.testing.assert_close(
+        out[keys.ENERGY], torch.tensor([energy], dtype=f64), rtol=0, atol=1e-7
+    )
+    torch.testing.assert_close(
+        out[keys.FORCES][0], torch.tensor(force0, dtype=f64), rtol=0, atol=1e-9
+    )
+    torch.testing.assert_close(
+        out[keys.FORCES_VAR].sum(), torch.tensor(force_var, dtype=f64), rtol=1e-9, atol=0
+    )
 
 
 @pytest.mark.parametrize("name", ["3bpa_equivariant_ensemble5", "3bpa_gin_ensemble5"])

@@ -24,8 +24,10 @@ def _member(seed: int) -> BayesianPotential:
 
 
 def _batch() -> Batch:
-    graphs = [atoms_to_graph(molecule(name), 3.0, TypeMap.from_list(TYPES), dtype=torch.float64)
-              for name in ("CH3CH2OH", "H2O")]
+    graphs = [
+        atoms_to_graph(molecule(name), 3.0, TypeMap.from_list(TYPES), dtype=torch.float64)
+        for name in ("CH3CH2OH", "H2O")
+    ]
     return Batch.from_data_list(graphs)
 
 

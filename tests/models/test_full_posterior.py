@@ -21,11 +21,21 @@ R_MAX = 4.0
 
 def _model(name: str = "gin", d: int = 8) -> BayesianPotential:
     torch.manual_seed(0)
-    kwargs = {"gin": {"hidden": 12, "num_layers": 2}, "equivariant": {"channels": 8, "num_layers": 2}}[name]
+    kwargs = {
+        "gin": {"hidden": 12, "num_layers": 2},
+        "equivariant": {"channels": 8, "num_layers": 2},
+    }[name]
     backbone = build_backbone(name, num_types=len(TYPES), r_max=R_MAX, latent_dim=d, **kwargs)
-    model = BayesianPotential(backbone, TYPES.to_list(), R_MAX, init_std=0.2, posterior_rank=3).double().eval()
+    model = (
+        BayesianPotential(backbone, TYPES.to_list(), R_MAX, init_std=0.2, posterior_rank=3)
+        .double()
+        .eval()
+    )
     g = torch.Generator().manual_seed(1)
-    factor = torch.randn(d, d, generator=g, dtype=torch.float64) * torch.logspace(0, -2, d, dtype=torch.float64)[:, None]
+    factor = (
+        torch.randn(d, d, generator=g, dtype=torch.float64)
+        * torch.logspace(0, -2, d, dtype=torch.float64)[:, None]
+    )
     model.set_full_posterior(factor, torch.tensor([2.0, 0.5, 1e-4, 4e-3], dtype=torch.float64))
     return model
 
@@ -40,7 +50,9 @@ def _graph(seed: int = 0, stretch: float = 1.0):
 def _draws(model, scale2: float, n: int = 40_000) -> torch.Tensor:
     """Weight draws ``w ~ N(mu, scale2 * Sigma)``, ``Sigma = L^T L``: ``(n, d)``."""
     mu, _ = model.posterior()
-    eps = torch.randn(n, model.latent_dim, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    eps = torch.randn(
+        n, model.latent_dim, generator=torch.Generator().manual_seed(7), dtype=torch.float64
+    )
     return mu.detach() + scale2**0.5 * eps @ model.posterior_factor
 
 
@@ -58,7 +70,9 @@ def test_closed_forms_match_draws_from_the_full_posterior(name):
     # forces: -J^T w under w ~ N(mu, alpha_F^2 Sigma); per atom and component
     forces = -torch.einsum("nk,kac->nac", _draws(model, float(post.alpha2_forces)), jac)
     torch.testing.assert_close(out[keys.FORCES_VAR], forces.var(0), rtol=0.05, atol=1e-12)
-    torch.testing.assert_close(out[keys.FORCES], forces.mean(0), rtol=0.0, atol=5 * float(forces.std(0).max()) / 200)
+    torch.testing.assert_close(
+        out[keys.FORCES], forces.mean(0), rtol=0.0, atol=5 * float(forces.std(0).max()) / 200
+    )
 
 
 def test_lowrank_is_the_leading_directions_and_full_rank_is_exact():
@@ -70,10 +84,14 @@ def test_lowrank_is_the_leading_directions_and_full_rank_is_exact():
     torch.testing.assert_close(low[keys.FORCES], exact[keys.FORCES])
     _, _, jac = latent_jacobian(model, graph)
     rows = model.posterior_factor[:3]  # posterior_rank = 3
-    expected = model.full_posterior().alpha2_forces * torch.einsum("rk,kac->rac", rows, jac).square().sum(0)
+    expected = model.full_posterior().alpha2_forces * torch.einsum(
+        "rk,kac->rac", rows, jac
+    ).square().sum(0)
     torch.testing.assert_close(low[keys.FORCES_VAR], expected)
     model.posterior_rank = model.latent_dim
-    torch.testing.assert_close(model(graph, uncertainty="lowrank")[keys.FORCES_VAR], exact[keys.FORCES_VAR])
+    torch.testing.assert_close(
+        model(graph, uncertainty="lowrank")[keys.FORCES_VAR], exact[keys.FORCES_VAR]
+    )
 
 
 def test_diagonal_factor_reproduces_the_diagonal_posterior():
@@ -95,7 +113,9 @@ def test_noise_and_sampled_mode_use_the_calibration():
     assert torch.allclose(noise[keys.FORCES], torch.full_like(noise[keys.FORCES], 4e-3))
     assert torch.allclose(noise[keys.ENERGY], torch.tensor([4 * 1e-4], dtype=torch.float64))
     exact = model(graph, uncertainty="exact")[keys.FORCES_VAR]
-    sampled = model(graph, uncertainty="sampled", n_samples=4000, generator=torch.Generator().manual_seed(0))
+    sampled = model(
+        graph, uncertainty="sampled", n_samples=4000, generator=torch.Generator().manual_seed(0)
+    )
     torch.testing.assert_close(sampled[keys.FORCES_VAR], exact, rtol=0.15, atol=1e-12)
 
 
@@ -111,8 +131,10 @@ def test_checkpoint_round_trip_and_clearing(tmp_path):
             torch.testing.assert_close(b[key], value)
     again.clear_full_posterior()
     assert not again.has_full_posterior and "posterior_factor" not in again.state_dict()
-    assert not np.allclose(again(graph, uncertainty="exact")[keys.FORCES_VAR].detach().numpy(),
-                           model(graph, uncertainty="exact")[keys.FORCES_VAR].detach().numpy())  # fmt: skip
+    assert not np.allclose(
+        again(graph, uncertainty="exact")[keys.FORCES_VAR].detach().numpy(),
+        model(graph, uncertainty="exact")[keys.FORCES_VAR].detach().numpy(),
+    )
 
 
 class _WithBaseEnergy(torch.nn.Module):
@@ -142,7 +164,13 @@ def test_base_energy_forces_and_stress_in_every_mode(mode):
     model.backbone = _WithBaseEnergy(model.backbone)
     graph = _graph(6)
     plain = model(graph, compute_stress=True, uncertainty="none")
-    out = model(graph, compute_stress=True, uncertainty=mode, n_samples=4, generator=torch.Generator().manual_seed(0))
+    out = model(
+        graph,
+        compute_stress=True,
+        uncertainty=mode,
+        n_samples=4,
+        generator=torch.Generator().manual_seed(0),
+    )
     torch.testing.assert_close(out[keys.FORCES], plain[keys.FORCES])
     torch.testing.assert_close(out[keys.STRESS], plain[keys.STRESS])
     # and the plain forces are -dE/dr of the total energy, base energy included (finite differences)
@@ -154,19 +182,37 @@ def test_base_energy_forces_and_stress_in_every_mode(mode):
             graph.pos[atom, comp] += sign * h
             energies.append(float(model(graph, compute_forces=False)[keys.ENERGY]))
         graph.pos = pos
-        assert abs((energies[1] - energies[0]) / (2 * h) - float(plain[keys.FORCES][atom, comp])) < 1e-6
+        assert (
+            abs((energies[1] - energies[0]) / (2 * h) - float(plain[keys.FORCES][atom, comp]))
+            < 1e-6
+        )
 
 
 # ---------------------------------------------------------------- per-element basis
 def _per_element_model(d: int = 6) -> BayesianPotential:
     torch.manual_seed(0)
-    backbone = build_backbone("gin", num_types=len(TYPES), r_max=R_MAX, latent_dim=d, hidden=12, num_layers=2)
-    model = BayesianPotential(backbone, TYPES.to_list(), R_MAX, init_std=0.2, posterior_rank=3,
-                              posterior_basis="per_element").double().eval()  # fmt: skip
+    backbone = build_backbone(
+        "gin", num_types=len(TYPES), r_max=R_MAX, latent_dim=d, hidden=12, num_layers=2
+    )
+    model = (
+        BayesianPotential(
+            backbone,
+            TYPES.to_list(),
+            R_MAX,
+            init_std=0.2,
+            posterior_rank=3,
+            posterior_basis="per_element",
+        )
+        .double()
+        .eval()
+    )
     width = model.posterior_width
     assert width == len(TYPES) * d
     g = torch.Generator().manual_seed(2)
-    factor = torch.randn(width, width, generator=g, dtype=torch.float64) * torch.logspace(0, -2, width, dtype=torch.float64)[:, None]
+    factor = (
+        torch.randn(width, width, generator=g, dtype=torch.float64)
+        * torch.logspace(0, -2, width, dtype=torch.float64)[:, None]
+    )
     model.set_full_posterior(factor, torch.tensor([2.0, 0.5, 1e-4, 4e-3], dtype=torch.float64))
     return model
 
@@ -182,9 +228,15 @@ def _per_element_jacobian(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
     phi = torch.zeros(state.n_graphs, n_types * d, dtype=torch.float64)
     for e in range(n_types):
         sel = (state.atom_type == e).double()[:, None]
-        phi[:, e * d:(e + 1) * d] = torch.zeros(state.n_graphs, d, dtype=torch.float64).index_add(0, state.graph, sel * state.z)
-    rows = [torch.autograd.grad(phi[:, k].sum(), pos, retain_graph=True, allow_unused=True, materialize_grads=True)[0]
-            for k in range(n_types * d)]  # fmt: skip
+        phi[:, e * d : (e + 1) * d] = torch.zeros(state.n_graphs, d, dtype=torch.float64).index_add(
+            0, state.graph, sel * state.z
+        )
+    rows = [
+        torch.autograd.grad(
+            phi[:, k].sum(), pos, retain_graph=True, allow_unused=True, materialize_grads=True
+        )[0]
+        for k in range(n_types * d)
+    ]
     return phi.detach(), torch.stack(rows)
 
 
@@ -198,18 +250,27 @@ def test_per_element_closed_forms_match_draws_and_keep_the_predictions():
     mu = model.posterior()[0].detach().repeat(len(TYPES))  # the head's weights on every element
 
     def draws(scale2: float, n: int = 40_000) -> torch.Tensor:
-        eps = torch.randn(n, model.posterior_width, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+        eps = torch.randn(
+            n,
+            model.posterior_width,
+            generator=torch.Generator().manual_seed(7),
+            dtype=torch.float64,
+        )
         return mu + scale2**0.5 * eps @ model.posterior_factor
 
     energies = draws(float(post.alpha2_energy)) @ phi.T  # (n, n_graphs)
     torch.testing.assert_close(out[keys.ENERGY_EPISTEMIC_VAR], energies.var(0), rtol=0.03, atol=0.0)
     forces = -torch.einsum("nk,kac->nac", draws(float(post.alpha2_forces)), jac)
     torch.testing.assert_close(out[keys.FORCES_VAR], forces.var(0), rtol=0.05, atol=1e-12)
-    plain = model(batch, uncertainty="none")  # the per-element mean is the shared head: same E and F
+    plain = model(
+        batch, uncertainty="none"
+    )  # the per-element mean is the shared head: same E and F
     torch.testing.assert_close(out[keys.ENERGY], plain[keys.ENERGY])
     torch.testing.assert_close(out[keys.FORCES], plain[keys.FORCES])
     low = model(batch, uncertainty="lowrank")
-    expected = post.alpha2_lowrank * torch.einsum("rk,kac->rac", model.posterior_factor[:3], jac).square().sum(0)
+    expected = post.alpha2_lowrank * torch.einsum(
+        "rk,kac->rac", model.posterior_factor[:3], jac
+    ).square().sum(0)
     torch.testing.assert_close(low[keys.FORCES_VAR], expected)
 
 
@@ -219,14 +280,23 @@ def test_per_element_differs_from_shared_and_round_trips(tmp_path):
     d = model.latent_dim
     shared = BayesianPotential.from_checkpoint(model.to_checkpoint())
     shared.posterior_basis = "shared"
-    stack = torch.cat([torch.eye(d, dtype=torch.float64)] * len(TYPES))  # B (D, d): w_e = w on every element
-    sigma = stack.T @ model.full_posterior().covariance @ stack  # the shared weights' covariance, B^T Sigma B
+    stack = torch.cat(
+        [torch.eye(d, dtype=torch.float64)] * len(TYPES)
+    )  # B (D, d): w_e = w on every element
+    sigma = (
+        stack.T @ model.full_posterior().covariance @ stack
+    )  # the shared weights' covariance, B^T Sigma B
     evals, evecs = torch.linalg.eigh(sigma)
-    shared.set_full_posterior(evals.clamp_min(0).sqrt()[:, None] * evecs.T, model.posterior_calibration)
+    shared.set_full_posterior(
+        evals.clamp_min(0).sqrt()[:, None] * evecs.T, model.posterior_calibration
+    )
     assert shared.full_posterior().n_blocks == 1
     # the per-element covariance differs from its projection on a two-element structure
-    assert not torch.allclose(shared(graph, uncertainty="exact")[keys.FORCES_VAR],
-                              model(graph, uncertainty="exact")[keys.FORCES_VAR], rtol=1e-3)  # fmt: skip
+    assert not torch.allclose(
+        shared(graph, uncertainty="exact")[keys.FORCES_VAR],
+        model(graph, uncertainty="exact")[keys.FORCES_VAR],
+        rtol=1e-3,
+    )
     model.save(tmp_path / "m.pt")
     again = BayesianPotential.from_checkpoint(tmp_path / "m.pt")
     assert again.posterior_basis == "per_element" and again.full_posterior().n_blocks == len(TYPES)

@@ -56,14 +56,60 @@ def trained(tmp_path_factory):
     ase.io.write(root / "train.xyz", _cells(24, seed=0))
     ase.io.write(root / "test.xyz", _cells(4, seed=1))
     args = [
-        sys.executable, "-m", "mace.cli.run_train", "--name", "tiny", "--train_file", str(root / "train.xyz"),
-        "--valid_fraction", "0.25", "--E0s", "average", "--model", "MACE", "--num_channels", "8", "--max_L", "1",
-        "--correlation", "2", "--num_interactions", "2", "--r_max", "4.0", "--max_num_epochs", "30",
-        "--batch_size", "4", "--energy_key", "REF_energy", "--forces_key", "REF_forces", "--default_dtype",
-        "float64", "--device", "cpu", "--seed", "0", "--MLP_irreps", "8x0e", "--radial_MLP", "[16,16]",
-        "--num_radial_basis", "6", "--eval_interval", "10", "--lr", "0.01", "--energy_weight", "10",
-        "--forces_weight", "10", "--work_dir", str(root),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "mace.cli.run_train",
+        "--name",
+        "tiny",
+        "--train_file",
+        str(root / "train.xyz"),
+        "--valid_fraction",
+        "0.25",
+        "--E0s",
+        "average",
+        "--model",
+        "MACE",
+        "--num_channels",
+        "8",
+        "--max_L",
+        "1",
+        "--correlation",
+        "2",
+        "--num_interactions",
+        "2",
+        "--r_max",
+        "4.0",
+        "--max_num_epochs",
+        "30",
+        "--batch_size",
+        "4",
+        "--energy_key",
+        "REF_energy",
+        "--forces_key",
+        "REF_forces",
+        "--default_dtype",
+        "float64",
+        "--device",
+        "cpu",
+        "--seed",
+        "0",
+        "--MLP_irreps",
+        "8x0e",
+        "--radial_MLP",
+        "[16,16]",
+        "--num_radial_basis",
+        "6",
+        "--eval_interval",
+        "10",
+        "--lr",
+        "0.01",
+        "--energy_weight",
+        "10",
+        "--forces_weight",
+        "10",
+        "--work_dir",
+        str(root),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -74,10 +120,24 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="module")
 def attached(trained):
     out = trained / "unc.pt"
-    result = runner.invoke(app, [
-        "attach", "--model", str(trained / "tiny.model"), "--data", str(trained / "train.xyz"), "--out", str(out),
-        "--energy-key", "REF_energy", "--forces-key", "REF_forces", "--valid-fraction", "0.25",
-    ])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "attach",
+            "--model",
+            str(trained / "tiny.model"),
+            "--data",
+            str(trained / "train.xyz"),
+            "--out",
+            str(out),
+            "--energy-key",
+            "REF_energy",
+            "--forces-key",
+            "REF_forces",
+            "--valid-fraction",
+            "0.25",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "model: " in result.output and "validation force NLL" in result.output
     return out
@@ -89,26 +149,42 @@ def test_checkpoint_is_plain_data_and_keeps_the_mace_weights(trained, attached):
     assert config["backbone"]["name"] == "mace_model" and config["posterior"]["full"]
     assert config["atomic_energies"] == [0.0, 0.0] and config["type_map"] == [29, 79]
     meta = payload["metadata"]
-    assert meta["attach"]["n_train"] == meta["attach"]["n_fit"] == 18 and meta["attach"]["n_valid"] == 6
-    assert meta["posterior"]["n_valid_components"] == 6 * 4 * 3 and "domain" in meta and "uncertainty_levels" in meta
-    assert meta["attach"]["agreement_with_mace_calculator"]["forces_rel_max"] <= AGREEMENT_TOL[torch.float64]
+    assert (
+        meta["attach"]["n_train"] == meta["attach"]["n_fit"] == 18
+        and meta["attach"]["n_valid"] == 6
+    )
+    assert (
+        meta["posterior"]["n_valid_components"] == 6 * 4 * 3
+        and "domain" in meta
+        and "uncertainty_levels" in meta
+    )
+    assert (
+        meta["attach"]["agreement_with_mace_calculator"]["forces_rel_max"]
+        <= AGREEMENT_TOL[torch.float64]
+    )
     original = load_mace_model(trained / "tiny.model").state_dict()
     state = payload["model_state"]
     for name, value in original.items():  # every MACE tensor, bit for bit
         assert torch.equal(state[f"backbone.model.{name}"], value), name
-    assert torch.count_nonzero(state["head.weight_mu"]) == 0  # a zero-mean head: MACE's own predictions
+    assert (
+        torch.count_nonzero(state["head.weight_mu"]) == 0
+    )  # a zero-mean head: MACE's own predictions
 
 
 def test_predictions_equal_mace_calculator(trained, attached):
     ours = UncertaintyCalculator(attached)
-    theirs = MACECalculator(model_paths=str(trained / "tiny.model"), device="cpu", default_dtype="float64")
+    theirs = MACECalculator(
+        model_paths=str(trained / "tiny.model"), device="cpu", default_dtype="float64"
+    )
     frames = ase.io.read(trained / "test.xyz", ":") + ase.io.read(trained / "train.xyz", ":3")
     worst = 0.0
     for atoms in frames:
         a, b = atoms.copy(), atoms.copy()
         a.calc, b.calc = ours, theirs
         for get in ("get_potential_energy", "get_forces", "get_stress"):
-            diff = float(np.max(np.abs(np.asarray(getattr(a, get)()) - np.asarray(getattr(b, get)()))))
+            diff = float(
+                np.max(np.abs(np.asarray(getattr(a, get)()) - np.asarray(getattr(b, get)())))
+            )
             worst = max(worst, diff)
             assert diff <= TOL, (get, diff)
     assert worst < 1e-12  # agreement to the last bits measured here (a few ulp of ~1 eV)
@@ -121,10 +197,18 @@ def test_variances_are_positive_and_grow_off_the_training_data(trained, attached
     for atoms in ase.io.read(trained / "test.xyz", ":"):
         atoms.calc = calc
         atoms.get_forces()
-        for key in ("energy_var", "energy_epistemic_var", "forces_var", "forces_epistemic_var", "stress_var"):
+        for key in (
+            "energy_var",
+            "energy_epistemic_var",
+            "forces_var",
+            "forces_epistemic_var",
+            "stress_var",
+        ):
             value = np.asarray(calc.get_property(key))
             assert np.isfinite(value).all() and (value > 0).all(), key
-        levels.append((calc.get_property("max_force_std"), calc.get_property("energy_epistemic_var")))
+        levels.append(
+            (calc.get_property("max_force_std"), calc.get_property("energy_epistemic_var"))
+        )
     distorted = ase.io.read(trained / "test.xyz", "0")
     distorted.set_cell(distorted.cell.array * 0.9, scale_atoms=True)  # compressed by 10 %
     distorted.rattle(0.2, seed=7)
@@ -151,28 +235,79 @@ def test_plain_config_rebuilds_the_same_model(trained):
 
 
 def test_refusals(trained, attached, tmp_path):
-    result = runner.invoke(app, ["attach", "--model", str(trained / "tiny.model"), "--data",
-                                 str(trained / "train.xyz"), "--out", str(attached)])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "attach",
+            "--model",
+            str(trained / "tiny.model"),
+            "--data",
+            str(trained / "train.xyz"),
+            "--out",
+            str(attached),
+        ],
+    )
     assert result.exit_code == 1 and "--overwrite" in result.output
     torch.save({"not": "a model"}, tmp_path / "dict.model")
-    result = runner.invoke(app, ["attach", "--model", str(tmp_path / "dict.model"), "--data",
-                                 str(trained / "train.xyz"), "--out", str(tmp_path / "u.pt")])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "attach",
+            "--model",
+            str(tmp_path / "dict.model"),
+            "--data",
+            str(trained / "train.xyz"),
+            "--out",
+            str(tmp_path / "u.pt"),
+        ],
+    )
     assert result.exit_code == 1 and "not a mace-torch model" in result.output
-    compiled = runner.invoke(app, ["attach", "--model", str(trained / "tiny_compiled.model"), "--data",
-                                   str(trained / "train.xyz"), "--out", str(tmp_path / "u.pt")])  # fmt: skip
+    compiled = runner.invoke(
+        app,
+        [
+            "attach",
+            "--model",
+            str(trained / "tiny_compiled.model"),
+            "--data",
+            str(trained / "train.xyz"),
+            "--out",
+            str(tmp_path / "u.pt"),
+        ],
+    )
     assert compiled.exit_code == 1 and "error:" in compiled.output
     assert isinstance(BayesianPotential.from_checkpoint(attached), BayesianPotential)
 
 
 def test_caps_limit_the_structures_the_posterior_sees(trained, tmp_path):
     out = tmp_path / "capped.pt"
-    result = runner.invoke(app, [
-        "attach", "--model", str(trained / "tiny.model"), "--data", str(trained / "train.xyz"), "--out", str(out),
-        "--energy-key", "REF_energy", "--forces-key", "REF_forces", "--valid-fraction", "0.25",
-        "--max-train", "10", "--max-valid", "3",
-    ])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "attach",
+            "--model",
+            str(trained / "tiny.model"),
+            "--data",
+            str(trained / "train.xyz"),
+            "--out",
+            str(out),
+            "--energy-key",
+            "REF_energy",
+            "--forces-key",
+            "REF_forces",
+            "--valid-fraction",
+            "0.25",
+            "--max-train",
+            "10",
+            "--max-valid",
+            "3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     meta = load_checkpoint(out, kind="potential")["metadata"]
-    assert (meta["attach"]["n_train"], meta["attach"]["n_fit"], meta["attach"]["n_valid"]) == (18, 10, 3)
+    assert (meta["attach"]["n_train"], meta["attach"]["n_fit"], meta["attach"]["n_valid"]) == (
+        18,
+        10,
+        3,
+    )
     assert meta["posterior"]["n_valid_components"] == 3 * 4 * 3
     assert meta["domain"]["n_structures"] == 18

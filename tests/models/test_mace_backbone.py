@@ -32,15 +32,28 @@ from mlip_unc.nn.mace_backbone import MACEBackbone  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 R_MAX = 3.0
 TYPES = TypeMap.from_list([1, 6, 8])
-KWARGS = {"latent_dim": 6, "channels": 4, "max_L": 1, "l_max": 2, "num_layers": 2, "correlation": 2,
-          "num_basis": 4, "radial_mlp": [8], "readout_hidden": [8]}  # fmt: skip
+KWARGS = {
+    "latent_dim": 6,
+    "channels": 4,
+    "max_L": 1,
+    "l_max": 2,
+    "num_layers": 2,
+    "correlation": 2,
+    "num_basis": 4,
+    "radial_mlp": [8],
+    "readout_hidden": [8],
+}
 
 
 def _model(seed: int = 0) -> BayesianPotential:
     torch.manual_seed(seed)
     backbone = build_backbone("mace", num_types=len(TYPES), r_max=R_MAX, **KWARGS)
     offsets = torch.tensor([-13.6, -1029.5, -2041.8], dtype=torch.float64)
-    return BayesianPotential(backbone, TYPES.to_list(), R_MAX, offsets, init_std=0.3).to(torch.float64).eval()
+    return (
+        BayesianPotential(backbone, TYPES.to_list(), R_MAX, offsets, init_std=0.3)
+        .to(torch.float64)
+        .eval()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +78,9 @@ def _crystal() -> ase.Atoms:
 
 
 def _batch(*atoms_list: ase.Atoms) -> Batch:
-    return Batch.from_data_list([atoms_to_graph(a, R_MAX, TYPES, dtype=torch.float64) for a in atoms_list])
+    return Batch.from_data_list(
+        [atoms_to_graph(a, R_MAX, TYPES, dtype=torch.float64) for a in atoms_list]
+    )
 
 
 def test_registered_and_shapes(model):
@@ -98,7 +113,9 @@ def test_energy_is_invariant_and_forces_rotate(model, make):
     perm = np.random.default_rng(3).permutation(len(atoms))
     permuted = model(_batch(atoms[perm]))
     torch.testing.assert_close(permuted[keys.ENERGY], ref[keys.ENERGY], rtol=0, atol=1e-9)
-    torch.testing.assert_close(permuted[keys.ATOMIC_ENERGIES], ref[keys.ATOMIC_ENERGIES][perm], rtol=0, atol=1e-9)
+    torch.testing.assert_close(
+        permuted[keys.ATOMIC_ENERGIES], ref[keys.ATOMIC_ENERGIES][perm], rtol=0, atol=1e-9
+    )
 
 
 def test_forces_and_stress_match_finite_differences(model):
@@ -121,8 +138,12 @@ def test_forces_and_stress_match_finite_differences(model):
                 energies = []
                 for sign in (1, -1):
                     deformed = atoms.copy()
-                    deformed.set_cell(atoms.cell.array @ (np.eye(3) + sign * strain), scale_atoms=True)
-                    energies.append(float(model(_batch(deformed), compute_forces=False)[keys.ENERGY]))
+                    deformed.set_cell(
+                        atoms.cell.array @ (np.eye(3) + sign * strain), scale_atoms=True
+                    )
+                    energies.append(
+                        float(model(_batch(deformed), compute_forces=False)[keys.ENERGY])
+                    )
                 expected = (energies[0] - energies[1]) / (2 * h) / volume / (2 if i != j else 1)
                 assert abs(expected - float(out[keys.STRESS][0, i, j])) < 1e-7
 
@@ -144,16 +165,23 @@ def test_reset_parameters_draws_new_weights():
     model.backbone.reset_parameters()
     after = model.backbone.state_dict()
     assert set(before) == set(after)
-    assert any(not torch.equal(before[k], after[k]) for k in before if before[k].is_floating_point())
+    assert any(
+        not torch.equal(before[k], after[k]) for k in before if before[k].is_floating_point()
+    )
 
 
 def test_shipped_config_builds_a_spanning_backbone():
-    cfg = load_potential_config(ROOT / "configs" / "ethanol_mace.yaml", ["data_root=/nowhere"]).model
-    backbone = build_backbone(cfg.backbone.value, num_types=3, r_max=5.0, latent_dim=cfg.latent_dim,
-                              **cfg.backbone_kwargs)  # fmt: skip
+    cfg = load_potential_config(
+        ROOT / "configs" / "ethanol_mace.yaml", ["data_root=/nowhere"]
+    ).model
+    backbone = build_backbone(
+        cfg.backbone.value, num_types=3, r_max=5.0, latent_dim=cfg.latent_dim, **cfg.backbone_kwargs
+    )
     assert backbone.latent_dim == cfg.latent_dim == 48 and backbone.readout_kind == "mace"
     with pytest.raises(ValueError, match="latent_dim"):
-        build_backbone("mace", num_types=3, latent_dim=9, channels=2, num_layers=2)  # 2 x 2 scalars < 9
+        build_backbone(
+            "mace", num_types=3, latent_dim=9, channels=2, num_layers=2
+        )  # 2 x 2 scalars < 9
 
 
 def test_mace_readout_keeps_layer_scalars_and_is_symmetric_with_exact_forces(tmp_path):
@@ -167,14 +195,20 @@ def test_mace_readout_keeps_layer_scalars_and_is_symmetric_with_exact_forces(tmp
     torch.manual_seed(0)
     backbone = build_backbone("mace", num_types=3, r_max=R_MAX, **kwargs)
     offsets = torch.tensor([-13.6, -1029.5, -2041.8], dtype=torch.float64)
-    model = BayesianPotential(backbone, TYPES.to_list(), R_MAX, offsets, init_std=0.3).to(torch.float64).eval()
+    model = (
+        BayesianPotential(backbone, TYPES.to_list(), R_MAX, offsets, init_std=0.3)
+        .to(torch.float64)
+        .eval()
+    )
     atoms = _molecule(5)
     batch = _batch(atoms)
     z = model.backbone(batch)
     from mlip_unc.nn.mace_backbone import mace_inputs, mace_layer_features
 
     layers = mace_layer_features(model.backbone.mace, *mace_inputs(batch, 3))
-    torch.testing.assert_close(z[:, :4], layers[0][:, :4], rtol=0, atol=0)  # layer-1 0e block, as is
+    torch.testing.assert_close(
+        z[:, :4], layers[0][:, :4], rtol=0, atol=0
+    )  # layer-1 0e block, as is
     assert z.shape == (len(atoms), 7) and (z[:, 4:] > -0.28).all()  # SiLU >= -0.2785
     ref = model(batch)
     rot = Rotation.from_euler("xyz", [0.9, 0.2, -1.4]).as_matrix()
@@ -182,8 +216,12 @@ def test_mace_readout_keeps_layer_scalars_and_is_symmetric_with_exact_forces(tmp
     moved.positions = atoms.positions @ rot.T + np.array([1.0, 0.5, -0.3])
     out = model(_batch(moved))
     torch.testing.assert_close(out[keys.ENERGY], ref[keys.ENERGY], rtol=0, atol=1e-9)
-    torch.testing.assert_close(out[keys.FORCES].detach(), torch.as_tensor(ref[keys.FORCES].detach().numpy() @ rot.T),
-                               rtol=0, atol=1e-9)  # fmt: skip
+    torch.testing.assert_close(
+        out[keys.FORCES].detach(),
+        torch.as_tensor(ref[keys.FORCES].detach().numpy() @ rot.T),
+        rtol=0,
+        atol=1e-9,
+    )
     h, a, c = 1e-5, 2, 1
     plus, minus = atoms.copy(), atoms.copy()
     plus.positions[a, c] += h
@@ -194,7 +232,9 @@ def test_mace_readout_keeps_layer_scalars_and_is_symmetric_with_exact_forces(tmp
     model.save(tmp_path / "m.pt")
     again = BayesianPotential.from_checkpoint(tmp_path / "m.pt").eval()
     torch.testing.assert_close(again(batch)[keys.FORCES], ref[keys.FORCES], rtol=0, atol=0)
-    normed = build_backbone("mace", num_types=3, r_max=R_MAX, **kwargs, latent_norm=True).to(torch.float64)
+    normed = build_backbone("mace", num_types=3, r_max=R_MAX, **kwargs, latent_norm=True).to(
+        torch.float64
+    )
     normed.load_state_dict(model.backbone.state_dict())  # the same weights, latents / sqrt(7)
     torch.testing.assert_close(normed(batch), z / 7**0.5, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="latent_norm"):
@@ -209,17 +249,29 @@ def test_twenty_training_steps_with_this_projects_trainer(tmp_path):
         atoms.numbers[0] = 79
         atoms.rattle(0.1, seed=k)
         atoms.calc = EMT()
-        atoms.calc = SinglePointCalculator(atoms, energy=atoms.get_potential_energy(), forces=atoms.get_forces())
+        atoms.calc = SinglePointCalculator(
+            atoms, energy=atoms.get_potential_energy(), forces=atoms.get_forces()
+        )
         frames.append(atoms)
     ase.io.write(tmp_path / "train.xyz", frames)
     out = tmp_path / "run"
     overrides = [
-        f"data.train={tmp_path / 'train.xyz'}", "data.test=null", "data.isolated_atoms=null", "data.r_max=4.0",
-        "data.valid_fraction=0.2", "train.epochs=5", "train.batch_size=2", "train.max_minutes=null",
-        "train.progress=false", "model.latent_dim=8", "dtype=float64",
-        ("model.backbone_kwargs={channels: 4, max_L: 1, l_max: 2, num_layers: 2, correlation: 2, num_basis: 4, "
-         "radial_mlp: [8], readout_hidden: [8]}"),
-    ]  # fmt: skip
+        f"data.train={tmp_path / 'train.xyz'}",
+        "data.test=null",
+        "data.isolated_atoms=null",
+        "data.r_max=4.0",
+        "data.valid_fraction=0.2",
+        "train.epochs=5",
+        "train.batch_size=2",
+        "train.max_minutes=null",
+        "train.progress=false",
+        "model.latent_dim=8",
+        "dtype=float64",
+        (
+            "model.backbone_kwargs={channels: 4, max_L: 1, l_max: 2, num_layers: 2, correlation: 2, num_basis: 4, "
+            "radial_mlp: [8], readout_hidden: [8]}"
+        ),
+    ]
     args = ["train", "--config", str(ROOT / "configs" / "ethanol_mace.yaml"), "--out", str(out)]
     result = CliRunner().invoke(app, args + [a for o in overrides for a in ("--set", o)])
     assert result.exit_code == 0, result.output

@@ -29,7 +29,9 @@ def test_e3nn_imports_after_mlip_unc_nn_in_a_fresh_interpreter():
 def test_mace_backbones_name_the_install_command_without_mace():
     from mlip_unc.models.backbones import build_backbone
 
-    for name, kwargs in (("mace", {"num_types": 2}), ("mace_model", {"mace_class": "ScaleShiftMACE",
-                                                                      "mace_config": {}})):  # fmt: skip
+    for name, kwargs in (
+        ("mace", {"num_types": 2}),
+        ("mace_model", {"mace_class": "ScaleShiftMACE", "mace_config": {}}),
+    ):
         with pytest.raises(ImportError, match=r"pip install mlip-unc\[mace\]"):
             build_backbone(name, **kwargs)

@@ -132,8 +132,12 @@ def test_rotation_translation_permutation(model):
     out = model(_batch(moved), uncertainty="energy")
     perm_t = torch.as_tensor(perm)
     torch.testing.assert_close(out[keys.ENERGY], ref[keys.ENERGY], rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(out[keys.FORCES], ref[keys.FORCES][perm_t] @ rot.T, rtol=1e-8, atol=1e-10)
-    torch.testing.assert_close(out[keys.NODE_LATENT], ref[keys.NODE_LATENT][perm_t], rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(
+        out[keys.FORCES], ref[keys.FORCES][perm_t] @ rot.T, rtol=1e-8, atol=1e-10
+    )
+    torch.testing.assert_close(
+        out[keys.NODE_LATENT], ref[keys.NODE_LATENT][perm_t], rtol=1e-8, atol=1e-10
+    )
     for key in (keys.ENERGY_VAR, keys.KAPPA):
         torch.testing.assert_close(out[key], ref[key], rtol=1e-8, atol=1e-12)
 
@@ -145,7 +149,9 @@ def test_periodic_rotation_rotates_stress(model):
     out = model(_with(batch, pos=batch.pos @ rot.T, cell=batch.cell @ rot.T), compute_stress=True)
     torch.testing.assert_close(out[keys.ENERGY], ref[keys.ENERGY], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(out[keys.FORCES], ref[keys.FORCES] @ rot.T, rtol=1e-8, atol=1e-10)
-    torch.testing.assert_close(out[keys.STRESS][0], rot @ ref[keys.STRESS][0] @ rot.T, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(
+        out[keys.STRESS][0], rot @ ref[keys.STRESS][0] @ rot.T, rtol=1e-8, atol=1e-10
+    )
 
 
 # ---------------------------------------------------------------- batching, cutoff, isolated atoms
@@ -154,14 +160,17 @@ def test_batch_of_two_equals_singles(model, mode):
     mol, crystal = _molecule(seed=2, n=5), _crystal()
     kwargs = {"compute_stress": True, "uncertainty": mode, "n_samples": 3}
     both = model(_batch(mol, crystal), generator=torch.Generator().manual_seed(5), **kwargs)
-    singles = [model(_batch(a), generator=torch.Generator().manual_seed(5), **kwargs) for a in (mol, crystal)]
+    singles = [
+        model(_batch(a), generator=torch.Generator().manual_seed(5), **kwargs)
+        for a in (mol, crystal)
+    ]
     n_mol = len(mol)
     for key, value in both.items():
         if value.shape[0] == 2:  # per graph
             parts = (value[:1], value[1:])
         else:  # per atom
             parts = (value[:n_mol], value[n_mol:])
-        for part, single in zip(parts, singles):
+        for part, single in zip(parts, singles, strict=False):
             torch.testing.assert_close(part, single[key], rtol=1e-10, atol=1e-12, msg=key)
     assert torch.all(both[keys.STRESS][0] == 0) and torch.all(both[keys.STRESS_VAR][0] == 0)
 
@@ -194,7 +203,9 @@ def _latent_jacobian(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Phi (d,) and dPhi/dpos (d, n_atoms, 3) by an independent autograd loop."""
     pos = batch.pos.clone().requires_grad_(True)
     phi = model(_with(batch, pos=pos), compute_forces=False)[keys.LATENT][0]
-    jac = torch.stack([torch.autograd.grad(phi[k], pos, retain_graph=True)[0] for k in range(phi.shape[0])])
+    jac = torch.stack(
+        [torch.autograd.grad(phi[k], pos, retain_graph=True)[0] for k in range(phi.shape[0])]
+    )
     return phi.detach(), jac
 
 
@@ -206,12 +217,16 @@ def test_closed_form_variances_match_posterior_draws(model):
     w = w[:, 0, :].detach()  # (S, d)
     energies = w @ phi  # (S,)
     forces = -torch.einsum("sk,kac->sac", w, jac)  # (S, n_atoms, 3)
-    torch.testing.assert_close(energies.var(0), out[keys.ENERGY_EPISTEMIC_VAR][0].detach(), rtol=0.03, atol=0)
+    torch.testing.assert_close(
+        energies.var(0), out[keys.ENERGY_EPISTEMIC_VAR][0].detach(), rtol=0.03, atol=0
+    )
     torch.testing.assert_close(forces.var(0), out[keys.FORCES_VAR].detach(), rtol=0.03, atol=0)
     scale = out[keys.FORCES_VAR].sqrt().max().item()
     torch.testing.assert_close(forces.mean(0), out[keys.FORCES].detach(), rtol=0, atol=0.05 * scale)
     energy = out[keys.ENERGY][0] - OFFSETS[batch[keys.ATOM_TYPE]].sum()
-    torch.testing.assert_close(energies.mean(), energy.detach(), rtol=0, atol=0.05 * energies.std().item())
+    torch.testing.assert_close(
+        energies.mean(), energy.detach(), rtol=0, atol=0.05 * energies.std().item()
+    )
 
 
 def test_energy_mode_outputs(model):
@@ -269,7 +284,9 @@ def test_gradient_methods_agree(model):
 def test_energy_only_calls_run_no_backward(model, monkeypatch):
     batch = _batch(_molecule(seed=5, n=5))
     seen = []
-    handle = model.backbone.register_forward_pre_hook(lambda mod, args: seen.append(args[0].pos.requires_grad))
+    handle = model.backbone.register_forward_pre_hook(
+        lambda mod, args: seen.append(args[0].pos.requires_grad)
+    )
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a backward pass ran during an energy-only call")
@@ -289,14 +306,22 @@ def test_training_forward_trains_force_uncertainty(model):
     batch = _batch(_molecule(seed=6, n=5), _crystal())
     model.train()
     try:
-        out = model(batch, training=True, compute_stress=True, generator=torch.Generator().manual_seed(0))
-        again = model.sample_forward(batch, compute_stress=True, generator=torch.Generator().manual_seed(0))
+        out = model(
+            batch, training=True, compute_stress=True, generator=torch.Generator().manual_seed(0)
+        )
+        again = model.sample_forward(
+            batch, compute_stress=True, generator=torch.Generator().manual_seed(0)
+        )
         mean = model(batch, compute_stress=True)
         torch.testing.assert_close(out[keys.FORCES], again[keys.FORCES])
         assert not torch.allclose(out[keys.FORCES], mean[keys.FORCES])
         loss = out[keys.FORCES].square().sum() + out[keys.STRESS].square().sum() + model.kl()
         loss.backward()
-        for param in (model.head.weight_mu, model.head.weight_rho, next(model.backbone.parameters())):
+        for param in (
+            model.head.weight_mu,
+            model.head.weight_rho,
+            next(model.backbone.parameters()),
+        ):
             assert param.grad is not None and param.grad.abs().sum() > 0
     finally:
         model.zero_grad(set_to_none=True)

@@ -15,11 +15,46 @@ from mlip_unc.nn.gin import MolecularGIN
 from mlip_unc.train.property import model_payload, property_trainer, target_statistics
 
 SMILES = [
-    "C", "CC", "CCC", "CCCC", "CCCCC", "CCCCCC", "CO", "CCO", "CCCO", "CCCCO",
-    "CC(C)O", "CC(=O)O", "CC(=O)C", "CCOC", "c1ccccc1", "Cc1ccccc1", "CCc1ccccc1", "Oc1ccccc1",
-    "c1ccncc1", "C1CCCCC1", "C1CCCC1", "CN", "CCN", "CCCN", "CC#N", "C=C", "C=CC", "CC=CC",
-    "ClC", "CCCl", "FC(F)F", "CS", "CCS", "O=C=O", "CC(C)C", "CC(C)(C)C", "OCCO", "NCCN",
-    "c1ccoc1", "c1ccsc1",
+    "C",
+    "CC",
+    "CCC",
+    "CCCC",
+    "CCCCC",
+    "CCCCCC",
+    "CO",
+    "CCO",
+    "CCCO",
+    "CCCCO",
+    "CC(C)O",
+    "CC(=O)O",
+    "CC(=O)C",
+    "CCOC",
+    "c1ccccc1",
+    "Cc1ccccc1",
+    "CCc1ccccc1",
+    "Oc1ccccc1",
+    "c1ccncc1",
+    "C1CCCCC1",
+    "C1CCCC1",
+    "CN",
+    "CCN",
+    "CCCN",
+    "CC#N",
+    "C=C",
+    "C=CC",
+    "CC=CC",
+    "ClC",
+    "CCCl",
+    "FC(F)F",
+    "CS",
+    "CCS",
+    "O=C=O",
+    "CC(C)C",
+    "CC(C)(C)C",
+    "OCCO",
+    "NCCN",
+    "c1ccoc1",
+    "c1ccsc1",
 ]
 
 
@@ -38,8 +73,17 @@ def tiny_graphs(n=40, seed=0):
 
 
 def small_config(method="bgnn", **train):
-    model = {"method": method, "hidden": 16, "layers": 2, "latent_dim": 8, "ensemble_size": 2, "mc_samples": 8}
-    return PropertyConfig.from_dict({"model": model, "train": {"epochs": 2, "batch_size": 8, "progress": False, **train}})
+    model = {
+        "method": method,
+        "hidden": 16,
+        "layers": 2,
+        "latent_dim": 8,
+        "ensemble_size": 2,
+        "mc_samples": 8,
+    }
+    return PropertyConfig.from_dict(
+        {"model": model, "train": {"epochs": 2, "batch_size": 8, "progress": False, **train}}
+    )
 
 
 def _permute(g, perm):
@@ -91,7 +135,9 @@ def test_each_method_trains_two_epochs_and_predicts(method):
     assert (out[keys.EPISTEMIC_VAR] >= 0).all()
     if method != "mve":
         assert (out[keys.EPISTEMIC_VAR] > 0).all(), method
-    torch.testing.assert_close(out[keys.PREDICTION_VAR], out[keys.EPISTEMIC_VAR] + out[keys.ALEATORIC_VAR])
+    torch.testing.assert_close(
+        out[keys.PREDICTION_VAR], out[keys.EPISTEMIC_VAR] + out[keys.ALEATORIC_VAR]
+    )
 
 
 def test_heteroscedastic_split_and_units():
@@ -104,7 +150,9 @@ def test_heteroscedastic_split_and_units():
     batch = Batch.from_data_list(graphs[:6])
     std_units = model.predictive(batch)
     out = model.predict(batch)
-    torch.testing.assert_close(out[keys.PREDICTION_VAR], out[keys.EPISTEMIC_VAR] + out[keys.ALEATORIC_VAR])
+    torch.testing.assert_close(
+        out[keys.PREDICTION_VAR], out[keys.EPISTEMIC_VAR] + out[keys.ALEATORIC_VAR]
+    )
     torch.testing.assert_close(out[keys.PREDICTION], std_units[keys.PREDICTION] * 3.0 + 2.0)
     torch.testing.assert_close(out[keys.EPISTEMIC_VAR], std_units[keys.EPISTEMIC_VAR] * 9.0)
     torch.testing.assert_close(out[keys.ALEATORIC_VAR], std_units[keys.ALEATORIC_VAR] * 9.0)
@@ -170,7 +218,9 @@ def test_saved_model_reloads_with_weights_only(tmp_path):
         torch.manual_seed(0)
         model = build_model(config, y_mean=torch.tensor([1.0]), y_std=torch.tensor([2.0]))
         property_trainer(model, config, graphs[:30], graphs[30:]).fit()
-        path = save_checkpoint(tmp_path / f"{method}.pt", model_payload(model, config, {"n_targets": 1}))
+        path = save_checkpoint(
+            tmp_path / f"{method}.pt", model_payload(model, config, {"n_targets": 1})
+        )
         raw = torch.load(path, weights_only=True)
         assert raw["normalization"] == {"mean": [1.0], "std": [2.0]}
         assert load_checkpoint(path, kind="property")["config"]["model"]["method"] == method

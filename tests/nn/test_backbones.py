@@ -43,8 +43,17 @@ VARIANTS = {
     "gin-rich": ("gin", {**KWARGS["gin"], **RICH, "latent_dim": 16}),
     "equivariant-rich": ("equivariant", {**KWARGS["equivariant"], **RICH, "latent_dim": 16}),
     "gin-angular": ("gin", {**KWARGS["gin"], "angular_l_max": 2, "angular_channels": 4}),
-    "equivariant-angular": ("equivariant", {**KWARGS["equivariant"], **RICH, "latent_dim": 16, "l_max": 1,
-                                            "angular_l_max": 2, "angular_channels": 4}),
+    "equivariant-angular": (
+        "equivariant",
+        {
+            **KWARGS["equivariant"],
+            **RICH,
+            "latent_dim": 16,
+            "l_max": 1,
+            "angular_l_max": 2,
+            "angular_channels": 4,
+        },
+    ),
 }
 
 
@@ -63,7 +72,9 @@ def _graph(seed: int = 0, n: int = 6) -> Batch:
 # ---------------------------------------------------------------- radial
 @pytest.mark.parametrize("envelope", [PolynomialCutoff(R_MAX, p=6), CosineCutoff(R_MAX)])
 def test_envelopes_vanish_smoothly_at_cutoff(envelope):
-    r = torch.tensor([1e-3, R_MAX - 1e-9, R_MAX, R_MAX + 0.5], dtype=torch.float64, requires_grad=True)
+    r = torch.tensor(
+        [1e-3, R_MAX - 1e-9, R_MAX, R_MAX + 0.5], dtype=torch.float64, requires_grad=True
+    )
     f = envelope(r)
     (df,) = torch.autograd.grad(f.sum(), r)
     assert abs(f[0].item() - 1) < 1e-5 and f[1:].abs().max() < 1e-12
@@ -85,7 +96,9 @@ def test_bases_shapes_and_dtype(basis):
 
 def test_radial_embedding_is_zero_beyond_cutoff():
     features, envelope = RadialEmbedding(R_MAX, 4)(torch.tensor([1.0, R_MAX, 4.0]))
-    assert features.shape == (3, 4) and torch.all(features[1:] == 0) and torch.all(envelope[1:] == 0)
+    assert (
+        features.shape == (3, 4) and torch.all(features[1:] == 0) and torch.all(envelope[1:] == 0)
+    )
     with pytest.raises(ValueError):
         RadialEmbedding(R_MAX, 4, basis="chebyshev")
 
@@ -115,7 +128,7 @@ def test_config_rebuilds_the_backbone(variant):
     torch.testing.assert_close(other(batch), backbone(batch), rtol=0, atol=0)
     before = [p.detach().clone() for p in other.parameters()]
     other.reset_parameters()
-    assert all(not torch.equal(a, b) for a, b in zip(before, other.parameters()) if a.numel() > 1)
+    assert all(not torch.equal(a, b) for a, b in zip(before, other.parameters(), strict=False) if a.numel() > 1)
 
 
 def test_equivariant_hidden_features_rotate_with_their_irreps():
@@ -131,7 +144,9 @@ def test_equivariant_hidden_features_rotate_with_their_irreps():
     backbone(moved)
     handle.remove()
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # e3nn builds its D-matrix generators in the default dtype
+    torch.set_default_dtype(
+        torch.float64
+    )  # e3nn builds its D-matrix generators in the default dtype
     try:
         d_matrix = layer.irreps_out.D_from_matrix(rot)
     finally:
@@ -161,19 +176,34 @@ def test_default_readout_is_the_linear_map_of_old_checkpoints():
         ("gin", {"hidden": 8, "latent_dim": 9, "num_layers": 2}, "8"),
         ("gin", {"hidden": 8, "latent_dim": 17, "num_layers": 2, "concat_layers": True}, "16"),
         ("equivariant", {"channels": 4, "latent_dim": 5, "num_layers": 2}, "4"),
-        ("equivariant", {"channels": 4, "latent_dim": 9, "num_layers": 2, "concat_layers": True}, "8"),
+        (
+            "equivariant",
+            {"channels": 4, "latent_dim": 9, "num_layers": 2, "concat_layers": True},
+            "8",
+        ),
         ("equivariant", {"channels": 4, "latent_dim": 8, "readout_hidden": [6]}, "6"),
     ],
 )
 def test_latent_dim_beyond_the_readout_width_is_an_error(name, kwargs, width):
-    with pytest.raises(ValueError, match=rf"latent_dim = {kwargs['latent_dim']} exceeds .*\b{width}\b"):
+    with pytest.raises(
+        ValueError, match=rf"latent_dim = {kwargs['latent_dim']} exceeds .*\b{width}\b"
+    ):
         build_backbone(name, num_types=2, r_max=R_MAX, **kwargs)
     fixed = {**kwargs, "concat_layers": True, "readout_hidden": [32]}
-    assert build_backbone(name, num_types=2, r_max=R_MAX, **fixed).latent_dim == kwargs["latent_dim"]
+    assert (
+        build_backbone(name, num_types=2, r_max=R_MAX, **fixed).latent_dim == kwargs["latent_dim"]
+    )
 
 
 def test_old_checkpoint_configs_rebuild_without_the_span_check():
-    old = {"num_types": 2, "r_max": R_MAX, "latent_dim": 32, "channels": 16, "l_max": 1, "num_layers": 2}
+    old = {
+        "num_types": 2,
+        "r_max": R_MAX,
+        "latent_dim": 32,
+        "channels": 16,
+        "l_max": 1,
+        "num_layers": 2,
+    }
     with pytest.raises(ValueError, match="latent_dim"):
         build_backbone("equivariant", **old)
     cls = BACKBONES["equivariant"]
@@ -218,7 +248,10 @@ def test_potential_physics(variant):
         for c in range(3):
             step = torch.zeros_like(pos)
             step[a, c] = h
-            e = [model(_with_pos(batch, pos + s * step), compute_forces=False)[keys.ENERGY].item() for s in (1, -1)]
+            e = [
+                model(_with_pos(batch, pos + s * step), compute_forces=False)[keys.ENERGY].item()
+                for s in (1, -1)
+            ]
             numeric[a, c] = -(e[0] - e[1]) / (2 * h)
     forces = ref[keys.FORCES]
     assert forces.abs().max() > 1e-3
@@ -233,20 +266,28 @@ def test_potential_physics(variant):
     perm_t = torch.as_tensor(perm)
     torch.testing.assert_close(out[keys.ENERGY], ref[keys.ENERGY], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(out[keys.FORCES], forces[perm_t] @ rot.T, rtol=1e-8, atol=1e-10)
-    torch.testing.assert_close(out[keys.FORCES_VAR].sum(), ref[keys.FORCES_VAR].sum(), rtol=1e-8, atol=1e-14)
+    torch.testing.assert_close(
+        out[keys.FORCES_VAR].sum(), ref[keys.FORCES_VAR].sum(), rtol=1e-8, atol=1e-14
+    )
 
     other = _molecule(seed=4, n=4)
     both = model(_batch(atoms, other), uncertainty="exact")
     single = model(_batch(other), uncertainty="exact")
-    torch.testing.assert_close(both[keys.ENERGY], torch.cat([ref[keys.ENERGY], single[keys.ENERGY]]))
-    torch.testing.assert_close(both[keys.FORCES_VAR], torch.cat([ref[keys.FORCES_VAR], single[keys.FORCES_VAR]]))
+    torch.testing.assert_close(
+        both[keys.ENERGY], torch.cat([ref[keys.ENERGY], single[keys.ENERGY]])
+    )
+    torch.testing.assert_close(
+        both[keys.FORCES_VAR], torch.cat([ref[keys.FORCES_VAR], single[keys.FORCES_VAR]])
+    )
 
     dimers = [ase.Atoms("CO", positions=[[0, 0, 0], [0, 0, R_MAX + d]]) for d in (-1e-6, 1e-6)]
     inside, outside = (model(_batch(a), uncertainty="exact") for a in dimers)
     torch.testing.assert_close(inside[keys.ENERGY], outside[keys.ENERGY], rtol=0, atol=1e-8)
     assert inside[keys.FORCES].abs().max() < 1e-8
 
-    isolated = model(_batch(ase.Atoms("HCO", positions=[[0, 0, 0], [10, 0, 0], [0, 10, 0]])), uncertainty="exact")
+    isolated = model(
+        _batch(ase.Atoms("HCO", positions=[[0, 0, 0], [10, 0, 0], [0, 10, 0]])), uncertainty="exact"
+    )
     torch.testing.assert_close(isolated[keys.ENERGY][0], OFFSETS.sum(), rtol=0, atol=1e-12)
     assert isolated[keys.FORCES].abs().max() == 0
 
@@ -261,13 +302,23 @@ def _two_bonds(width: int, l_max: int):
     """Centre atom 0 with two neighbours 1.4 A away, 60 or 150 degrees apart, only their edges to it:
     (h, edge_index, edge_attr, envelope, {angle: (bond vectors, power-spectrum harmonics or None)})."""
     torch.manual_seed(0)
-    edge_attr, weight = RadialEmbedding(R_MAX, 6).double()(torch.full((2,), 1.4, dtype=torch.float64))
+    edge_attr, weight = RadialEmbedding(R_MAX, 6).double()(
+        torch.full((2,), 1.4, dtype=torch.float64)
+    )
     bonds = {}
     for angle in (60.0, 150.0):
         t = np.radians(angle)
-        vec = 1.4 * torch.tensor([[1.0, 0.0, 0.0], [np.cos(t), np.sin(t), 0.0]], dtype=torch.float64)
+        vec = 1.4 * torch.tensor(
+            [[1.0, 0.0, 0.0], [np.cos(t), np.sin(t), 0.0]], dtype=torch.float64
+        )
         bonds[angle] = (vec, edge_spherical_harmonics(vec, l_max) if l_max else None)
-    return torch.randn(3, width, dtype=torch.float64), torch.tensor([[1, 2], [0, 0]]), edge_attr, weight, bonds
+    return (
+        torch.randn(3, width, dtype=torch.float64),
+        torch.tensor([[1, 2], [0, 0]]),
+        edge_attr,
+        weight,
+        bonds,
+    )
 
 
 @pytest.mark.parametrize("l_max", [0, 2])
@@ -276,7 +327,10 @@ def test_the_angular_gin_layer_sees_the_bond_angle_the_radial_one_cannot(l_max):
     (l_max 2) does not."""
     h, edge_index, edge_attr, weight, bonds = _two_bonds(8, l_max)
     layer = GeometricGINLayer(8, 6, angular_l_max=l_max, angular_channels=4).double()
-    centre = [layer(h, edge_index, edge_attr=edge_attr, edge_weight=weight, edge_sh=sh)[0] for _, sh in bonds.values()]
+    centre = [
+        layer(h, edge_index, edge_attr=edge_attr, edge_weight=weight, edge_sh=sh)[0]
+        for _, sh in bonds.values()
+    ]
     if l_max == 0:
         torch.testing.assert_close(centre[0], centre[1], rtol=0, atol=0)
     else:
@@ -289,13 +343,21 @@ def test_the_angular_equivariant_block_gives_the_centre_scalars_the_bond_angle(l
     outputs at the centre see the angle only with the power spectrum."""
     h, edge_index, edge_attr, weight, bonds = _two_bonds(4, l_max)
     irreps_sh = o3.Irreps.spherical_harmonics(1)
-    block = EquivariantInteraction(o3.Irreps("4x0e"), irreps_sh, o3.Irreps("4x0e + 4x1o"), num_basis=6,
-                                   angular_l_max=l_max, angular_channels=4).double()  # fmt: skip
+    block = EquivariantInteraction(
+        o3.Irreps("4x0e"),
+        irreps_sh,
+        o3.Irreps("4x0e + 4x1o"),
+        num_basis=6,
+        angular_l_max=l_max,
+        angular_channels=4,
+    ).double()
     block.reset_parameters()
     centre = []
     for vec, angular in bonds.values():
         sh = o3.spherical_harmonics(irreps_sh, vec, normalize=True, normalization="component")
-        out = block(h, edge_index, sh=sh, edge_attr=edge_attr, edge_weight=weight, edge_sh_angular=angular)
+        out = block(
+            h, edge_index, sh=sh, edge_attr=edge_attr, edge_weight=weight, edge_sh_angular=angular
+        )
         centre.append(out[0, :4])  # the 0e channels
     if l_max == 0:
         torch.testing.assert_close(centre[0], centre[1], rtol=0, atol=1e-12)
@@ -303,7 +365,9 @@ def test_the_angular_equivariant_block_gives_the_centre_scalars_the_bond_angle(l
         assert (centre[0] - centre[1]).abs().max() > 1e-6
 
 
-@pytest.mark.parametrize("variant", ["gin-rich", "equivariant-rich", "gin-angular", "equivariant-angular"])
+@pytest.mark.parametrize(
+    "variant", ["gin-rich", "equivariant-rich", "gin-angular", "equivariant-angular"]
+)
 def test_rich_potential_checkpoint_round_trip(variant):
     model = _potential(variant)
     again = BayesianPotential.from_checkpoint(potential_payload(model)).to(torch.float64).eval()
@@ -311,8 +375,17 @@ def test_rich_potential_checkpoint_round_trip(variant):
     torch.testing.assert_close(again(batch)[keys.ENERGY], model(batch)[keys.ENERGY], rtol=0, atol=0)
 
 
-POTENTIAL_CONFIGS = ("3bpa_equivariant", "3bpa_gin", "ethanol_equivariant", "ethanol_gin", "ethanol_gin_agl",
-                     "ethanol_committee", "tiny_emt", "mlearn_equivariant", "mlearn_gin")  # fmt: skip
+POTENTIAL_CONFIGS = (
+    "3bpa_equivariant",
+    "3bpa_gin",
+    "ethanol_equivariant",
+    "ethanol_gin",
+    "ethanol_gin_agl",
+    "ethanol_committee",
+    "tiny_emt",
+    "mlearn_equivariant",
+    "mlearn_gin",
+)
 
 
 @pytest.mark.parametrize("name", POTENTIAL_CONFIGS)
@@ -325,6 +398,10 @@ def test_shipped_configs_build_a_spanning_backbone(name):
     path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml"
     model = load_potential_config(path, ["data_root=/nowhere"]).model
     backbone = build_backbone(
-        model.backbone.value, num_types=2, r_max=R_MAX, latent_dim=model.latent_dim, **model.backbone_kwargs
+        model.backbone.value,
+        num_types=2,
+        r_max=R_MAX,
+        latent_dim=model.latent_dim,
+        **model.backbone_kwargs,
     )
     assert backbone.latent_dim == model.latent_dim

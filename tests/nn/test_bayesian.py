@@ -7,7 +7,9 @@ from mlip_unc.nn.bayesian import BayesianLinear, BayesianMLP, gaussian_kl
 
 def _layer(estimator="local", seed=0):
     torch.manual_seed(seed)
-    layer = BayesianLinear(6, 2, prior_std=0.7, init_std=0.3, estimator=estimator, dtype=torch.float64)
+    layer = BayesianLinear(
+        6, 2, prior_std=0.7, init_std=0.3, estimator=estimator, dtype=torch.float64
+    )
     with torch.no_grad():  # spread the posterior stds so the test is not isotropic
         layer.weight_rho.add_(torch.randn_like(layer.weight_rho) * 0.5)
     return layer
@@ -66,7 +68,9 @@ def _mlp(activation, seed=0):
     """A full-BNN head 3 -> 8 -> 2 in float64, weights from a forked RNG (global RNG untouched)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        mlp = BayesianMLP(3, (8,), 2, prior_std=0.8, init_std=0.2, activation=activation, dtype=torch.float64)
+        mlp = BayesianMLP(
+            3, (8,), 2, prior_std=0.8, init_std=0.2, activation=activation, dtype=torch.float64
+        )
         with torch.no_grad():  # spread the posterior stds and give the first layer a bias mean
             for layer in mlp.layers:
                 layer.weight_rho.add_(torch.randn_like(layer.weight_rho) * 0.5)
@@ -131,7 +135,9 @@ def test_full_bnn_draws_match_explicit_weight_draws():
     with torch.no_grad():
         w1, b1 = mlp.layers[0].sample_weights(n, generator=gen)  # (N, 8, 3), (N, 8)
         w2, b2 = mlp.layers[1].sample_weights(n, generator=gen)  # (N, 2, 8), (N, 2)
-        hidden = torch.nn.functional.silu(torch.einsum("nd,shd->snh", z, w1) + b1[:, None])  # (N, 4, 8)
+        hidden = torch.nn.functional.silu(
+            torch.einsum("nd,shd->snh", z, w1) + b1[:, None]
+        )  # (N, 4, 8)
         explicit = torch.einsum("snh,soh->sno", hidden, w2) + b2[:, None]  # (N, 4, 2)
     draws = _sampled(mlp, z, n, seed=6)  # (N, 4, 2)
     mean_a, var_a = _mc_tolerances(draws)

@@ -31,7 +31,13 @@ TYPES = TypeMap.from_list([1, 6, 8])
 RICH = {"concat_layers": True, "readout_hidden": [64], "latent_dim": 64}
 SHIPPED_WIDTHS = {  # the widths of configs/*_gin.yaml and configs/*_equivariant.yaml
     "gin": {"hidden": 64, "num_layers": 3, "num_basis": 8},
-    "equivariant": {"channels": 16, "l_max": 1, "num_layers": 2, "num_basis": 8, "radial_hidden": 32},
+    "equivariant": {
+        "channels": 16,
+        "l_max": 1,
+        "num_layers": 2,
+        "num_basis": 8,
+        "radial_hidden": 32,
+    },
 }
 MIN_EFFECTIVE_RANK = 8.0  # measured >= 8.9 (see the module docstring)
 MIN_RANK_COUNT = 20  # measured >= 27 of at most 30
@@ -43,7 +49,9 @@ def _molecule(seed: int = 0, n: int = 12) -> ase.Atoms:
     positions = [np.zeros(3)]
     while len(positions) < n:
         step = rng.normal(size=3)
-        x = positions[rng.integers(len(positions))] + step / np.linalg.norm(step) * rng.uniform(1.0, 1.5)
+        x = positions[rng.integers(len(positions))] + step / np.linalg.norm(step) * rng.uniform(
+            1.0, 1.5
+        )
         if all(np.linalg.norm(x - q) > 0.95 for q in positions):
             positions.append(x)
     numbers = rng.choice([1, 6, 8], size=n, p=[0.5, 0.35, 0.15])
@@ -79,7 +87,9 @@ class RankOneReadout(nn.Module):
         super().__init__()
         self.inner = inner
         self.latent_dim = latent_dim
-        self.register_buffer("direction", torch.linspace(-1.0, 2.0, latent_dim, dtype=torch.float64))
+        self.register_buffer(
+            "direction", torch.linspace(-1.0, 2.0, latent_dim, dtype=torch.float64)
+        )
 
     def forward(self, batch) -> Tensor:
         return self.inner(batch)[:, :1] * self.direction  # (n_atoms, latent_dim)
@@ -88,13 +98,17 @@ class RankOneReadout(nn.Module):
 def _backbone(name: str, seed: int = 0, **kwargs) -> nn.Module:
     torch.manual_seed(seed)
     kwargs = {**SHIPPED_WIDTHS[name], **kwargs}
-    return build_backbone(name, num_types=len(TYPES), r_max=R_MAX, avg_num_neighbors=10.0, **kwargs).double()
+    return build_backbone(
+        name, num_types=len(TYPES), r_max=R_MAX, avg_num_neighbors=10.0, **kwargs
+    ).double()
 
 
 def test_effective_rank_of_known_matrices():
     a, g = torch.randn(16, 1, dtype=torch.float64), torch.randn(1, 36, dtype=torch.float64)
     assert jacobian_effective_rank(a @ g) == pytest.approx(1.0, abs=1e-6)
-    assert jacobian_effective_rank(torch.diag(torch.tensor([2.0, 2.0, 2.0, 0.0]))) == pytest.approx(3.0)
+    assert jacobian_effective_rank(torch.diag(torch.tensor([2.0, 2.0, 2.0, 0.0]))) == pytest.approx(
+        3.0
+    )
     assert jacobian_effective_rank(torch.randn(8, 4, 3), rel_tol=1e-3) == 8
     assert jacobian_effective_rank(torch.zeros(3, 6)) == 0.0
 

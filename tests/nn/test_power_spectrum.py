@@ -29,7 +29,9 @@ def test_power_spectrum_is_the_legendre_sum_over_bond_pairs(l_max):
             for ell in range(l_max + 1):
                 p = legendre.legval(cos, [0] * ell + [1])  # P_l(cos theta_jk)
                 expected = (2 * ell + 1) * w @ p @ w / avg**2
-                assert b[i, c * (l_max + 1) + ell].item() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+                assert b[i, c * (l_max + 1) + ell].item() == pytest.approx(
+                    expected, rel=1e-9, abs=1e-12
+                )
 
 
 def test_coincident_atoms_give_no_nan_in_the_harmonics():

@@ -14,13 +14,36 @@ from mlip_unc.models.property import predict_graphs
 from mlip_unc.study.optimum import elbo_optimal_variances, with_optimal_posterior
 from mlip_unc.train.property import target_statistics
 
-SMILES = ["CC", "CCC", "CCCC", "CO", "CCO", "CCCO", "CN", "CCN", "c1ccccc1", "Cc1ccccc1", "CC(=O)O", "CC#N"]
+SMILES = [
+    "CC",
+    "CCC",
+    "CCCC",
+    "CO",
+    "CCO",
+    "CCCO",
+    "CN",
+    "CCN",
+    "c1ccccc1",
+    "Cc1ccccc1",
+    "CC(=O)O",
+    "CC#N",
+]
 
 
 def _model(likelihood: str):
     graphs = [smiles_to_graph(s, y=0.3 * len(s) + 0.05 * (k % 3)) for k, s in enumerate(SMILES)]
-    cfg = PropertyConfig.from_dict({"model": {"method": "bgnn", "hidden": 8, "layers": 2, "latent_dim": 4,
-                                              "likelihood": likelihood, "prior_std": 0.7}})  # fmt: skip
+    cfg = PropertyConfig.from_dict(
+        {
+            "model": {
+                "method": "bgnn",
+                "hidden": 8,
+                "layers": 2,
+                "latent_dim": 4,
+                "likelihood": likelihood,
+                "prior_std": 0.7,
+            }
+        }
+    )
     torch.manual_seed(0)
     mean, std = target_statistics(graphs)
     model = build_model(cfg, y_mean=mean, y_std=std).double().eval()
@@ -37,7 +60,9 @@ def _neg_elbo_mc(model, graphs, s2_w, s2_b, beta: float, n_draws: int, seed: int
     var_n = (out[keys.ALEATORIC_VAR].double() / model.y_std.double() ** 2)[:, 0]  # (N,)
     gen = torch.Generator().manual_seed(seed)
     mu_w, mu_b = head.weight_mu[0].detach().double(), head.bias_mu[0].detach().double()
-    w = mu_w + s2_w.sqrt() * torch.randn(n_draws, z.shape[1], generator=gen, dtype=torch.float64)  # (S, d)
+    w = mu_w + s2_w.sqrt() * torch.randn(
+        n_draws, z.shape[1], generator=gen, dtype=torch.float64
+    )  # (S, d)
     b = mu_b + s2_b.sqrt() * torch.randn(n_draws, generator=gen, dtype=torch.float64)  # (S,)
     f = w @ z.T + b[:, None]  # (S, N)
     nll = (0.5 * torch.log(2 * torch.pi * var_n) + 0.5 * (y - f) ** 2 / var_n).mean()
@@ -70,14 +95,21 @@ def test_closed_form_equals_a_numerical_optimum_of_the_exact_elbo():
     var_n = (out[keys.ALEATORIC_VAR].double() / model.y_std.double() ** 2)[:, 0]
     p2, n = model.bayes_head.prior_std**2, len(graphs)
     log_s2 = torch.zeros(z.shape[1] + 1, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([log_s2], max_iter=1000, tolerance_grad=1e-14, tolerance_change=0.0,
-                            line_search_fn="strong_wolfe")  # fmt: skip
+    opt = torch.optim.LBFGS(
+        [log_s2],
+        max_iter=1000,
+        tolerance_grad=1e-14,
+        tolerance_change=0.0,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():  # the s-dependent part of the exact negative ELBO (means fixed)
         opt.zero_grad()
         s2 = log_s2.exp()
         expected = (0.5 * (z.square() @ s2[:-1] + s2[-1]) / var_n).mean()
-        loss = n * expected + 0.5 * (s2 / p2 - log_s2).sum()  # n times the per-example ELBO: same optimum
+        loss = (
+            n * expected + 0.5 * (s2 / p2 - log_s2).sum()
+        )  # n times the per-example ELBO: same optimum
         loss.backward()
         return loss
 

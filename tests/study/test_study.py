@@ -37,7 +37,7 @@ def _synthetic_graphs(n: int = 40) -> list:
     )[:n]
     rng = np.random.default_rng(0)
     y = 0.3 * np.array([len(s) for s in smiles]) + rng.normal(0.0, 0.1, len(smiles))
-    graphs = [smiles_to_graph(s, y=float(t)) for s, t in zip(smiles, y)]
+    graphs = [smiles_to_graph(s, y=float(t)) for s, t in zip(smiles, y, strict=False)]
     order = rng.permutation(len(graphs))
     return [graphs[i] for i in order]
 
@@ -93,18 +93,71 @@ def _records(good: bool) -> list[dict]:
     """bgnn at 10 and 100 %, agl, isotropy and isotropy_frozen at 100 %, two seeds."""
     out = []
     for seed, jitter in ((0, 0.0), (1, 0.01)):
-        out.append(_rec("bgnn", 10, seed, rmse=2.0, mean_epistemic_std=0.30 + jitter, mean_std=1.10, mean_s=0.08,
-                        n_steps=180, mean_kappa=0.9, mean_log_kappa=-0.1, log_mean_s2=-5.0, mean_log_norm2=1.0))
-        out.append(_rec("bgnn", 100, seed, rmse=1.0, mean_epistemic_std=0.10 + jitter, mean_std=0.65, n_steps=1740,
-                        mean_s=0.16 if good else 0.05, mean_kappa=0.1, mean_log_kappa=-2.3,
-                        log_mean_s2=-3.7, mean_log_norm2=0.8, struct_cal_knn=0.30, struct_cal_tanimoto=0.20))
-        out.append(_rec("agl", 100, seed, rmse=1.03 if good else 1.10, mean_epistemic_std=0.08 if good else 0.12,
-                        mean_std=0.64, mean_s=0.3, mean_kappa=0.01, mean_log_kappa=-4.6, log_mean_s2=-2.5,
-                        mean_log_norm2=1.9, struct_cal_knn=0.40 if good else 0.10, struct_cal_tanimoto=0.25))
+        out.append(
+            _rec(
+                "bgnn",
+                10,
+                seed,
+                rmse=2.0,
+                mean_epistemic_std=0.30 + jitter,
+                mean_std=1.10,
+                mean_s=0.08,
+                n_steps=180,
+                mean_kappa=0.9,
+                mean_log_kappa=-0.1,
+                log_mean_s2=-5.0,
+                mean_log_norm2=1.0,
+            )
+        )
+        out.append(
+            _rec(
+                "bgnn",
+                100,
+                seed,
+                rmse=1.0,
+                mean_epistemic_std=0.10 + jitter,
+                mean_std=0.65,
+                n_steps=1740,
+                mean_s=0.16 if good else 0.05,
+                mean_kappa=0.1,
+                mean_log_kappa=-2.3,
+                log_mean_s2=-3.7,
+                mean_log_norm2=0.8,
+                struct_cal_knn=0.30,
+                struct_cal_tanimoto=0.20,
+            )
+        )
+        out.append(
+            _rec(
+                "agl",
+                100,
+                seed,
+                rmse=1.03 if good else 1.10,
+                mean_epistemic_std=0.08 if good else 0.12,
+                mean_std=0.64,
+                mean_s=0.3,
+                mean_kappa=0.01,
+                mean_log_kappa=-4.6,
+                log_mean_s2=-2.5,
+                mean_log_norm2=1.9,
+                struct_cal_knn=0.40 if good else 0.10,
+                struct_cal_tanimoto=0.25,
+            )
+        )
         for name in ("isotropy", "isotropy_frozen"):
-            out.append(_rec(name, 100, seed, rmse=1.05 if good else 1.25, mean_epistemic_std=0.12 if good else 0.09,
-                            mean_std=0.66, mean_s=0.06 if name == "isotropy" else 0.16, mean_kappa=1.0))
-    return out  # fmt: skip
+            out.append(
+                _rec(
+                    name,
+                    100,
+                    seed,
+                    rmse=1.05 if good else 1.25,
+                    mean_epistemic_std=0.12 if good else 0.09,
+                    mean_std=0.66,
+                    mean_s=0.06 if name == "isotropy" else 0.16,
+                    mean_kappa=1.0,
+                )
+            )
+    return out
 
 
 def test_acceptance_yes() -> None:
@@ -113,7 +166,10 @@ def test_acceptance_yes() -> None:
     fig = acc["figure1"]
     assert fig["epistemic"] and fig["total"]
     assert "Reproduced with the epistemic std: yes; with the total std: yes" in fig["line"]
-    assert "optimizer steps 180 -> 1740" in fig["line"] and "epistemic std 0.305 -> 0.105" in fig["line"]
+    assert (
+        "optimizer steps 180 -> 1740" in fig["line"]
+        and "epistemic std 0.305 -> 0.105" in fig["line"]
+    )
     ivs = {x["variant"]: x for x in acc["interventions"]}
     assert set(ivs) == {"isotropy", "isotropy_frozen"}
     assert all(x["verdict"] and x["rmse_ok"] for x in ivs.values())
@@ -137,7 +193,12 @@ def test_acceptance_no() -> None:
     assert not ivs["isotropy"]["rmse_ok"] and not ivs["isotropy"]["epistemic_raised"]
     assert "Raises the epistemic std at RMSE within 10 %: no" in ivs["isotropy"]["line"]
     agl = acc["agl"]
-    assert not agl["rmse_ok"] and not agl["epistemic_lower"] and not agl["knn_ok"] and agl["tanimoto_ok"]
+    assert (
+        not agl["rmse_ok"]
+        and not agl["epistemic_lower"]
+        and not agl["knn_ok"]
+        and agl["tanimoto_ok"]
+    )
     assert "at least as high: no" in agl["line"]
 
 
@@ -154,17 +215,25 @@ def test_tolerances_at_the_edges() -> None:
 
 
 def test_partial_records_and_markdown() -> None:
-    recs = [r for r in _records(good=True) if r["variant"] == "bgnn"] + [_rec("agl", 100, 0, rmse=1.0)]
+    recs = [r for r in _records(good=True) if r["variant"] == "bgnn"] + [
+        _rec("agl", 100, 0, rmse=1.0)
+    ]
     acc = acceptance(recs)
     assert acc["figure1"]["available"] and not acc["interventions"]
-    assert acc["agl"]["available"] and acc["agl"]["values"]["rmse"][0] == pytest.approx(1.0)  # seed 0 only
+    assert acc["agl"]["available"] and acc["agl"]["values"]["rmse"][0] == pytest.approx(
+        1.0
+    )  # seed 0 only
     rows = aggregate(recs)
     assert [(r["fraction"], r["variant"], r["seeds"]) for r in rows] == [
-        (10.0, "bgnn", [0, 1]), (100.0, "bgnn", [0, 1]), (100.0, "agl", [0]),
+        (10.0, "bgnn", [0, 1]),
+        (100.0, "bgnn", [0, 1]),
+        (100.0, "agl", [0]),
     ]
     assert rows[0]["mean_epistemic_std"] == pytest.approx(0.305)
     md = render_markdown(recs, command="python benchmarks/paper_study.py --seeds 0 1", seeds=[0, 1])
-    assert md.index("python benchmarks/paper_study.py --seeds 0 1") < md.index("Figure-1 reproduction")
+    assert md.index("python benchmarks/paper_study.py --seeds 0 1") < md.index(
+        "Figure-1 reproduction"
+    )
     assert "2. Interventions: not available" in md
     assert "| 100 | agl | 1 |" in md and "| 10 | bgnn | 2 |" in md
     assert acceptance([])["lines"] == ["No records."]

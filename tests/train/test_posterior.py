@@ -50,12 +50,19 @@ def trained(tmp_path_factory):
         atoms.rattle(0.12, seed=k)
         frames.append(_labelled(atoms))
     ase.io.write(root / "train.xyz", frames)
-    config = potential_config_from_dict({
-        "out": str(root / "run"), "dtype": "float64",
-        "data": {"train": str(root / "train.xyz"), "valid_fraction": 0.25, "r_max": 4.0},
-        "model": {"backbone": "gin", "backbone_kwargs": {"hidden": 12, "num_layers": 2}, "latent_dim": 8},
-        "train": {"epochs": 6, "batch_size": 4, "lr": 0.01, "progress": False},
-    })  # fmt: skip
+    config = potential_config_from_dict(
+        {
+            "out": str(root / "run"),
+            "dtype": "float64",
+            "data": {"train": str(root / "train.xyz"), "valid_fraction": 0.25, "r_max": 4.0},
+            "model": {
+                "backbone": "gin",
+                "backbone_kwargs": {"hidden": 12, "num_layers": 2},
+                "latent_dim": 8,
+            },
+            "train": {"epochs": 6, "batch_size": 4, "lr": 0.01, "progress": False},
+        }
+    )
     result = train_potential(config)
     return config, result
 
@@ -65,7 +72,10 @@ def test_training_attaches_a_calibrated_full_posterior(trained):
     payload = torch.load(result.model_path, weights_only=True)
     summary = payload["metadata"]["posterior"]
     assert summary["alpha2_forces"] > 0 and summary["lambda"] > 0
-    assert "domain" in payload["metadata"] and payload["metadata"]["uncertainty_levels"]["max_force_std"] > 0
+    assert (
+        "domain" in payload["metadata"]
+        and payload["metadata"]["uncertainty_levels"]["max_force_std"] > 0
+    )
     model = BayesianPotential.from_checkpoint(result.model_path)
     assert model.has_full_posterior
     # calibrated on validation: the total force variance matches the squared errors on average
@@ -74,7 +84,9 @@ def test_training_attaches_a_calibrated_full_posterior(trained):
     for graph in data.valid.graphs:
         out = model(graph, uncertainty="exact")
         errors.append((out[keys.FORCES] - graph[keys.FORCES]).detach().reshape(-1))
-        variances.append((out[keys.FORCES_VAR] + model.noise_variances(graph)[keys.FORCES]).detach().reshape(-1))
+        variances.append(
+            (out[keys.FORCES_VAR] + model.noise_variances(graph)[keys.FORCES]).detach().reshape(-1)
+        )
     ratio = float(torch.cat(errors).square().mean() / torch.cat(variances).mean())
     assert 0.5 < ratio < 2.0
 
@@ -94,7 +106,9 @@ def test_covariance_is_the_inverse_regularised_precision(trained):
         precision += rows @ rows.T / sig_f2
     precision += summary["lambda"] * torch.eye(model.latent_dim, dtype=torch.float64)
     sigma = model.full_posterior().covariance
-    torch.testing.assert_close(sigma @ precision, torch.eye(model.latent_dim, dtype=torch.float64), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        sigma @ precision, torch.eye(model.latent_dim, dtype=torch.float64), rtol=0, atol=1e-6
+    )
     # rows are sorted by decreasing posterior variance
     norms = model.posterior_factor.square().sum(1)
     assert (norms[:-1] >= norms[1:] - 1e-12).all()
@@ -111,7 +125,9 @@ def test_per_element_fit_is_the_inverse_regularised_precision_of_per_element_fea
     assert width == 2 * d and model.full_posterior().n_blocks == 2
     sig_e2, sig_f2 = float(model.energy_noise.detach()) ** 2, float(model.force_noise.detach()) ** 2
     precision = summary["lambda"] * torch.eye(width, dtype=torch.float64)
-    for graph in data.train.graphs:  # Phi_e and its Jacobian from the shared ones of each element's atoms alone
+    for graph in (
+        data.train.graphs
+    ):  # Phi_e and its Jacobian from the shared ones of each element's atoms alone
         state, _, jac = latent_jacobian(model, graph)  # shared basis: (d, n_atoms, 3)
         z = state.z.detach()
         phi = torch.cat([z[state.atom_type == e].sum(0) for e in range(2)])  # (2 d,)
@@ -119,11 +135,15 @@ def test_per_element_fit_is_the_inverse_regularised_precision_of_per_element_fea
         assert jac.shape[0] == d
         per_el, _, jac_e = latent_jacobian(model, graph, 2)  # (2 d, n_atoms, 3)
         torch.testing.assert_close(per_el.phi.detach()[0], phi)
-        torch.testing.assert_close(jac_e.reshape(2, d, -1, 3).sum(0), jac)  # the blocks sum to the shared Jacobian
+        torch.testing.assert_close(
+            jac_e.reshape(2, d, -1, 3).sum(0), jac
+        )  # the blocks sum to the shared Jacobian
         rows = jac_e.reshape(width, -1)
         precision += rows @ rows.T / sig_f2
     sigma = model.full_posterior().covariance
-    torch.testing.assert_close(sigma @ precision, torch.eye(width, dtype=torch.float64), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        sigma @ precision, torch.eye(width, dtype=torch.float64), rtol=0, atol=1e-6
+    )
     again = BayesianPotential.from_checkpoint(model.to_checkpoint())
     assert again.posterior_basis == "per_element"
     per_var = again(data.valid.graphs[0], uncertainty="exact")[keys.FORCES_VAR]
@@ -157,4 +177,6 @@ def test_posterior_max_frames_is_validated():
     from mlip_unc.config import ConfigError, potential_config_from_dict
 
     with pytest.raises(ConfigError, match="model.posterior_max_frames"):
-        potential_config_from_dict({"data": {"train": "x.xyz"}, "model": {"posterior_max_frames": 0}})
+        potential_config_from_dict(
+            {"data": {"train": "x.xyz"}, "model": {"posterior_max_frames": 0}}
+        )

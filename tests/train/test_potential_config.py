@@ -55,14 +55,20 @@ def test_suggests_close_key():
 
 
 def test_types_defaults_and_round_trip():
-    cfg = config_from_dict({
-        "data": {"train": "${data_root}/a.xyz"}, "data_root": "/d",
-        "model": {"backbone": "equivariant", "head": "map"},
-        "train": {"lr": "1e-3"}, "regularizer": {"kind": "agl_rayleigh", "lambda_max": 1},
-    })  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "data": {"train": "${data_root}/a.xyz"},
+            "data_root": "/d",
+            "model": {"backbone": "equivariant", "head": "map"},
+            "train": {"lr": "1e-3"},
+            "regularizer": {"kind": "agl_rayleigh", "lambda_max": 1},
+        }
+    )
     assert cfg.data.train == "/d/a.xyz" and cfg.model.backbone is Backbone.EQUIVARIANT
     assert cfg.model.head is HeadKind.MAP and cfg.train.lr == 1e-3
-    assert cfg.regularizer.kind is RegularizerKind.AGL_RAYLEIGH and cfg.regularizer.lambda_max == 1.0
+    assert (
+        cfg.regularizer.kind is RegularizerKind.AGL_RAYLEIGH and cfg.regularizer.lambda_max == 1.0
+    )
     assert config_from_dict(config_to_dict(cfg)) == cfg
 
 
@@ -91,9 +97,21 @@ def test_bad_files(tmp_path):
         load_config(bad)
 
 
-SHIPPED = ("ethanol_gin", "ethanol_equivariant", "ethanol_committee", "ethanol_gin_agl",
-           "3bpa_gin", "3bpa_equivariant", "tiny_emt", "ethanol_mace", "3bpa_mace", "mlearn_equivariant",
-           "mlearn_gin", "mlearn_mace", "solvent_xtb_equivariant")
+SHIPPED = (
+    "ethanol_gin",
+    "ethanol_equivariant",
+    "ethanol_committee",
+    "ethanol_gin_agl",
+    "3bpa_gin",
+    "3bpa_equivariant",
+    "tiny_emt",
+    "ethanol_mace",
+    "3bpa_mace",
+    "mlearn_equivariant",
+    "mlearn_gin",
+    "mlearn_mace",
+    "solvent_xtb_equivariant",
+)
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -36,19 +36,26 @@ class Oracle(nn.Module):
         return {keys.ENERGY: 1e-4 * n, keys.FORCES: torch.full_like(batch[keys.FORCES], 1e-4)}
 
     def forward(self, batch, *, compute_forces=True, compute_stress=False, uncertainty="none", **_):
-        out = {keys.ENERGY: batch[keys.ENERGY] + self.offset, keys.FORCES: batch[keys.FORCES] + self.offset}
+        out = {
+            keys.ENERGY: batch[keys.ENERGY] + self.offset,
+            keys.FORCES: batch[keys.FORCES] + self.offset,
+        }
         if compute_stress:
             out[keys.STRESS] = batch[keys.STRESS] + self.offset
             if uncertainty in ("exact", "sampled"):
                 out[keys.STRESS_VAR] = torch.full_like(out[keys.STRESS], 4e-6)
         graph = batch[keys.BATCH]
-        out[keys.ATOMIC_ENERGIES] = (out[keys.ENERGY] / batch[keys.NUM_ATOMS])[graph]  # (n_atoms,), sums to E
+        out[keys.ATOMIC_ENERGIES] = (out[keys.ENERGY] / batch[keys.NUM_ATOMS])[
+            graph
+        ]  # (n_atoms,), sums to E
         if uncertainty != "none":
             n = batch[keys.NUM_ATOMS].to(torch.float64)
             out[keys.ENERGY_EPISTEMIC_VAR] = 1e-3 * n
             out[keys.LOCAL_ENERGY_VAR] = torch.full((batch[keys.POSITIONS].shape[0],), 1e-3)
         if uncertainty in ("exact", "sampled"):
-            out[keys.FORCES_VAR] = torch.linspace(1e-4, 1e-2, batch[keys.FORCES].numel()).reshape(-1, 3)
+            out[keys.FORCES_VAR] = torch.linspace(1e-4, 1e-2, batch[keys.FORCES].numel()).reshape(
+                -1, 3
+            )
         return out
 
 
@@ -67,8 +74,14 @@ def dataset():
 def test_perfect_predictor_has_zero_errors(dataset):
     report = evaluate_potential(Oracle(), dataset, uncertainty="exact", batch_size=2)
     m = report.metrics
-    for key in ("energy_mae_meV_atom", "energy_rmse_meV_atom", "energy_mae_meV", "energy_rmse_meV",
-                "forces_mae_meV_A", "forces_rmse_meV_A"):
+    for key in (
+        "energy_mae_meV_atom",
+        "energy_rmse_meV_atom",
+        "energy_mae_meV",
+        "energy_rmse_meV",
+        "forces_mae_meV_A",
+        "forces_rmse_meV_A",
+    ):
         assert m[key] == 0.0, key
     assert m["n_frames"] == 5 and m["n_atoms"] == 3 + 5 + 4 + 3 + 5
     assert m["energy_coverage_95"] == 1.0 and m["forces_coverage_95"] == 1.0
@@ -107,7 +120,9 @@ class ProportionalOracle(Oracle):
 
 
 def test_sigma_vs_force_diagnostics(dataset, tmp_path):
-    report = evaluate_potential(ProportionalOracle(offset=0.01), dataset, uncertainty="exact", batch_size=2)
+    report = evaluate_potential(
+        ProportionalOracle(offset=0.01), dataset, uncertainty="exact", batch_size=2
+    )
     m, table, pred = report.metrics, report.frames, report.predictions
     # sigma_F = 0.1 |F_pred| exactly: the diagnostics must see it
     assert m["forces_std_vs_pred_spearman"] == pytest.approx(1.0)
@@ -157,7 +172,9 @@ def _mixed_frames():
 @pytest.fixture(scope="module")
 def mixed():
     frames = _mixed_frames()
-    dataset = StructureDataset.from_atoms(frames, 3.0, TypeMap.from_list([1, 8, 29]), stress_key="stress")
+    dataset = StructureDataset.from_atoms(
+        frames, 3.0, TypeMap.from_list([1, 8, 29]), stress_key="stress"
+    )
     return frames, dataset
 
 
@@ -165,9 +182,15 @@ def test_stress_metrics_in_gpa_on_periodic_frames_only(mixed):
     _, dataset = mixed
     report = evaluate_potential(Oracle(offset=0.002), dataset, uncertainty="exact", batch_size=2)
     m, pred = report.metrics, report.predictions
-    assert pred.periodic.tolist() == [True, True, False] and pred.has_stress.tolist() == [True, True, False]
+    assert pred.periodic.tolist() == [True, True, False] and pred.has_stress.tolist() == [
+        True,
+        True,
+        False,
+    ]
     assert m["stress_n_frames"] == 2
-    assert m["stress_mae_GPa"] == pytest.approx(0.002 / GPa) and m["stress_rmse_GPa"] == pytest.approx(0.002 / GPa)
+    assert m["stress_mae_GPa"] == pytest.approx(0.002 / GPa) and m[
+        "stress_rmse_GPa"
+    ] == pytest.approx(0.002 / GPa)
     assert m["stress_mean_epistemic_std_GPa"] == pytest.approx(2e-3 / GPa)
     np.testing.assert_allclose(report.frames["stress_mae_GPa"][:2], 0.002 / GPa)
     assert np.isnan(report.frames["stress_mae_GPa"][2])
@@ -183,18 +206,27 @@ def test_predictions_extxyz_carries_predictions_and_labels(mixed, tmp_path):
     path = write_predictions_xyz(frames, pred, tmp_path / "pred.xyz")
     back = ase.io.read(path, ":")
     assert len(back) == 3
-    for k, (read, ref) in enumerate(zip(back, frames)):
+    for k, (read, ref) in enumerate(zip(back, frames, strict=False)):
         rows = pred.atom_frame == k
         # reference labels stay under ASE's names, predictions beside them
         assert read.get_potential_energy() == pytest.approx(ref.get_potential_energy())
         assert read.info["mlip_unc_energy"] == pytest.approx(ref.get_potential_energy() + 0.01)
-        np.testing.assert_allclose(read.arrays["mlip_unc_forces"], ref.get_forces() + 0.01, atol=1e-8)
-        np.testing.assert_allclose(read.arrays["mlip_unc_forces"], pred.forces_pred[rows], atol=1e-8)
-        np.testing.assert_allclose(read.arrays["mlip_unc_forces_var"],  # extxyz: 8 decimals per atom
-                                   pred.forces_epistemic_var[rows] + 1e-4, atol=1e-8)  # fmt: skip
+        np.testing.assert_allclose(
+            read.arrays["mlip_unc_forces"], ref.get_forces() + 0.01, atol=1e-8
+        )
+        np.testing.assert_allclose(
+            read.arrays["mlip_unc_forces"], pred.forces_pred[rows], atol=1e-8
+        )
+        np.testing.assert_allclose(
+            read.arrays["mlip_unc_forces_var"],  # extxyz: 8 decimals per atom
+            pred.forces_epistemic_var[rows] + 1e-4,
+            atol=1e-8,
+        )
         assert read.info["mlip_unc_energy_var"] == pytest.approx(1e-3 * len(ref) + 1e-4 * len(ref))
         if k < 2:
-            np.testing.assert_allclose(read.info["mlip_unc_stress"], ref.get_stress() + 0.01, atol=1e-8)
+            np.testing.assert_allclose(
+                read.info["mlip_unc_stress"], ref.get_stress() + 0.01, atol=1e-8
+            )
             np.testing.assert_allclose(read.get_stress(), ref.get_stress(), atol=1e-8)
             np.testing.assert_allclose(read.info["mlip_unc_stress_var"], 4e-6)
         else:

@@ -25,7 +25,9 @@ def test_gaussian_nll_matches_torch():
 def test_energy_term_is_per_atom_nll_counted_per_atom():
     pred, true = torch.tensor([1.0, 2.0]), torch.tensor([1.5, 1.0])
     n, var = torch.tensor([2, 5]), torch.tensor([0.3, 0.7])  # total-energy noise variances
-    per_atom = gaussian_nll_terms(pred - true, var) - torch.log(n.float())  # density of E/n = n x density of E
+    per_atom = gaussian_nll_terms(pred - true, var) - torch.log(
+        n.float()
+    )  # density of E/n = n x density of E
     expected = n * per_atom  # each structure counted once per atom
     assert torch.allclose(energy_nll(pred, true, n, var, per_atom=True), expected.mean())
     only_first = energy_nll(pred, true, n, var, torch.tensor([True, False]), per_atom=True)
@@ -49,9 +51,13 @@ def test_energy_and_force_terms_grow_alike_with_size():
     def terms(k):
         n = torch.tensor([4 * k])
         var = per_atom_var * n**2  # total-energy variance giving that per-atom variance
-        e = energy_nll(torch.tensor([0.1]) * n, torch.zeros(1), n, var.double(), per_atom=True)  # 0.1 eV/atom off
+        e = energy_nll(
+            torch.tensor([0.1]) * n, torch.zeros(1), n, var.double(), per_atom=True
+        )  # 0.1 eV/atom off
         graph = torch.zeros(4 * k, dtype=torch.long)
-        f = forces_nll(torch.full((4 * k, 3), 0.2), torch.zeros(4 * k, 3), torch.tensor(0.04), graph)
+        f = forces_nll(
+            torch.full((4 * k, 3), 0.2), torch.zeros(4 * k, 3), torch.tensor(0.04), graph
+        )
         return e, f
 
     (e1, f1), (e3, f3) = terms(1), terms(3)
@@ -82,7 +88,9 @@ def test_forces_summed_per_structure_and_masked():
     f_pred, f_true = torch.ones(3, 3), torch.zeros(3, 3)
     graph = torch.tensor([0, 0, 1])  # structure 0 has 2 atoms, structure 1 has 1
     one = gaussian_nll_terms(torch.ones(()), torch.ones(()))
-    assert torch.allclose(forces_nll(f_pred, f_true, torch.tensor(1.0), graph), (6 * one + 3 * one) / 2)
+    assert torch.allclose(
+        forces_nll(f_pred, f_true, torch.tensor(1.0), graph), (6 * one + 3 * one) / 2
+    )
     mask = torch.tensor([False, True])
     assert torch.allclose(forces_nll(f_pred, f_true, torch.tensor(1.0), graph, mask), 3 * one)
     assert masked_mean(torch.ones(3), torch.zeros(3, dtype=torch.bool)).item() == 0.0
@@ -91,9 +99,15 @@ def test_forces_summed_per_structure_and_masked():
 def test_kl_scaled_by_number_of_training_structures():
     kl = torch.tensor(12.0)
     assert kl_term(kl, 0.5, 8).item() == 0.5 * 12.0 / 8
-    parts = potential_loss({"energy": torch.tensor(1.0), "forces": torch.tensor(2.0)},
-                           {"energy": 1.0, "forces": 10.0}, kl=kl, beta=0.5, n_train=8,
-                           regularizer=torch.tensor(3.0), lam=0.1)  # fmt: skip
+    parts = potential_loss(
+        {"energy": torch.tensor(1.0), "forces": torch.tensor(2.0)},
+        {"energy": 1.0, "forces": 10.0},
+        kl=kl,
+        beta=0.5,
+        n_train=8,
+        regularizer=torch.tensor(3.0),
+        lam=0.1,
+    )
     assert math.isclose(parts["nll"].item(), 21.0)
     assert math.isclose(parts["kl_term"].item(), 0.75)
     assert math.isclose(parts["loss"].item(), 21.0 + 0.75 + 0.3, rel_tol=1e-6)

@@ -50,12 +50,19 @@ def data_dir(tmp_path_factory):
 
 
 def _config(data_dir, out, **train):
-    return config_from_dict({
-        "seed": 0, "out": str(out),
-        "data": {"train": str(data_dir / "train.xyz"), "valid_fraction": 0.25, "r_max": 4.0},
-        "model": {"backbone": "gin", "backbone_kwargs": {"hidden": 8, "num_layers": 1}, "latent_dim": 4},
-        "train": {"epochs": 2, "batch_size": 2, "lr": 0.02, "progress": False, **train},
-    })  # fmt: skip
+    return config_from_dict(
+        {
+            "seed": 0,
+            "out": str(out),
+            "data": {"train": str(data_dir / "train.xyz"), "valid_fraction": 0.25, "r_max": 4.0},
+            "model": {
+                "backbone": "gin",
+                "backbone_kwargs": {"hidden": 8, "num_layers": 1},
+                "latent_dim": 4,
+            },
+            "train": {"epochs": 2, "batch_size": 2, "lr": 0.02, "progress": False, **train},
+        }
+    )
 
 
 def test_prepare_data_uses_isolated_frames(data_dir, tmp_path):
@@ -78,7 +85,11 @@ def test_training_lowers_loss_and_writes_loadable_checkpoint(data_dir, tmp_path)
     assert out[keys.FORCES].shape == (4, 3) and torch.isfinite(out[keys.FORCES_VAR]).all()
     assert result.best_epoch == history["best_epoch"] >= 1
     levels = load_checkpoint(result.model_path)["metadata"]["uncertainty_levels"]
-    assert levels["max_force_std"] > 0 and levels["energy_std_per_atom"] > 0 and levels["n_structures"] == 2
+    assert (
+        levels["max_force_std"] > 0
+        and levels["energy_std_per_atom"] > 0
+        and levels["n_structures"] == 2
+    )
 
 
 def test_fixed_noise_stays_at_its_initial_value(data_dir, tmp_path):
@@ -90,7 +101,9 @@ def test_fixed_noise_stays_at_its_initial_value(data_dir, tmp_path):
     model = BayesianPotential.from_checkpoint(result.model_path)
     assert float(model.energy_noise) == pytest.approx(max(data.energy_std, 1e-3), rel=1e-6)
     assert float(model.force_noise) == pytest.approx(max(data.force_rms, 1e-3), rel=1e-6)
-    learned = BayesianPotential.from_checkpoint(train_potential(_config(data_dir, tmp_path / "learned", epochs=2)).model_path)
+    learned = BayesianPotential.from_checkpoint(
+        train_potential(_config(data_dir, tmp_path / "learned", epochs=2)).model_path
+    )
     assert float(learned.force_noise) != pytest.approx(max(data.force_rms, 1e-3), rel=1e-3)
 
 
@@ -149,7 +162,9 @@ def test_agl_regularizer_runs(data_dir, tmp_path):
     raw["regularizer"] = {"kind": "agl_rayleigh", "lambda_max": 0.5}
     raw["train"]["ema_decay"] = 0.9
     result = train_potential(config_from_dict(raw))
-    assert result.history[0]["train_regularizer"] > 0 and np.isfinite(result.history[0]["valid_loss"])
+    assert result.history[0]["train_regularizer"] > 0 and np.isfinite(
+        result.history[0]["valid_loss"]
+    )
 
 
 def test_init_from_fine_tunes_a_checkpoint(data_dir, tmp_path):
@@ -158,7 +173,10 @@ def test_init_from_fine_tunes_a_checkpoint(data_dir, tmp_path):
     raw["model"]["latent_dim"] = 7  # ignored: the architecture comes from the checkpoint
     tuned = train_potential(config_from_dict(raw))
     start = BayesianPotential.from_checkpoint(first.model_path)
-    assert tuned.history[0]["valid_loss"] < json.loads((tmp_path / "a" / "history.json").read_text())["initial"]["valid_loss"]
+    assert (
+        tuned.history[0]["valid_loss"]
+        < json.loads((tmp_path / "a" / "history.json").read_text())["initial"]["valid_loss"]
+    )
     assert BayesianPotential.from_checkpoint(tuned.model_path).latent_dim == start.latent_dim == 4
 
 
@@ -178,7 +196,10 @@ def test_a_run_folder_is_never_overwritten_silently(data_dir, tmp_path):
     with pytest.raises(FileExistsError, match="--resume"):
         train_potential(_config(data_dir, tmp_path / "run", epochs=1))
     assert (tmp_path / "run" / "model.pt").read_bytes() == before
-    assert train_potential(_config(data_dir, tmp_path / "run", epochs=1, overwrite=True)).stop_reason == "epochs"
+    assert (
+        train_potential(_config(data_dir, tmp_path / "run", epochs=1, overwrite=True)).stop_reason
+        == "epochs"
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -188,8 +209,10 @@ def test_cuda_training_writes_a_model_that_predicts_on_the_cpu(data_dir, tmp_pat
     cpu = train_potential(_config(data_dir, tmp_path / "cpu", epochs=2))
     gpu = train_potential(_config(data_dir, tmp_path / "gpu", epochs=2, device="cuda"))
     first = json.loads((tmp_path / "gpu" / "history.json").read_text())["initial"]["valid_loss"]
-    assert first == pytest.approx(json.loads((tmp_path / "cpu" / "history.json").read_text())["initial"]["valid_loss"],
-                                  rel=1e-4)  # fmt: skip
+    assert first == pytest.approx(
+        json.loads((tmp_path / "cpu" / "history.json").read_text())["initial"]["valid_loss"],
+        rel=1e-4,
+    )
     assert gpu.history[-1]["valid_loss"] == pytest.approx(cpu.history[-1]["valid_loss"], rel=0.5)
     model = BayesianPotential.from_checkpoint(gpu.model_path)
     out = model(prepare_data(_config(data_dir, tmp_path)).valid.graphs[0], uncertainty="exact")
@@ -223,6 +246,8 @@ def test_stage_two_config_is_checked():
         config_from_dict({**base, "loss": {"stage_two_start": 0.8}})
     with pytest.raises(ValueError, match="need loss.stage_two_start"):
         config_from_dict({**base, "loss": {"stage_two_energy_weight": 10}})
-    cfg = config_from_dict({**base, "loss": {"stage_two_start": 0.8, "stage_two_forces_weight": 0.5}})
+    cfg = config_from_dict(
+        {**base, "loss": {"stage_two_start": 0.8, "stage_two_forces_weight": 0.5}}
+    )
     assert cfg.loss.weights(0.79) == (0, {"energy": 1.0, "forces": 1.0, "stress": 0.0})
     assert cfg.loss.weights(0.8) == (1, {"energy": 1.0, "forces": 0.5, "stress": 0.0})

@@ -17,14 +17,60 @@ from mlip_unc.uncertainty.calibration import nll
 from mlip_unc.uncertainty.recalibration import ZScaling
 
 SMILES = [
-    "C", "CC", "CCC", "CCCC", "CCCCC", "CCCCCC", "CO", "CCO", "CCCO", "CCCCO",
-    "CC(C)O", "CC(=O)O", "CC(=O)C", "CCOC", "c1ccccc1", "Cc1ccccc1", "CCc1ccccc1", "Oc1ccccc1",
-    "c1ccncc1", "C1CCCCC1", "C1CCCC1", "CN", "CCN", "CCCN", "CC#N", "C=C", "C=CC", "CC=CC",
-    "ClC", "CCCl", "FC(F)F", "CS", "CCS", "O=C=O", "CC(C)C", "CC(C)(C)C", "OCCO", "NCCN",
-    "c1ccoc1", "c1ccsc1",
-]  # fmt: skip
-SMALL = ["--set", "model.hidden=16", "--set", "model.layers=2", "--set", "model.latent_dim=8",
-         "--set", "batch_size=8", "--no-progress", "--epochs", "3"]  # fmt: skip
+    "C",
+    "CC",
+    "CCC",
+    "CCCC",
+    "CCCCC",
+    "CCCCCC",
+    "CO",
+    "CCO",
+    "CCCO",
+    "CCCCO",
+    "CC(C)O",
+    "CC(=O)O",
+    "CC(=O)C",
+    "CCOC",
+    "c1ccccc1",
+    "Cc1ccccc1",
+    "CCc1ccccc1",
+    "Oc1ccccc1",
+    "c1ccncc1",
+    "C1CCCCC1",
+    "C1CCCC1",
+    "CN",
+    "CCN",
+    "CCCN",
+    "CC#N",
+    "C=C",
+    "C=CC",
+    "CC=CC",
+    "ClC",
+    "CCCl",
+    "FC(F)F",
+    "CS",
+    "CCS",
+    "O=C=O",
+    "CC(C)C",
+    "CC(C)(C)C",
+    "OCCO",
+    "NCCN",
+    "c1ccoc1",
+    "c1ccsc1",
+]
+SMALL = [
+    "--set",
+    "model.hidden=16",
+    "--set",
+    "model.layers=2",
+    "--set",
+    "model.latent_dim=8",
+    "--set",
+    "batch_size=8",
+    "--no-progress",
+    "--epochs",
+    "3",
+]
 runner = CliRunner()
 
 
@@ -39,18 +85,47 @@ def trained(tmp_path_factory):
         for k, smi in enumerate(SMILES):
             writer.writerow([smi, f"{0.3 * len(smi) - (k % 3) * 0.2:.3f}"])
     out = tmp / "run"
-    result = runner.invoke(app, ["property", "train", "--data", str(data), "--target-column", "y", "--seed", "2",
-                                 "--out", str(out), *SMALL])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "property",
+            "train",
+            "--data",
+            str(data),
+            "--target-column",
+            "y",
+            "--seed",
+            "2",
+            "--out",
+            str(out),
+            *SMALL,
+        ],
+    )
     assert result.exit_code == 0, result.output
     return data, out, result.output
 
 
 def _predict(model, data, out, *flags):
-    result = runner.invoke(app, ["property", "predict", "--model", str(model), "--data", str(data),
-                                 "--out", str(out), *flags])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "property",
+            "predict",
+            "--model",
+            str(model),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            *flags,
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader(out.open()))
-    cols = {k: np.array([float(r[k]) for r in rows]) for k in ("mean", "std", "epistemic_std", "aleatoric_std")}
+    cols = {
+        k: np.array([float(r[k]) for r in rows])
+        for k in ("mean", "std", "epistemic_std", "aleatoric_std")
+    }
     return cols, result.output
 
 
@@ -60,18 +135,26 @@ def test_default_config_recalibrates_with_zscaling():
 
 def test_train_stores_the_factor_and_reports_raw_and_recalibrated(trained):
     _, out, output = trained
-    raw = torch.load(out / "model.pt", weights_only=True)  # the round trip of a weights-only checkpoint
+    raw = torch.load(
+        out / "model.pt", weights_only=True
+    )  # the round trip of a weights-only checkpoint
     assert raw["config"]["train"]["calibration"] == "zscaling"
     (state,) = raw["calibration"]
     assert state["kind"] == "zscaling" and np.isfinite(state["scale"]) and state["scale"] > 0
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["recalibration"] == {"kind": "zscaling", "scale": [state["scale"]], "fitted_on": "val"}
+    assert metrics["recalibration"] == {
+        "kind": "zscaling",
+        "scale": [state["scale"]],
+        "fitted_on": "val",
+    }
     # validation NLL: recalibrated <= raw (the factor is the NLL minimiser; factor 1 is the raw model)
     assert metrics["val"]["nll"] <= metrics["val_uncalibrated"]["nll"] + 1e-9
     # a std factor leaves the accuracy and the ranking as they were
     for key in ("rmse", "mae", "spearman"):
         assert metrics[key] == pytest.approx(metrics["uncalibrated"][key], rel=1e-9, abs=1e-12), key
-    assert metrics["sharpness"] == pytest.approx(state["scale"] * metrics["uncalibrated"]["sharpness"], rel=1e-9)
+    assert metrics["sharpness"] == pytest.approx(
+        state["scale"] * metrics["uncalibrated"]["sharpness"], rel=1e-9
+    )
     assert "raw" in output and "recalibrated" in output and "std factor" in output
     loaded = PropertyPredictor.load(out)
     assert loaded.calibrators[0].scale == state["scale"]
@@ -91,7 +174,9 @@ def test_factor_is_the_validation_nll_minimiser(trained):
     pred = predictor.predict(val)
     y = np.array([float(g.y[0, 0]) for g in val])
     scale = payload["calibration"][0]["scale"]
-    assert ZScaling().fit(pred["mean"][:, 0], pred["std"][:, 0], y).scale == pytest.approx(scale, rel=1e-6)
+    assert ZScaling().fit(pred["mean"][:, 0], pred["std"][:, 0], y).scale == pytest.approx(
+        scale, rel=1e-6
+    )
     best = nll(pred["mean"][:, 0], scale * pred["std"][:, 0], y)
     for c in np.geomspace(0.05, 20.0, 61):
         assert best <= nll(pred["mean"][:, 0], c * pred["std"][:, 0], y) + 1e-9
@@ -104,7 +189,11 @@ def test_predict_with_and_without_the_flag_differ_by_the_stored_factor(trained, 
     raw, said_raw = _predict(out, data, tmp_path / "raw.csv", "--no-recalibrate")
     assert "recalibrated" in said and "--no-recalibrate" in said_raw
     np.testing.assert_array_equal(recal["mean"], raw["mean"])
-    for key in ("std", "epistemic_std", "aleatoric_std"):  # the CSV keeps 6 significant digits (each side)
+    for key in (
+        "std",
+        "epistemic_std",
+        "aleatoric_std",
+    ):  # the CSV keeps 6 significant digits (each side)
         np.testing.assert_allclose(recal[key], scale * raw[key], rtol=1.1e-5)
     # in memory (no CSV rounding) the two differ by exactly the factor
     from mlip_unc.data.molecules import load_csv

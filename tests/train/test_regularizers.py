@@ -9,7 +9,9 @@ from mlip_unc.train import regularizers as reg
 from mlip_unc.train.regularizers import LambdaSchedule, RegularizerKind
 
 
-def _inputs(seed: int = 0, n: int = 16, d: int = 6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _inputs(
+    seed: int = 0, n: int = 16, d: int = 6
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(n, d, generator=g, dtype=torch.float64, requires_grad=True)
     mu = torch.randn(d, generator=g, dtype=torch.float64, requires_grad=True)
@@ -23,7 +25,9 @@ def test_gradients_reach_z_only(kind: RegularizerKind) -> None:
     term = reg.regularizer_term(kind, z, mu, s2)
     assert term.shape == ()
     term.backward()
-    assert z.grad is not None and bool(torch.isfinite(z.grad).all()) and float(z.grad.abs().sum()) > 0
+    assert (
+        z.grad is not None and bool(torch.isfinite(z.grad).all()) and float(z.grad.abs().sum()) > 0
+    )
     assert mu.grad is None and s2.grad is None
 
 
@@ -41,13 +45,19 @@ def test_agl_rayleigh_minimised_on_lowest_variance_axis() -> None:
     g = torch.Generator().manual_seed(1)
     z_rand = torch.randn(500, 4, generator=g, dtype=torch.float64)
     assert float(reg.agl_rayleigh(z_rand, s2)) > 0.1
-    assert float(reg.agl_rayleigh(5.0 * z_rand, s2)) == pytest.approx(float(reg.agl_rayleigh(z_rand, s2)))
-    assert float(reg.anti_alignment(z_rand, s2)) == pytest.approx(-float(reg.agl_rayleigh(z_rand, s2)))
+    assert float(reg.agl_rayleigh(5.0 * z_rand, s2)) == pytest.approx(
+        float(reg.agl_rayleigh(z_rand, s2))
+    )
+    assert float(reg.anti_alignment(z_rand, s2)) == pytest.approx(
+        -float(reg.agl_rayleigh(z_rand, s2))
+    )
 
 
 def test_agl_rayleigh_descent_moves_z_to_low_variance_axis() -> None:
     s2 = torch.tensor([0.5, 0.1, 0.9, 0.3], dtype=torch.float64)
-    z = torch.randn(8, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64).requires_grad_(True)
+    z = torch.randn(
+        8, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64
+    ).requires_grad_(True)
     opt = torch.optim.SGD([z], lr=2.0)
     for _ in range(300):
         opt.zero_grad()
@@ -67,9 +77,13 @@ def test_agl_mean_zero_on_s_inverse_mu() -> None:
 def test_isotropy_penalty() -> None:
     signs = torch.tensor([[1.0, -1.0, 1.0], [-1.0, -1.0, 1.0], [1.0, 1.0, -1.0]])
     assert float(reg.isotropy_penalty(signs)) == pytest.approx(0.0, abs=1e-12)
-    z = torch.randn(64, 3, generator=torch.Generator().manual_seed(4)) * torch.tensor([3.0, 1.0, 0.1])
+    z = torch.randn(64, 3, generator=torch.Generator().manual_seed(4)) * torch.tensor(
+        [3.0, 1.0, 0.1]
+    )
     assert float(reg.isotropy_penalty(z)) > 0.5
-    assert float(reg.isotropy_penalty(10.0 * z)) == pytest.approx(float(reg.isotropy_penalty(z)), rel=1e-5)
+    assert float(reg.isotropy_penalty(10.0 * z)) == pytest.approx(
+        float(reg.isotropy_penalty(z)), rel=1e-5
+    )
 
 
 def test_decorrelation_matches_covariance() -> None:

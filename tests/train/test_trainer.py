@@ -12,14 +12,54 @@ from mlip_unc.config import load_property_config as load_config
 from mlip_unc.models.checkpoint import CheckpointError, save_checkpoint
 from mlip_unc.models.factory import build_model
 from mlip_unc.train.losses import gaussian_nll, kl_weight, negative_elbo
-from mlip_unc.train.property import model_payload, property_trainer, target_statistics, train_property_model
+from mlip_unc.train.property import (
+    model_payload,
+    property_trainer,
+    target_statistics,
+    train_property_model,
+)
 
 SMILES = [
-    "C", "CC", "CCC", "CCCC", "CCCCC", "CCCCCC", "CO", "CCO", "CCCO", "CCCCO",
-    "CC(C)O", "CC(=O)O", "CC(=O)C", "CCOC", "c1ccccc1", "Cc1ccccc1", "CCc1ccccc1", "Oc1ccccc1",
-    "c1ccncc1", "C1CCCCC1", "C1CCCC1", "CN", "CCN", "CCCN", "CC#N", "C=C", "C=CC", "CC=CC",
-    "ClC", "CCCl", "FC(F)F", "CS", "CCS", "O=C=O", "CC(C)C", "CC(C)(C)C", "OCCO", "NCCN",
-    "c1ccoc1", "c1ccsc1",
+    "C",
+    "CC",
+    "CCC",
+    "CCCC",
+    "CCCCC",
+    "CCCCCC",
+    "CO",
+    "CCO",
+    "CCCO",
+    "CCCCO",
+    "CC(C)O",
+    "CC(=O)O",
+    "CC(=O)C",
+    "CCOC",
+    "c1ccccc1",
+    "Cc1ccccc1",
+    "CCc1ccccc1",
+    "Oc1ccccc1",
+    "c1ccncc1",
+    "C1CCCCC1",
+    "C1CCCC1",
+    "CN",
+    "CCN",
+    "CCCN",
+    "CC#N",
+    "C=C",
+    "C=CC",
+    "CC=CC",
+    "ClC",
+    "CCCl",
+    "FC(F)F",
+    "CS",
+    "CCS",
+    "O=C=O",
+    "CC(C)C",
+    "CC(C)(C)C",
+    "OCCO",
+    "NCCN",
+    "c1ccoc1",
+    "c1ccsc1",
 ]
 
 
@@ -52,9 +92,14 @@ def fresh(cfg, graphs, out_dir=None):
 def test_negative_elbo_scales_kl_by_n_train():
     nll, kl = torch.tensor(0.7), torch.tensor(50.0)
     loss, term = negative_elbo(nll, kl, n_train=200, beta=0.5)
-    assert term.item() == pytest.approx(0.5 * 50.0 / 200) and loss.item() == pytest.approx(0.7 + 0.125)
+    assert term.item() == pytest.approx(0.5 * 50.0 / 200) and loss.item() == pytest.approx(
+        0.7 + 0.125
+    )
     # one convention: a linear ramp from 0 over the (fractional) epochs, evaluated every step
-    assert kl_weight(0, beta=1.0, warmup_epochs=4) == 0.0 and kl_weight(1, beta=1.0, warmup_epochs=4) == 0.25
+    assert (
+        kl_weight(0, beta=1.0, warmup_epochs=4) == 0.0
+        and kl_weight(1, beta=1.0, warmup_epochs=4) == 0.25
+    )
     assert kl_weight(9, beta=2.0, warmup_epochs=4) == 2.0 and kl_weight(0.5, beta=1.0) == 1.0
     with pytest.raises(ValueError):
         negative_elbo(nll, kl, n_train=0)
@@ -106,7 +151,9 @@ def test_resume_after_interruption_matches_uninterrupted_run(graphs, tmp_path):
 
 
 def test_resume_after_a_crash_in_a_callback(graphs, tmp_path):
-    cfg = config("mcdropout", epochs=5, lr_schedule="cosine")  # dropout draws from torch's global RNG
+    cfg = config(
+        "mcdropout", epochs=5, lr_schedule="cosine"
+    )  # dropout draws from torch's global RNG
     full = fresh(cfg, graphs, tmp_path / "a")
     full.fit()
 
@@ -141,7 +188,16 @@ def test_history_and_regulariser_hook(graphs, tmp_path):
     trainer = fresh(cfg, graphs, tmp_path)
     trainer.fit()
     hist = json.loads((tmp_path / "history.json").read_text())["epochs"]
-    for key in ("train_nll", "train_kl", "train_reg", "val_rmse", "val_nll", "train_lambda", "effective_rank", "mean_s"):
+    for key in (
+        "train_nll",
+        "train_kl",
+        "train_reg",
+        "val_rmse",
+        "val_nll",
+        "train_lambda",
+        "effective_rank",
+        "mean_s",
+    ):
         assert key in hist[0], key
     # lambda per step: 0 in the warm-up epoch, a ramp within the second, lambda_max in the third
     lam = [r["train_lambda"] for r in hist]
@@ -167,7 +223,11 @@ def test_freeze_posterior_from_baseline(graphs, tmp_path):
     save_checkpoint(tmp_path / "base.pt", model_payload(donor, base, {"n_targets": 1}))
     cfg = config(epochs=2, intervention="isotropy", reg_warmup=0)
     _, metrics = train_property_model(
-        cfg, graphs[:30], graphs[30:35], graphs[35:], out_dir=tmp_path / "run",
+        cfg,
+        graphs[:30],
+        graphs[30:35],
+        graphs[35:],
+        out_dir=tmp_path / "run",
         freeze_posterior=tmp_path / "base.pt",
     )
     from mlip_unc.models.factory import PropertyPredictor
@@ -185,7 +245,9 @@ def test_laplace_posterior_is_fitted_after_training(graphs, tmp_path):
 
     from mlip_unc import keys
 
-    predictor, _ = train_property_model(config("laplace", epochs=2), graphs[:32], graphs[32:], out_dir=tmp_path)
+    predictor, _ = train_property_model(
+        config("laplace", epochs=2), graphs[:32], graphs[32:], out_dir=tmp_path
+    )
     model, head = predictor.model.eval(), predictor.model.head
     assert bool(head.fitted)
     with torch.no_grad():
@@ -197,7 +259,9 @@ def test_laplace_posterior_is_fitted_after_training(graphs, tmp_path):
     lam = head.prior_precision[0].double()
     precision = zt.T @ (zt / noise_var) + lam * torch.eye(p, dtype=torch.float64)  # (p, p)
     cov = torch.linalg.inv(precision)
-    torch.testing.assert_close(head.posterior_cov[0].double(), cov, rtol=1e-4, atol=1e-6 * cov.abs().max().item())
+    torch.testing.assert_close(
+        head.posterior_cov[0].double(), cov, rtol=1e-4, atol=1e-6 * cov.abs().max().item()
+    )
     # lambda maximises the Laplace evidence -1/2 [log det(lambda I + H) - p log lambda + lambda |theta|^2]
     theta = torch.cat([head.linear.weight[0], head.linear.bias]).detach().double()
     hess = precision - lam * torch.eye(p, dtype=torch.float64)
@@ -208,9 +272,13 @@ def test_laplace_posterior_is_fitted_after_training(graphs, tmp_path):
 
     assert all(log_evidence(lam) >= log_evidence(lam * f) for f in (0.5, 2.0))
     # the predictive epistemic variance of held-out graphs uses that covariance: z~^T Sigma z~
-    zt_val = torch.cat([out[keys.LATENT].double(), torch.ones(len(graphs) - 32, 1, dtype=torch.float64)], 1)
+    zt_val = torch.cat(
+        [out[keys.LATENT].double(), torch.ones(len(graphs) - 32, 1, dtype=torch.float64)], 1
+    )
     expected = torch.einsum("np,pq,nq->n", zt_val, cov, zt_val)
-    torch.testing.assert_close(out[keys.EPISTEMIC_VAR][:, 0].double(), expected, rtol=1e-3, atol=1e-7)
+    torch.testing.assert_close(
+        out[keys.EPISTEMIC_VAR][:, 0].double(), expected, rtol=1e-3, atol=1e-7
+    )
 
 
 # ---------------------------------------------------------------------- config
@@ -282,6 +350,10 @@ def test_a_new_phase_restarts_the_best_model():
     opts = TrainCoreConfig(epochs=5, batch_size=1, progress=False, lr_schedule="cosine")
     result = Trainer(task, opts, seed=0).fit()
     assert result.best_epoch == 4 and result.best_metric == 3.0
-    assert task.progress == pytest.approx([k / 10 for k in range(10)])  # epoch + batch / n over 5 epochs
-    without = Trainer(_PhasedTask([(10.0, 0), (5.0, 0), (1.0, 0), (9.0, 0), (3.0, 0), (4.0, 0)]), opts, seed=0).fit()
+    assert task.progress == pytest.approx(
+        [k / 10 for k in range(10)]
+    )  # epoch + batch / n over 5 epochs
+    without = Trainer(
+        _PhasedTask([(10.0, 0), (5.0, 0), (1.0, 0), (9.0, 0), (3.0, 0), (4.0, 0)]), opts, seed=0
+    ).fit()
     assert without.best_epoch == 2

@@ -47,7 +47,9 @@ def test_zero_latent_has_neutral_kappa(posterior) -> None:
     assert split.kappa[:2].tolist() == [1.0, 1.0] and split.norm2[:2].tolist() == [0.0, 0.0]
     torch.testing.assert_close(split.kappa[2:], al.three_factor_split(z, s2).kappa)
     # z = 0 points are dropped from the means of the logs
-    assert al.mean_log_factors(split) == pytest.approx(al.mean_log_factors(al.three_factor_split(z, s2)))
+    assert al.mean_log_factors(split) == pytest.approx(
+        al.mean_log_factors(al.three_factor_split(z, s2))
+    )
     with pytest.raises(ValueError, match="no point"):
         al.log_variance_decomposition(al.three_factor_split(z0[:2], s2), split)
 
@@ -91,14 +93,18 @@ def test_rho_lpa_and_low_variance_fraction_for_aligned_latents() -> None:
     assert frac.shape == (200,) and float(frac.mean()) > 0.5
     z_low = torch.zeros(5, 8, dtype=torch.float64)
     z_low[:, :2] = torch.randn(5, 2, generator=g, dtype=torch.float64)
-    torch.testing.assert_close(al.low_variance_energy_fraction(z_low, s2, r=2), torch.ones(5, dtype=torch.float64))
+    torch.testing.assert_close(
+        al.low_variance_energy_fraction(z_low, s2, r=2), torch.ones(5, dtype=torch.float64)
+    )
 
 
 def test_effective_rank() -> None:
     g = _gen(3)
     z_iso = torch.randn(5000, 8, generator=g, dtype=torch.float64)
     assert al.effective_rank(z_iso) == pytest.approx(8.0, rel=0.02)
-    z_one = torch.randn(100, 1, generator=g, dtype=torch.float64) * torch.randn(1, 8, generator=g, dtype=torch.float64)
+    z_one = torch.randn(100, 1, generator=g, dtype=torch.float64) * torch.randn(
+        1, 8, generator=g, dtype=torch.float64
+    )
     assert al.effective_rank(z_one) == pytest.approx(1.0, abs=1e-6)
 
 
@@ -123,8 +129,15 @@ def test_lpa_summary_numpy_input(posterior) -> None:
     z, mu, s2 = (t.numpy() for t in posterior)
     summary = al.lpa_summary(z, mu, s2)
     assert set(summary) == {
-        "mean_u", "mean_norm2", "mean_s2", "mean_s", "mean_kappa", "median_alignment",
-        "rho_lpa", "low_variance_fraction", "effective_rank",
+        "mean_u",
+        "mean_norm2",
+        "mean_s2",
+        "mean_s",
+        "mean_kappa",
+        "median_alignment",
+        "rho_lpa",
+        "low_variance_fraction",
+        "effective_rank",
     }
     assert all(math.isfinite(v) for v in summary.values())
     assert summary["mean_u"] == pytest.approx(float(((z**2) @ s2).mean()))

@@ -139,7 +139,17 @@ def test_regression_metrics_keys_and_torch_input(calibrated) -> None:
     p, s, t = (torch.as_tensor(a[:500], dtype=torch.float32) for a in calibrated)
     metrics = cal.regression_metrics(p, s, t)
     assert set(metrics) == {
-        "rmse", "mae", "nll", "spearman", "miscalibration_area", "ence", "coverage_95", "crps", "sharpness",
+        "rmse",
+        "mae",
+        "nll",
+        "spearman",
+        "miscalibration_area",
+        "ence",
+        "coverage_95",
+        "crps",
+        "sharpness",
     }
     assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
-    assert metrics["rmse"] == pytest.approx(cal.rmse(calibrated[0][:500], calibrated[2][:500]), rel=1e-5)
+    assert metrics["rmse"] == pytest.approx(
+        cal.rmse(calibrated[0][:500], calibrated[2][:500]), rel=1e-5
+    )

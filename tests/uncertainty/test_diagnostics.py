@@ -108,9 +108,13 @@ def test_sigma_over_force_auroc_known_value():
     labels = [0, 0, 1, 1]
     assert dg.sigma_over_force_auroc(sigma, force, labels) == pytest.approx(0.75)
     # sigma proportional to |F|: the ratio is constant and says nothing
-    assert dg.sigma_over_force_auroc([2.0, 4.0, 6.0, 8.0], [1.0, 2.0, 3.0, 4.0], labels) == pytest.approx(0.5)
+    assert dg.sigma_over_force_auroc(
+        [2.0, 4.0, 6.0, 8.0], [1.0, 2.0, 3.0, 4.0], labels
+    ) == pytest.approx(0.5)
     # a zero predicted force with some sigma ranks as the most suspicious frame
-    assert dg.sigma_over_force_auroc([1.0, 1.0, 1.0], [1.0, 2.0, 0.0], [0, 0, 1]) == pytest.approx(1.0)
+    assert dg.sigma_over_force_auroc([1.0, 1.0, 1.0], [1.0, 2.0, 0.0], [0, 0, 1]) == pytest.approx(
+        1.0
+    )
 
 
 def test_std_over_rmse_is_root_mean_variance_over_rmse():
@@ -131,12 +135,18 @@ def test_frame_ranking_known_values():
     out = dg.frame_ranking(X, Y, Z, *ood)
     assert out["spearman_frame_in_domain"] == pytest.approx(0.8)
     assert out["partial_spearman_given_force"] == pytest.approx(dg.partial_spearman(X, Y, Z))
-    assert out["auroc_ood"] == pytest.approx(10 / 15)  # OOD 6, 7 above all 5 in-domain; 0.5 below all
+    assert out["auroc_ood"] == pytest.approx(
+        10 / 15
+    )  # OOD 6, 7 above all 5 in-domain; 0.5 below all
     # score / force: in-domain 1, 1, 1, 0.8, 1.25; OOD 6, 7, 0.5 -> also 10 of 15 pairs
     assert out["auroc_sigma_over_force"] == pytest.approx(10 / 15)
-    assert out["spearman_frame_pooled"] == pytest.approx(dg.spearman([*X, 6, 7, 0.5], [*Y, 9, 9, 9]))
+    assert out["spearman_frame_pooled"] == pytest.approx(
+        dg.spearman([*X, 6, 7, 0.5], [*Y, 9, 9, 9])
+    )
     # OOD frames ranked by the ratio, not the score: large score, larger force -> low ratio
     flipped = dg.frame_ranking(X, Y, Z, [6.0, 7.0], [9.0, 9.0], [100.0, 100.0])
-    assert flipped["auroc_ood"] == pytest.approx(1.0) and flipped["auroc_sigma_over_force"] == pytest.approx(0.0)
+    assert flipped["auroc_ood"] == pytest.approx(1.0) and flipped[
+        "auroc_sigma_over_force"
+    ] == pytest.approx(0.0)
     alone = dg.frame_ranking(X, Y, Z)
     assert math.isnan(alone["auroc_ood"]) and alone["spearman_frame_pooled"] == pytest.approx(0.8)

@@ -64,7 +64,9 @@ def test_latent_variance_per_output_matches_draws():
     mu = torch.randn(3, D, generator=gen, dtype=torch.float64)  # (n_out, D)
     s2 = torch.rand(3, D, generator=gen, dtype=torch.float64) * 0.5 + 0.05  # (n_out, D)
     z = torch.randn(5, D, generator=gen, dtype=torch.float64)  # (n, D)
-    w = mu + s2.sqrt() * torch.randn(N_DRAWS, 3, D, generator=gen, dtype=torch.float64)  # (N, n_out, D)
+    w = mu + s2.sqrt() * torch.randn(
+        N_DRAWS, 3, D, generator=gen, dtype=torch.float64
+    )  # (N, n_out, D)
     draws = torch.einsum("nd,sod->sno", z, w)  # (N, n, n_out)
     closed = moments.latent_variance(z, s2)  # (n, n_out)
     assert closed.shape == (5, 3)
@@ -148,7 +150,9 @@ def test_kappa():
     mu, s2 = _posterior()
     phi = torch.randn(3, D, dtype=torch.float64)
     iso = torch.full((D,), 0.3, dtype=torch.float64)
-    torch.testing.assert_close(moments.alignment_kappa(phi, iso), torch.ones(3, dtype=torch.float64))
+    torch.testing.assert_close(
+        moments.alignment_kappa(phi, iso), torch.ones(3, dtype=torch.float64)
+    )
     aligned = torch.zeros(1, D, dtype=torch.float64)
     aligned[0, s2.argmin()] = 2.0
     assert moments.alignment_kappa(aligned, s2).item() < 1
@@ -159,10 +163,13 @@ def test_kappa():
     (grad,) = torch.autograd.grad(kappa0.sum(), zero)
     assert torch.all(grad == 0)
     mixed = torch.cat([zero.detach(), phi])
-    torch.testing.assert_close(moments.alignment_kappa(mixed, s2)[2:], moments.alignment_kappa(phi, s2))
+    torch.testing.assert_close(
+        moments.alignment_kappa(mixed, s2)[2:], moments.alignment_kappa(phi, s2)
+    )
     # z^T S z = |z|^2 mean(s2) kappa
     torch.testing.assert_close(
-        (phi * phi).sum(-1) * s2.mean() * moments.alignment_kappa(phi, s2), moments.latent_variance(phi, s2)
+        (phi * phi).sum(-1) * s2.mean() * moments.alignment_kappa(phi, s2),
+        moments.latent_variance(phi, s2),
     )
     n_atoms = torch.tensor([3, 10])
     torch.testing.assert_close(

@@ -20,10 +20,19 @@ def test_plots_write_pngs(tmp_path) -> None:
     paths = [
         plots.plot_calibration_curve(y_pred, y_std, y_true, tmp_path / "cal.png"),
         plots.plot_error_vs_std(y_pred, y_std, y_true, tmp_path / "sub" / "err.png"),
-        plots.plot_std_vs_density(y_std, y_std + rng.normal(scale=0.1, size=300), tmp_path / "dens.png"),
+        plots.plot_std_vs_density(
+            y_std, y_std + rng.normal(scale=0.1, size=300), tmp_path / "dens.png"
+        ),
     ]
     table = [
-        {"fraction": f, "label": lab, "mean_std": 1 / f + s, "mean_s": f + s, "mean_kappa": 1 - f / 2, "mean_norm2": 2.0}
+        {
+            "fraction": f,
+            "label": lab,
+            "mean_std": 1 / f + s,
+            "mean_s": f + s,
+            "mean_kappa": 1 - f / 2,
+            "mean_norm2": 2.0,
+        }
         for f in (0.1, 0.25, 0.5, 1.0)
         for lab in ("none", "agl")
         for s in (0.0, 0.05)
