@@ -39,8 +39,9 @@ command is run again: resumable) and kept: ``--repeat k`` runs seeds seed..seed+
 with another ``--seed`` adds runs; the md shows mean +- std and n. ``--quick``: EMT Cu made
 here, configs/tiny_emt.yaml and small models, 10 s per row.
 
-    /work/venv_mace/bin/python benchmarks/accuracy.py --datasets ethanol,3BPA --budget-minutes 10
-    python benchmarks/accuracy.py --quick --out /tmp/acc_quick
+    /work/venv_mace/bin/python -m benchmarks.accuracy --datasets ethanol,3BPA --budget-minutes 10
+    python -m benchmarks.accuracy --quick --out /tmp/acc_quick
+    python -m benchmarks.accuracy --report-only   # rewrite accuracy.json/.md from accuracy.jsonl
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ import numpy as np
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import force_uncertainty as fu
-
+from benchmarks import force_uncertainty as fu
+from benchmarks.common.format import clean, fmt_sig3
+from benchmarks.common.pages import environment, run_section
 from mlip_unc.atomic import atomic_write_text
 from mlip_unc.config import load_potential_config
 from mlip_unc.data import (
@@ -206,6 +207,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="tiny EMT Cu data made here; needs --out")
     p.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS})")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only rewrite OUT/accuracy.json and .md from OUT/accuracy.jsonl (nothing trained)",
+    )
     args = p.parse_args(argv)
     names = {d.lower(): d for d in DATASETS}
     args.datasets = (
@@ -360,7 +366,7 @@ def truth(frames: list, spec: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def metrics(pred: Predictions) -> dict[str, Any]:
     full = potential_metrics(pred)
-    return fu._clean({new: full.get(old) for old, new in KEEP.items()})
+    return clean({new: full.get(old) for old, new in KEEP.items()})
 
 
 # ================================================================ our rows
@@ -378,6 +384,7 @@ def run_ours(
         f"out={out}",
         f"seed={seed}",
         f"train.max_minutes={args.budget_minutes}",
+        "train.schedule_clock=wall",  # equal wall time: the schedule follows the clock
         "train.progress=false",
         "train.resume=false",
         "train.overwrite=true",
@@ -772,7 +779,7 @@ class Runs:
             self.add({"kind": "settings", **{k: settings[k] for k in SETTINGS}})
 
     def add(self, record: dict[str, Any]) -> None:
-        record = fu._clean({**record, "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+        record = clean({**record, "time": time.strftime("%Y-%m-%d %H:%M:%S")})
         self.records.append(record)
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -812,6 +819,10 @@ def summary(values: list[float | None]) -> tuple[float | None, float | None]:
 def assemble(runs: Runs, meta: dict[str, Any]) -> dict[str, Any]:
     """``{"meta": ..., dataset: {row: {COLUMNS (means), n, spread (std), runs}}}``; a run's
     further test sets (3BPA's mixedT) become the dataset ``<dataset>_<label>``."""
+    meta["notes"] = {}  # what the runs cannot say themselves: note records of the JSONL
+    for rec in runs.records:
+        if rec["kind"] == "note":
+            meta["notes"].setdefault(rec["dataset"], []).append(rec["text"])
     results: dict[str, Any] = {"meta": meta}
     for rec in runs.runs():
         labels = list(rec["tests"])
@@ -903,7 +914,7 @@ def acceptance(results: dict[str, Any]) -> list[str]:
             "- mlearn, this project's rows as configs/ holds them now (CURRENT_MLEARN), mean E MAE <= 10 "
             "meV/atom: "
             + "; ".join(
-                f"{n} {r} {_f(e)}: {'met' if e is not None and e <= 10 else 'missed'}"
+                f"{n} {r} {fmt_sig3(e)}: {'met' if e is not None and e <= 10 else 'missed'}"
                 for n, r, e in verdicts
             )
         )
@@ -915,7 +926,7 @@ def acceptance(results: dict[str, Any]) -> list[str]:
         for row, v in results.get(name, {}).items():
             e = v["energy_mae_meV_atom"]
             verdict = "n/a" if e is None else "met" if e <= 10.0 else f"missed ({e:.1f} > 10)"
-            lines.append(f"- {name} {row}: E MAE {_f(e)} meV/atom <= 10: {verdict}")
+            lines.append(f"- {name} {row}: E MAE {fmt_sig3(e)} meV/atom <= 10: {verdict}")
     if not any(n in results for n in MLEARN):
         lines.append("- mlearn Si, Ge, Li: E MAE <= 10 meV/atom per row: n/a (not run yet)")
     return lines
@@ -945,229 +956,46 @@ PUBLISHED_NOT_FOUND = (
 )
 
 
-def _f(value: Any, spread: Any = None) -> str:
-    if value is None:
-        return "n/a"
-    text = f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
-    return text if spread is None else f"{text} ± {spread:.2g}"
-
-
-_MLEARN_NOTE = (
-    "Note (2026-12-04): mace_backbone [readout_norm_constlr] (seed 3) ran configs/mlearn_mace.yaml as first written: "
-    "the model section of configs/ethanol_mace.yaml (readout: mace, readout_hidden [16], latent_dim 48, latent_norm), "
-    "constant lr, no gradient clip. Its test energies were worse on all three sets than the [emawarm_refit] runs' "
-    "(mlearn_equivariant.yaml + the then model section of ethanol_mace.yaml: readout mlp, [64], latent_dim 64; cosine "
-    "lr, clip 10), so the file was then set to that measured setting. The [noclip] runs (seed 4) ran with "
-    "`train.grad_clip: null` in configs/mlearn_equivariant.yaml (native and GIN rows) and in configs/mlearn_mace.yaml "
-    "(MACE backbone, Si and Ge); afterwards only the GIN kept it (configs/mlearn_gin.yaml, new: the GIN row's config "
-    "from then on), the native and MACE-backbone configs went back to the clip at 10 (see the configs' comments). "
-    "The GIN [noclip] run of seed 5 on Ge jumped in loss at its epoch 76 (no clip) and kept the weights of its epoch 61 "
-    "(lowest validation loss): test E / F 30.2 / 251 against 10.9 / 122 for seed 4. Si native [emawarm_refit] seed 5 "
-    "repeats seed 2 with the same config (the clip at 10). Energy errors by structure group: mlearn_groups.md. "
-    "Note (2026-12-04, evening): the [stage2] runs (seed 2) ran the three mlearn configs (configs/mlearn_equivariant.yaml, "
-    "mlearn_gin.yaml, mlearn_mace.yaml) with `loss.stage_two_start: 0.75` and `loss.stage_two_energy_weight: 10`, new in "
-    "the trainer then: from 3/4 of the 10-minute budget the energy weight is 10 (MACE's stage two), and the model kept is "
-    "the best on validation within that stage; otherwise the configs of the [emawarm_refit] runs (native, MACE backbone) "
-    "and of the [noclip] runs (GIN). Two one-thread invocations at a time on the 2 cores. The probes that led there "
-    "(a fine-tune with energy weight 10 from kept checkpoints) are in mlearn_probes/README.md. "
-    "Note (2026-12-05, eighth session): the [stage2_half] runs (seed 2) ran the three rows that missed 10 meV/atom "
-    "with [stage2] (Si GIN, Si MACE backbone, Ge native) with the stage two from half the budget "
-    "(`loss.stage_two_start: 0.5` in the mlearn configs for these runs, then 0.75 again): test E / F Si GIN 14.4 / 244 "
-    "against 13.4 / 187 ([stage2], seed 2), Si MACE backbone 11.8 / 125 against 13.5 / 117, Ge native 12.2 / 142 "
-    "against 11.6 / 133; none reaches 10. mace_torch seed 1 ran on all three sets on a quiet machine (beside one other "
-    "one-thread job; the seed-0 runs of 2026-12-03 shared the CPU with many processes and got 6-8 epochs, these 12-17). "
-    "mace_torch [stage2] (seed 1, `--mace-stage-two 0.75`, beside the plain seed-1 runs): mace's own stage two "
-    "(energy weight 1000, forces 100, stress 10, lr 1e-3) from 3/4 of the budget; against the plain seed-1 run it "
-    "lowered the energy error (Si 101 -> 27.4, Ge 99.4 -> 12.4, Li 21.5 -> 20.2 meV/atom) and raised the force error "
-    "(70.4 -> 80.2, 62.4 -> 80.7, 11.8 -> 38.9 meV/A). Afterwards, two at once on an otherwise idle machine: "
-    "Si mace_backbone [stage2_half] seed 3 (15.6 / 137 against 11.0 / 113 for [stage2] seed 3) beside Ge mace_torch "
-    "[stage2] seed 2 (8.30 / 68.3), then Ge mace_torch [stage2] seed 3 (9.14 / 68.6) beside mlearn_groups.py; the Ge "
-    "peer got seeds 2 and 3 because its seed-1 run was the nearest of the three peer runs to 10 meV/atom. Last, Si and "
-    "Li mace_torch [stage2] seed 2 (26.2 / 93.7, 16.6 / 36.0), two at once on an otherwise idle machine. Then, "
-    "the same way, [stage2] seed 3 for the three cells met with one seed: Ge GIN 9.52 / 143, Li GIN 18.7 / 65.3 (its "
-    "validation energy stayed on the ~21 meV/atom plateau that seed 2 left at about epoch 150, before the stage two), "
-    "Li MACE backbone 2.34 / 17.6. "
-    "Note (2026-12-05, ninth session): the gin [angular] runs (seeds 2 and 3, two one-thread invocations at a time on "
-    "an otherwise idle machine) ran configs/mlearn_gin.yaml with `angular_l_max: 2, angular_channels: 8` in its "
-    "backbone_kwargs (new: every GIN layer also reads the invariant power spectrum l = 0, 1, 2 of a learned neighbour "
-    "density), otherwise the [stage2] GIN config; it is the GIN row's config from then on. The native [angular] runs "
-    "(seeds 2 and 3, the same way, after them) ran configs/mlearn_equivariant.yaml with the same two keys (every "
-    "equivariant block's gate also reads that power spectrum), otherwise the [stage2] config; it is the native row's "
-    "config from then on. The 30-minute runs of the "
-    "same session (Si mace_backbone, Li gin, Ge native, the mace_torch [stage2] peers) are on their own page, "
-    "accuracy_30min/accuracy.md, because the budget is a setting of a results folder. "
-    "Note (2026-12-05, tenth session): the mace_backbone runs [lmax2] (Si, seed 2: `l_max: 2` instead of 3 in "
-    "configs/mlearn_mace.yaml), [lmax2_bs2] (Si, seed 2: also `train.batch_size: 2`) and [maxL0_lmax2_bs2] (seeds 2 and "
-    "3 on Si, Ge and Li: also `max_L: 0`, invariant messages) ran beside the 3BPA force_uncertainty_angular run (one "
-    "other one-thread job) or two at a time, otherwise the [stage2] MACE-backbone config; [maxL0_lmax2_bs2] is the "
-    "MACE-backbone row's config from then on (about 30 epochs in the 10 minutes against 12-14)."
-)
-
-#: What the JSON cannot say about a dataset's runs (written by hand, dated).
-RUN_NOTES = {
-    "ethanol": (
-        "Note (2026-12-04): mace_backbone [ew0.01] (configs/ethanol_mace.yaml after its energy weight went from 1 "
-        "to 0.01, benchmarks/results/energy_weight_probe_mace.md) and the second mace_torch run (seed 1) ran in "
-        "one invocation beside one other job (chemprop); for the first minutes of the mace_backbone run a "
-        "third process (a probe, a unit test) shared the 2 cores (1-min load average 2.5 at its start). It got "
-        "13 epochs in its 10 minutes (the weight-1 run of 2026-12-03: 16), mace_torch 19 (before: 18). "
-        "Note (2026-12-05, tenth session): native [angular] (seed 6, a probe, beside the 3BPA native [angular] "
-        "run) ran configs/ethanol_equivariant.yaml with `angular_l_max: 2, angular_channels: 8` added to its "
-        "backbone_kwargs for this run only (the bond-angle power spectrum; the file was then restored: the "
-        "ethanol force-uncertainty results were measured without it). No mace_torch run in that invocation."
-    ),
-    "3BPA": (
-        "Note (2026-12-05, tenth session): native [angular] (seed 6) ran configs/3bpa_equivariant.yaml as it is "
-        "from then on (bond angles, `angular_l_max: 2, angular_channels: 8`; its per-element posterior is not "
-        "used here: model.posterior=diagonal), beside the ethanol probe; no mace_torch run in that invocation. "
-        "The unmarked native row (seed 0, 2026-12-03) ran the config of that day (no EMA warm-up, no angles)."
-    ),
-    "Si": (
-        "Note (2026-12-03): the Si native and mace_backbone runs shared the 2 cores with about ten other processes "
-        "(1-min load average 6-12) at equal scheduling priority and got 10 and 1 epochs in their 10 minutes; from "
-        "14:54 every later run of this invocation (Si gin and mace_torch, Ge, Li) ran at a raised priority "
-        "(autogroup nice -15) and got most of one core, as the ethanol and 3BPA runs did on a quiet machine. "
-        "The two starved runs are kept (seed 0); each got a second run on a quiet machine (seed 1, load average "
-        "1-3): native 63 epochs, E 15.7 meV/atom, F 176 meV/A; mace_backbone 6 epochs, E 41.0, F 277. Their "
-        "mean +- std mixes the two conditions; the per-run values are in accuracy.json. "
-        + _MLEARN_NOTE
-    ),
-    "Ge": _MLEARN_NOTE,
-    "Li": _MLEARN_NOTE,
-    "solvent_xtb": (
-        "Note (2026-12-04): the [emawarm_refit] runs (seed 2) came after the per-atom energy counting "
-        "of configs/solvent_xtb_equivariant.yaml, the EMA warm-up and the offset refit; the unmarked rows "
-        "predate all three. The mace_backbone [emawarm_refit] run shared the 2 cores with the test suite "
-        "(a third process) for about its last 4 minutes (33 epochs)."
-    ),
-}
-
-
-def evaluated_published(name: str, path: Path) -> list[str]:
-    """Markdown rows of Zuo et al.'s published SNAP/qSNAP/NNP models run by benchmarks/mlearn_published.py."""
-    if not path.is_file():
-        return []
-    rows = json.loads(path.read_text()).get(name, {})
-    cols = ("energy_mae_meV_atom", "force_mae_meV_A", "stress_mae_GPa")
-    return [
-        "",
-        (
-            "The same paper's published SNAP and qSNAP (LAMMPS) and NNP (benchmarks/n2p2.py) potentials, run here on this test set "
-            "(benchmarks/mlearn_published.py, [mlearn_published.md](mlearn_published.md); not quoted numbers):"
-        ),
-        "",
-        "| model | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) |",
-        "|---|---|---|---|",
-        *(f"| {m} | " + " | ".join(_f(r.get(c)) for c in cols) + " |" for m, r in rows.items()),
-    ]
-
-
-def _peer_variant_note(row: str, run: dict[str, Any]) -> str:
-    """What a labelled mace_torch row ran, for the page."""
-    parts = []
-    if run.get("stage_two_start") is not None:
-        parts.append(
-            f"then mace's own stage two from {run['stage_two_start']} of the budget (the second command of "
-            "its folder's command.txt)"
-        )
-    if "arch_backbone" in run.get("variant", ""):
-        flags = ", ".join(f"{k} {v}" for k, v in run.get("mace_model", {}).items())
-        parts.append(f"with the mace_backbone row's architecture and batch size ({flags})")
-    return f"{row}: mace_run_train as the unmarked row, " + "; ".join(parts)
-
-
 def write_markdown(results: dict[str, Any], path: Path) -> None:
+    """The page: one table of every (set, row), the published mlearn numbers, the acceptance
+    verdicts, then the run footer; per-row configs and per-run notes stay in the JSON."""
     meta = results["meta"]
     lines = [
         "# Accuracy: this project's potentials vs mace-torch's MACE at equal wall time",
         "",
-        "Commands (each run once; a repeated command only resumes):",
-        *("- `{}` {}".format(*c.split("  ", 1)) for c in meta["commands"]),
+        "| set | row | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) | train min | parameters | n | epochs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rows in ((n, r) for n, r in results.items() if n != "meta"):
+        for row, v in rows.items():
+            cells = [fmt_sig3(v[c], v["spread"][c]) for c in COLUMNS[:4]] + [
+                f"{v['parameters']:.0f}" if v["parameters"] else "n/a"
+            ]
+            epochs = ", ".join(str(r.get("epochs")) for r in v["runs"])  # the CPU a run got
+            lines.append(f"| {name} | {row} | " + " | ".join(cells) + f" | {v['n']} | {epochs} |")
+    lines += [
         "",
         (
-            f"Budget {meta['budget_minutes']:g} min of training wall time per row and run (shared 2-core CPU, "
-            f"{meta['threads']} thread(s) each; the 1-min load average at the start and end of each run is in the "
-            f"JSON); seeds {meta['seeds']}; status: {meta['status']}; updated {meta['updated']}."
-        ),
-        "",
-        (
-            "Columns: energy MAE per atom (meV/atom), force MAE per component (meV/Å), stress MAE over the 6 Voigt "
-            "components of periodic frames (GPa), training minutes, trainable parameters; mean ± std over runs when "
-            "n > 1 (every run is listed in accuracy.json). Test sets: ethanol test_MD (1000), 3BPA the 100 "
-            "train_300K frames not trained on, 3BPA_mixedT train_mixedT less its frames also in train_300K (same "
-            "models), solvent_xtb test, mlearn test.json."
+            "Energy MAE per atom, force MAE per component, stress MAE over the 6 Voigt components of "
+            "periodic frames, training minutes, trainable parameters; mean ± std over the n runs (each "
+            "run in accuracy.json). A row `row [label]` ran another config than the unmarked row (its "
+            "config and loss section are in accuracy.json). Test sets: ethanol test_MD (1000), 3BPA the "
+            "100 train_300K frames not trained on, 3BPA_mixedT train_mixedT less its frames also in "
+            "train_300K (same models), solvent_xtb test, mlearn test.json."
         ),
         "",
         "mace_torch: " + meta["mace_torch_method"],
         "",
     ]
-    if meta["overrides"]:
-        lines += [
-            f"Overrides of our rows: {meta['overrides']}."
-            + (
-                " model.posterior=diagonal skips the fit of the full last-layer posterior after training, which "
-                "leaves the mean predictions unchanged (mlip_unc/train/posterior.py) and took tens of minutes per "
-                "MACE-backbone run on this machine."
-                if "model.posterior=diagonal" in meta["overrides"]
-                else ""
-            ),
-            "",
-        ]
-    for name, rows in ((n, r) for n, r in results.items() if n != "meta"):
-        lines += [
-            f"## {name}",
-            "",
-            (
-                "| row | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) | train min | parameters "
-                "| n | epochs |"
-            ),
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for row, v in rows.items():
-            cells = [_f(v[c], v["spread"][c]) for c in COLUMNS[:4]] + [
-                f"{v['parameters']:.0f}" if v["parameters"] else "n/a"
-            ]
-            epochs = ", ".join(
-                str(r.get("epochs")) for r in v["runs"]
-            )  # one per run: the CPU a run got shows here
-            lines.append(f"| {row} | " + " | ".join(cells) + f" | {v['n']} | {epochs} |")
-        variants = [(row, v["runs"][0]) for row, v in rows.items() if v["runs"][0].get("variant")]
-        if variants:
-            lines += [
-                "",
-                *(
-                    _peer_variant_note(row, r)
-                    if is_peer(row)
-                    else f"{row}: config `{r['config']}`, loss section "
-                    f"{r['loss']} (the unmarked row ran an earlier config)"
-                    for row, r in variants
-                ),
-            ]
-        if RUN_NOTES.get(name):
-            lines += ["", RUN_NOTES[name]]
-        if name in MLEARN:
-            if PUBLISHED.get(name):
-                lines += [
-                    "",
-                    f"Published ({PUBLISHED_SOURCE}): energy MAE (meV/atom), force MAE (eV/Å):",
-                    "",
-                    "| model | E MAE (meV/atom) | F MAE (eV/Å) |",
-                    "|---|---|---|",
-                    *(f"| {m} | {e:g} | {f:g} |" for m, (e, f) in PUBLISHED[name].items()),
-                    "",
-                    f"NNP, SNAP and qSNAP of the same table (and any stress errors): {PUBLISHED_NOT_FOUND}.",
-                ]
-                lines += evaluated_published(name, path.parent / "mlearn_published.json")
-            else:
-                lines += [
-                    "",
-                    (
-                        "Published table of Zuo et al., J. Phys. Chem. A 2020, 124, 731 (GAP, MTP, NNP, SNAP, "
-                        f"qSNAP): {PUBLISHED_NOT_FOUND}."
-                    ),
-                ]
-        lines.append("")
-    lines += ["## Acceptance (issue 12), computed from accuracy.json", "", *acceptance(results), ""]
+    lines += published_lines(results, path.parent / "mlearn_published.json")
+    verdicts = [
+        line
+        for line in acceptance(results)
+        if not line.startswith("  ")  # the per-seed lines and the per-run mlearn list: JSON
+        and "every run's row" not in line
+        and not any(line.startswith(f"- {n} ") for n in MLEARN)
+    ]
+    lines += ["## Acceptance (issue 12), computed from accuracy.json", "", *verdicts, ""]
     if meta["skipped"]:
         lines += ["Skipped rows:", *(f"- {k}: {v}" for k, v in meta["skipped"].items()), ""]
     if meta["failed"]:
@@ -1176,7 +1004,65 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             *(f"- {k}: {v}" for k, v in meta["failed"].items()),
             "",
         ]
+    overrides = f"overrides of our rows {meta['overrides']}; " if meta["overrides"] else ""
+    notes = ", ".join(meta.get("notes", {}))
+    lines += run_section(
+        [c.split("  ", 1)[0] for c in meta["commands"]],
+        date=f"started {meta.get('started', 'n/a')}, updated {meta['updated']}",
+        json_name="accuracy.json",
+        machine=(meta.get("environment") or {}).get("machine"),
+        versions=(meta.get("environment") or {}).get("versions"),
+        extra=[
+            f"Budget {meta['budget_minutes']:g} min of training wall time per row and run "
+            f"({meta['threads']} thread(s) each; the 1-min load average at the start and end of "
+            f"each run is in the JSON); seeds {meta['seeds']}; {overrides}status: {meta['status']}."
+            + (f" Per-run notes ({notes}): `meta.notes` of the JSON." if notes else "")
+        ],
+    )
     path.write_text("\n".join(lines) + "\n")
+
+
+def published_lines(results: dict[str, Any], evaluated: Path) -> list[str]:
+    """The mlearn sets' published errors: quoted GAP/MTP and the published models run here."""
+    sets = [n for n in MLEARN if n in results]
+    if not sets:
+        return []
+    lines = ["## mlearn: published models", ""]
+    quoted = [n for n in sets if PUBLISHED.get(n)]
+    if quoted:
+        lines += [
+            "| set | model | E MAE (meV/atom) | F MAE (eV/Å) |",
+            "|---|---|---|---|",
+            *(
+                f"| {n} | {m} | {e:g} | {f:g} |"
+                for n in quoted
+                for m, (e, f) in PUBLISHED[n].items()
+            ),
+            "",
+            f"Quoted: {PUBLISHED_SOURCE}. NNP, SNAP and qSNAP of the same table (and any stress "
+            f"errors): {PUBLISHED_NOT_FOUND}.",
+            "",
+        ]
+    rows = json.loads(evaluated.read_text()) if evaluated.is_file() else {}
+    ran = [(n, m, r) for n in sets for m, r in rows.get(n, {}).items()]
+    if ran:
+        cols = ("energy_mae_meV_atom", "force_mae_meV_A", "stress_mae_GPa")
+        lines += [
+            "| set | model | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {n} | {m} | " + " | ".join(fmt_sig3(r.get(c)) for c in cols) + " |"
+                for n, m, r in ran
+            ),
+            "",
+            (
+                "The same paper's published SNAP and qSNAP (LAMMPS) and NNP (benchmarks/peers/n2p2.py) "
+                "potentials, run here on these test sets ([mlearn_published.md](mlearn_published.md)); "
+                "not quoted numbers."
+            ),
+            "",
+        ]
+    return lines
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -1239,19 +1125,34 @@ def save(runs: Runs, meta: dict[str, Any], args: argparse.Namespace) -> dict[str
             )
         ),
     )
-    atomic_write_text(args.out / "accuracy.json", json.dumps(fu._clean(results), indent=1))
+    atomic_write_text(args.out / "accuracy.json", json.dumps(clean(results), indent=1))
     write_markdown(results, args.out / "accuracy.md")
     plot(results, args.out / "accuracy.png")
     return results
 
 
+def report_only(out: Path) -> dict[str, Any]:
+    """Rewrite OUT/accuracy.json and .md from OUT/accuracy.jsonl and the last meta (no run)."""
+    records = [
+        json.loads(line) for line in (out / "accuracy.jsonl").read_text().splitlines() if line
+    ]
+    settings = next(r for r in records if r["kind"] == "settings")
+    meta = json.loads((out / "accuracy.json").read_text())["meta"]
+    results = assemble(Runs(out / "accuracy.jsonl", settings), meta)
+    atomic_write_text(out / "accuracy.json", json.dumps(clean(results), indent=1))
+    write_markdown(results, out / "accuracy.md")
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.report_only:
+        return report_only(args.out)
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(
-        ["python", "benchmarks/accuracy.py", *(sys.argv[1:] if argv is None else argv)]
+        ["python", "-m", "benchmarks.accuracy", *(sys.argv[1:] if argv is None else argv)]
     )
     runs = Runs(
         args.out / "accuracy.jsonl",
@@ -1280,6 +1181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "quick": args.quick,
         "overrides": args.overrides,
         "started": time.strftime("%Y-%m-%d %H:%M"),
+        "environment": environment(),
         "status": "partial",
         "skipped": {},
         "failed": {},

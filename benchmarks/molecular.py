@@ -11,7 +11,7 @@ The seed varies the weights and the shuffling.
 Methods: ours on one GIN backbone and one training rule (``mlip-unc property train``'s code,
 ``train_property_model``): ``bgnn`` (Bayesian last layer, homoscedastic noise), ``bgnn_hetero``
 (heteroscedastic noise: the package default, chosen from this table, see
-molecular_likelihood.py), ``agl``, ``mcdropout``, ``ensemble5``, ``mve``, ``laplace`` (MAP +
+:func:`compare_likelihoods`), ``agl``, ``mcdropout``, ``ensemble5``, ``mve``, ``laplace`` (MAP +
 full-covariance last-layer Laplace posterior); chemprop through its own CLI
 (``chemprop train`` / ``chemprop predict``): ``chemprop_mve`` and ``chemprop_mve_ensemble5``
 (five MVE models; total variance = mean of the variances + variance of the means).
@@ -22,13 +22,14 @@ fitted on the validation split by NLL, ``zscaling``; for chemprop the same fit o
 validation predictions) and by isotonic recalibration; structural calibration = Spearman of
 sigma with 1 - max Morgan-Tanimoto similarity to the training molecules and with the latent
 kNN distance (ours); training seconds. Every finished (dataset, split, method, seed) run is
-appended to ``OUT/molecular.jsonl`` and skipped when present; ``molecular.md`` / ``.json``
-are rewritten after every run (mean +- std over all records of a cell, with n), the PNG
-calibration panels at the end (or with ``--report-only``).
+appended to ``OUT/molecular.jsonl`` and skipped when present; ``molecular.md`` (acceptance,
+default likelihood and overview tables), ``molecular_tables.md`` (every metric of every cell)
+and ``molecular.json`` are rewritten after every run (mean +- std over all records of a cell,
+with n), the PNG calibration panels at the end (or with ``--report-only``).
 
-Quick end-to-end check on generated SMILES (< 1 min)::
-
-    python benchmarks/molecular.py --quick --out /tmp/mol_quick
+    python -m benchmarks.molecular --datasets esol freesolv lipo --seeds 0 1 2  # a full run (hours)
+    python -m benchmarks.molecular --report-only     # rewrite the pages from OUT/molecular.jsonl
+    python -m benchmarks.molecular --quick --out /tmp/mol_quick   # generated SMILES, < 1 min
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
-import json
 import math
 import os
 import shlex
@@ -52,6 +52,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.common.pages import environment, run_section
+from benchmarks.common.records import append_jsonl, read_jsonl, take_lock
 from mlip_unc import keys
 from mlip_unc.config import PropertyConfig
 from mlip_unc.config import PropertyModelConfig as ModelConfig
@@ -68,11 +70,6 @@ from mlip_unc.uncertainty.density import (
     tanimoto_max_similarity,
 )
 from mlip_unc.uncertainty.recalibration import IsotonicRecalibration, ZScaling
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from molecular_likelihood import compare as compare_likelihoods
-from molecular_likelihood import render as render_likelihoods
-from paper_study import take_lock  # one lock helper for the resumable benchmarks
 
 REPO = Path(__file__).resolve().parents[1]
 STEM = "molecular"
@@ -708,27 +705,6 @@ def _chemprop_version(exe: str) -> str:
 
 
 # ============================================================================ records file
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every record of the JSONL file (repeats kept); a line cut by a kill is ignored with a warning."""
-    if not path.exists():
-        return []
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                print(f"warning: {path}:{n} is not valid JSON; ignored", file=sys.stderr)
-    return out
-
-
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, allow_nan=True) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def check_settings(records: list[dict[str, Any]], wanted: dict[str, Any]) -> None:
     bad = [r for r in records if r.get("settings") != wanted]
     if bad:
@@ -741,6 +717,94 @@ def check_settings(records: list[dict[str, Any]], wanted: dict[str, Any]) -> Non
             f"error: {len(bad)} recorded run(s) have other settings {diff} (recorded, now); "
             "use another --out or the recorded settings"
         )
+
+
+# ============================================================================ default likelihood
+# The property model's default likelihood, read off the table: ``bgnn`` (one learned sigma_n)
+# against ``bgnn_hetero`` (sigma_n(x) from the latent) on every (dataset, split) where both ran:
+# recalibrated NLL and miscalibration area, raw Spearman(sigma, |error|) and RMSE, means over
+# seeds; a tie at the shown digits counts for neither.
+HOMO, HETERO = "bgnn", "bgnn_hetero"
+# (metric, variant, better): the columns the choice is made on
+CRITERIA: tuple[tuple[str, str, str], ...] = (
+    ("nll", "recal", "lower"),
+    ("miscalibration_area", "recal", "lower"),
+    ("spearman", "raw", "higher"),
+    ("rmse", "raw", "lower"),
+)
+
+
+def compare_likelihoods(
+    rows: list[dict[str, Any]], homo: str = HOMO, hetero: str = HETERO
+) -> dict[str, Any]:
+    """Per (dataset, split) the two means and the winner of each criterion; totals per criterion.
+
+    Args:
+        rows: the aggregated rows of ``molecular.json`` (``dataset, split, method, n`` and
+            ``{variant: {metric: {"mean": ...}}}``).
+
+    Returns:
+        ``{"cells": [{dataset, split, n: [n_homo, n_hetero], metric: {homo, hetero, winner}}],
+        "wins": {metric: {homo: k, hetero: k, "of": n_cells}}}``.
+    """
+    others = {(r["dataset"], r["split"]): r for r in rows if r["method"] == hetero}
+    cells, wins = [], {m: {homo: 0, hetero: 0, "of": 0} for m, _, _ in CRITERIA}
+    for a in (r for r in rows if r["method"] == homo and (r["dataset"], r["split"]) in others):
+        b = others[a["dataset"], a["split"]]
+        cell: dict[str, Any] = {"dataset": a["dataset"], "split": a["split"], "n": [a["n"], b["n"]]}
+        for metric, variant, better in CRITERIA:
+            x, y = a[variant][metric]["mean"], b[variant][metric]["mean"]
+            if x is None or y is None:
+                continue
+            sign = 1.0 if better == "lower" else -1.0
+            winner = (
+                None if round(x, 3) == round(y, 3) else (homo if sign * (x - y) < 0 else hetero)
+            )
+            cell[metric] = {homo: x, hetero: y, "winner": winner}
+            wins[metric]["of"] += 1
+            if winner:
+                wins[metric][winner] += 1
+        cells.append(cell)
+    return {"homo": homo, "hetero": hetero, "cells": cells, "wins": wins}
+
+
+def render_likelihoods(result: dict[str, Any], default: str) -> list[str]:
+    """Markdown lines: the totals, the package default, and one table row per cell."""
+    homo, hetero, wins = result["homo"], result["hetero"], result["wins"]
+    if not result["cells"]:
+        return [f"No (dataset, split) with both {homo} and {hetero} recorded yet."]
+    total = "; ".join(
+        f"{m} ({v}, {b}): {hetero} better in {wins[m][hetero]}, {homo} in {wins[m][homo]} "
+        f"of {wins[m]['of']}"
+        for m, v, b in CRITERIA
+    )
+    lines = [
+        f"{hetero} (heteroscedastic) vs {homo} (homoscedastic), means over seeds per (dataset, split): {total}.",
+        "",
+        f"`mlip-unc property train` (method bgnn) uses the likelihood of the **{default}** row.",
+        "",
+        "| dataset | split | n | "
+        + " | ".join(f"{m} ({v}) {homo} / {hetero}" for m, v, _ in CRITERIA)
+        + " |",
+        "|---|---|---|" + "---|" * len(CRITERIA),
+    ]
+    for c in result["cells"]:
+        parts = []
+        for m, _, _ in CRITERIA:
+            if m not in c:
+                parts.append("n/a")
+                continue
+            x, y, w = c[m][homo], c[m][hetero], c[m]["winner"]
+            parts.append(
+                f"{'**' if w == homo else ''}{x:.3f}{'**' if w == homo else ''} / "
+                f"{'**' if w == hetero else ''}{y:.3f}{'**' if w == hetero else ''}"
+            )
+        lines.append(
+            f"| {c['dataset']} | {c['split']} | {c['n'][0]} / {c['n'][1]} | "
+            + " | ".join(parts)
+            + " |"
+        )
+    return lines
 
 
 # ============================================================================ report
@@ -787,29 +851,6 @@ def render_table(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(
                 f"| {r['method']} ({label}) | {r['n']} | " + " | ".join(cells + extra) + " |"
             )
-    return lines
-
-
-def render_acceptance(acc: dict[str, Any]) -> list[str]:
-    head = (
-        f"- **{acc['split']} split, {acc['ours']} vs {acc['reference']}: {acc['verdict']}** — beats it on "
-        f"{acc['wins']} of {acc['measured']} measured datasets (needed: {acc['needed']} of {acc['of']})."
-    )
-    lines = [head]
-    for d, c in acc["per_dataset"].items():
-        if not c["measured"]:
-            lines.append(f"  - {d}: not measured")
-            continue
-        parts = [
-            f"{k} {c[k]['ours']:.3f} vs {c[k]['chemprop']:.3f} ({c[k]['diff']:+.3f})"
-            for k in ("miscalibration_area", "nll", "rmse")
-        ]
-        rmse = "RMSE equal or better" if c["rmse_equal_or_better"] else "RMSE worse"
-        lines.append(
-            f"  - {d}: {'yes' if c['beats'] else 'no'} — "
-            + "; ".join(parts)
-            + f"; {rmse} (tolerance {c['rmse_tolerance']:.3f}; n = {c['n_ours']} / {c['n_chemprop']})"
-        )
     return lines
 
 
@@ -880,6 +921,20 @@ def write_report(
     }
     write_json(out / f"{STEM}.json", summary)
     md = ["# Molecular property benchmark: uncertainty raw and recalibrated, ours and chemprop", ""]
+    md += [
+        "## Acceptance",
+        "",
+        *render_acceptance_table([*accept, *accept_homo]),
+        "",
+        (
+            f"Claim: the recalibrated default ({DEFAULT_METHOD} + zscaling fitted on validation) beats "
+            "chemprop MVE's miscalibration area and NLL on at least 4 of 6 datasets at equal or better "
+            "RMSE, against chemprop MVE as it comes (raw) and recalibrated the same way; the bgnn rows "
+            f"are the homoscedastic model (the default before the choice below). Per-dataset margins: "
+            f"`{STEM}.json` (`acceptance`)."
+        ),
+        "",
+    ]
     if missing:
         md += [
             (
@@ -898,40 +953,27 @@ def write_report(
                 f"**Scaffold = random** on {', '.join(summary['scaffold_equals_random'])}: its scaffold and random "
                 "runs of the same method and seed have the same test targets in the same order, so its scaffold "
                 "cells repeat its random ones (each molecule its own Bemis-Murcko scaffold: the scaffold split "
-                "reduces to the seed-0 permutation) and it counts in both splits' tallies below."
+                "reduces to the seed-0 permutation) and it counts in both splits' tallies above."
             ),
             "",
         ]
-    claim = (
-        f"Claim: the recalibrated default ({DEFAULT_METHOD} + zscaling fitted on validation) beats chemprop MVE's "
-        "miscalibration area and NLL on at least 4 of 6 datasets at equal or better RMSE. Computed from "
-        f"`{STEM}.json` (rows: mean over seeds); against chemprop MVE as it comes (raw) and against chemprop "
-        "MVE recalibrated the same way, on each split."
-    )
+    md += ["## Default likelihood", "", *render_likelihoods(likelihoods, DEFAULT_METHOD), ""]
+    for key, label in OVERVIEW:
+        md += [f"## {label}, mean over seeds", "", *render_overview(rows, key), ""]
     md += [
-        "Command(s):",
+        f"Every metric of every (dataset, split), raw and recalibrated, with its spread: "
+        f"[{STEM}_tables.md]({STEM}_tables.md).",
         "",
-        "```bash",
-        *commands,
-        "```",
-        "",
-        *_setup_lines(s, records, wall),
-        "",
-        "## Acceptance",
-        "",
-        claim,
-        "",
+        *run_section(
+            commands,
+            date=_dates(records),
+            json_name=f"{STEM}.json` and `{STEM}.jsonl",
+            machine=_first(records, "environment", "machine"),
+            versions=_first(records, "environment", "versions") or _torch_versions(records),
+            extra=[_runs_line(records, wall)],
+        ),
     ]
-    for acc in accept:
-        md += render_acceptance(acc)
-    md += [
-        "",
-        "The same claim for the homoscedastic bgnn (the package default before the choice below):",
-        "",
-    ]
-    for acc in accept_homo:
-        md += render_acceptance(acc)
-    md += ["", "## Default likelihood", "", *render_likelihoods(likelihoods, DEFAULT_METHOD), ""]
+    tables = ["# Molecular property benchmark: every (dataset, split)", ""]
     for d in datasets:
         for sp in SPLITS:
             sub = [r for r in rows if r["dataset"] == d and r["split"] == sp]
@@ -948,7 +990,7 @@ def write_report(
                 ),
                 None,
             )
-            md += [
+            tables += [
                 f"## {d}, {sp} split ({rule}; train/val/test {sizes})",
                 "",
                 *render_table(sub),
@@ -958,17 +1000,86 @@ def write_report(
             if (
                 pngs or (out / png).exists()
             ):  # drawn at the end of an invocation (or by --report-only)
-                md += [f"![calibration {d} {sp}]({png})", ""]
+                tables += [f"![calibration {d} {sp}]({png})", ""]
+    tables += ["## Columns and settings", "", *_setup_lines(s, records), ""]
     (out / f"{STEM}.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    (out / f"{STEM}_tables.md").write_text("\n".join(tables), encoding="utf-8")
     if pngs:
         draw_figures(out, records)
     return summary
 
 
-def _setup_lines(s: dict[str, Any], records: list[dict[str, Any]], wall: float | None) -> list[str]:
-    versions = sorted({r.get("chemprop_version") for r in records if r.get("chemprop_version")})
+OVERVIEW = (  # (metric, heading) of the overview tables (recalibrated; RMSE does not change)
+    ("nll", "NLL, recalibrated"),
+    ("miscalibration_area", "Miscalibration area, recalibrated"),
+    ("rmse", "RMSE"),
+)
+
+
+def render_overview(rows: list[dict[str, Any]], key: str) -> list[str]:
+    """One row per (dataset, split), one column per method: the recalibrated mean of ``key``."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cells = {(r["dataset"], r["split"], r["method"]): r["recal"][key]["mean"] for r in rows}
+    lines = [
+        "| dataset | split | " + " | ".join(methods) + " |",
+        "|---|---|" + "---|" * len(methods),
+    ]
+    for d, sp in dict.fromkeys((r["dataset"], r["split"]) for r in rows):
+        values = [cells.get((d, sp, m)) for m in methods]
+        lines.append(
+            f"| {d} | {sp} | " + " | ".join("" if v is None else f"{v:.3f}" for v in values) + " |"
+        )
+    return lines
+
+
+def render_acceptance_table(accepted: list[dict[str, Any]]) -> list[str]:
+    """One row per (split, ours, reference): datasets beaten of those measured, and the verdict."""
+    lines = [
+        "| split | ours | reference | datasets beaten | needed | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for acc in accepted:
+        beaten = ", ".join(d for d, c in acc["per_dataset"].items() if c.get("beats")) or "none"
+        lines.append(
+            f"| {acc['split']} | {acc['ours']} | {acc['reference']} | {acc['wins']} of "
+            f"{acc['measured']} ({beaten}) | {acc['needed']} of {acc['of']} | **{acc['verdict']}** |"
+        )
+    return lines
+
+
+def _first(records: list[dict[str, Any]], *keys: str) -> Any:
+    """The first record's value at ``keys`` (None when no record has it)."""
+    for r in records:
+        node: Any = r
+        for k in keys:
+            node = node.get(k) if isinstance(node, dict) else None
+        if node is not None:
+            return node
+    return None
+
+
+def _torch_versions(records: list[dict[str, Any]]) -> dict[str, str] | None:
+    """The torch versions the records name (older records hold nothing else)."""
+    torches = sorted({r["torch"] for r in records if r.get("torch")})
+    return {"torch": ", ".join(torches)} if torches else None
+
+
+def _dates(records: list[dict[str, Any]]) -> str | None:
+    stamps = sorted(r["date"] for r in records if r.get("date"))
+    return f"{stamps[0]} - {stamps[-1]}" if stamps else None
+
+
+def _runs_line(records: list[dict[str, Any]], wall: float | None) -> str:
     wall_min = sum(r.get("seconds", 0.0) for r in records) / 60
     cpu = [r["cpu_seconds"] for r in records if "cpu_seconds" in r]
+    runs = f"Runs: {len(records)}, {wall_min:.1f} min of wall time in all"
+    if cpu:
+        runs += f" ({len(cpu)} with CPU time recorded: {sum(cpu) / 60:.1f} CPU-min, chemprop's processes included)"
+    return runs + (f"; this invocation {wall / 60:.1f} min." if wall else ".")
+
+
+def _setup_lines(s: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
+    versions = sorted({r.get("chemprop_version") for r in records if r.get("chemprop_version")})
     cap = f", at most {s['max_minutes']} min per training" if s["max_minutes"] else ""
     rule = (
         f"Training rule (ours): GIN {s['layers']} layers, width {s['hidden']}, latent d = {s['latent_dim']}, batch "
@@ -997,11 +1108,7 @@ def _setup_lines(s: dict[str, Any], records: list[dict[str, Any]], wall: float |
         "of the property model is mean-field only; a full-covariance posterior for it is not offered by the property "
         "model (the potential has one, `train/posterior.py`)."
     )
-    runs = f"Runs: {len(records)}, {wall_min:.1f} min of wall time in all"
-    if cpu:
-        runs += f" ({len(cpu)} with CPU time recorded: {sum(cpu) / 60:.1f} CPU-min, chemprop's processes included)"
-    runs += f"; this invocation {wall / 60:.1f} min." if wall else "."
-    return [rule, "", recal, "", full, "", runs]
+    return [rule, "", recal, "", full]
 
 
 def draw_figures(out: Path, records: list[dict[str, Any]]) -> None:
@@ -1040,11 +1147,11 @@ def draw_figures(out: Path, records: list[dict[str, Any]]) -> None:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     args = parse_args(argv)
     command = shlex.join(
-        ["python", "benchmarks/molecular.py", *(sys.argv[1:] if argv is None else argv)]
+        ["python", "-m", "benchmarks.molecular", *(sys.argv[1:] if argv is None else argv)]
     )
     args.out.mkdir(parents=True, exist_ok=True)
     jsonl, s = args.out / f"{STEM}.jsonl", settings(args)
-    records = read_records(jsonl)
+    records = read_jsonl(jsonl)
     planned = tasks(args)
     if args.merge:
         merge_records(args.merge, jsonl, records, args.out / f".{STEM}.lock")
@@ -1056,7 +1163,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         return summary
     check_settings(records, s)
     lock = args.out / f".{STEM}.lock"
-    take_lock(lock, owner="molecular.py")
+    take_lock(lock, owner="benchmarks.molecular")
     torch.set_num_threads(args.threads)
     work = Path(
         tempfile.mkdtemp(prefix="molecular_")
@@ -1073,18 +1180,18 @@ def merge_records(
 ) -> int:
     """Append to ``jsonl`` (and ``records``) every run of ``sources`` it lacks; the settings must
     match the recorded ones. Returns the number appended."""
-    take_lock(lock, owner="molecular.py --merge")  # not while a run writes to the same file
+    take_lock(lock, owner="benchmarks.molecular --merge")  # not while a run writes to the same file
     try:
         done = {run_key(r) for r in records}
         added = 0
         for path in sources:
-            incoming = read_records(path)
+            incoming = read_jsonl(path)
             if not incoming:
                 raise SystemExit(f"error: {path} holds no runs")
             check_settings(incoming, records[0]["settings"] if records else incoming[0]["settings"])
             for rec in incoming:
                 if run_key(rec) not in done:
-                    append_record(jsonl, rec)
+                    append_jsonl(jsonl, rec)
                     records.append(rec)
                     done.add(run_key(rec))
                     added += 1
@@ -1139,8 +1246,10 @@ def run_all(
             seconds=time.perf_counter() - t0,
             cpu_seconds=_cpu() - c0,
             torch=torch.__version__,
+            date=time.strftime("%Y-%m-%d %H:%M"),
+            environment=environment(),
         )
-        append_record(jsonl, rec)
+        append_jsonl(jsonl, rec)
         records.append(rec)
         print(
             f"[{k}/{len(todo)}] {task['dataset']} {task['split']} {task['method']} seed {task['seed']}: "

@@ -22,8 +22,9 @@ training, 8 test, 8 hotter and strained out-of-distribution frames) stand in for
 ``configs/tiny_emt.yaml`` (the equivariant row with a tiny model section), 4 s of training per
 model and a fifth of that per committee member; the cost study runs on those frames. Needs ``--out``.
 
-    python benchmarks/potential.py --budget-minutes 30 --threads 1
-    python benchmarks/potential.py --quick --out /tmp/potential_quick
+    python -m benchmarks.potential --budget-minutes 30 --threads 1
+    python -m benchmarks.potential --quick --out /tmp/potential_quick
+    python -m benchmarks.potential --report-only   # rewrite potential.md from potential.json
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ import ase.io
 import numpy as np
 import torch
 
+from benchmarks.common.format import fmt
+from benchmarks.common.pages import environment, run_section
 from mlip_unc.config import load_potential_config as load_config
 from mlip_unc.data import StructureDataset, TypeMap
 from mlip_unc.models.committee import Committee, load_potential
@@ -102,6 +105,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--no-cost", action="store_true", help="skip the cost/quality study (needs 3bpa)"
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only rewrite OUT/potential.md from OUT/potential.json (nothing trained or timed)",
     )
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (training and timing)"
@@ -204,8 +212,10 @@ def quick_files(work: Path) -> dict[str, Path]:
         "test": work / "cu_test.xyz",
         "ood": work / "cu_ood.xyz",
     }
-    for (split, path), frames in zip(
-        paths.items(), (cells(24, 0, 0.1, 0.0), cells(8, 1, 0.1, 0.0), cells(8, 2, 0.25, 0.04)), strict=False
+    for path, frames in zip(
+        paths.values(),
+        (cells(24, 0, 0.1, 0.0), cells(8, 1, 0.1, 0.0), cells(8, 2, 0.25, 0.04)),
+        strict=False,
     ):
         ase.io.write(path, frames)
     print("[data] quick: 24 train / 8 test / 8 OOD EMT Cu cells (4 atoms)", flush=True)
@@ -247,6 +257,7 @@ def train_model(
         f"out={out}",
         f"seed={args.seed}",
         f"train.max_minutes={minutes}",
+        "train.schedule_clock=wall",  # equal wall time: the schedule follows the clock
         "train.progress=false",
         "train.resume=false",
     ]
@@ -437,32 +448,18 @@ def answer(cost: dict[str, Any]) -> str:
     return " ".join(lines)
 
 
-def _f(value: Any, fmt: str = "{:.2f}") -> str:
-    return (
-        "n/a"
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else fmt.format(value)
-    )
-
-
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     lines = [
         "# Bayesian interatomic potential: benchmark",
         "",
-        f"Command: `{results['command']}`",
-        "",
-        f"Seed {results['seed']}; {results['threads']} torch thread(s); training budget "
-        f"{results['budget_minutes']:g} min per model (wall time, shared CPU), "
-        f"{results['ensemble_budget_minutes']:g} min per committee member"
-        + "".join(f"; {tag}: {m:g} min" for tag, m in results.get("budget_for", {}).items())
-        + "; "
-        f"started {results['started']}; status: {results['status']}."
-        + (
-            " QUICK run: EMT Cu cells made on the spot, tiny models; a smoke test, not a result."
+        *(
+            [
+                "QUICK run: EMT Cu cells made on the spot, tiny models; a smoke test, not a result.",
+                "",
+            ]
             if results.get("quick")
-            else ""
+            else []
         ),
-        "",
         "## Accuracy and force-uncertainty quality (exact mode)",
         "",
         (
@@ -476,11 +473,11 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             rows = [(dataset, m)] + ([(f"{dataset} mixedT (OOD)", m["ood"])] if "ood" in m else [])
             for label, r in rows:
                 lines.append(
-                    f"| {label} | {backbone} | {_f(m.get('train_minutes'), '{:.1f}')} | "
-                    f"{_f(r.get('energy_mae_meV_atom'))} | {_f(r.get('force_mae_meV_A'), '{:.1f}')} | "
-                    f"{_f(r.get('force_spearman'))} | {_f(r.get('force_spearman_component'))} | "
-                    f"{_f(r.get('force_miscalibration_area'), '{:.3f}')} | {_f(r.get('force_coverage_95'))} | "
-                    f"{_f(r.get('energy_spearman'))} |"
+                    f"| {label} | {backbone} | {fmt(m.get('train_minutes'), '{:.1f}')} | "
+                    f"{fmt(r.get('energy_mae_meV_atom'))} | {fmt(r.get('force_mae_meV_A'), '{:.1f}')} | "
+                    f"{fmt(r.get('force_spearman'))} | {fmt(r.get('force_spearman_component'))} | "
+                    f"{fmt(r.get('force_miscalibration_area'), '{:.3f}')} | {fmt(r.get('force_coverage_95'))} | "
+                    f"{fmt(r.get('energy_spearman'))} |"
                 )
     if results.get("cost_ratio"):
         lines += [
@@ -523,6 +520,24 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         ),
         "",
     ]
+    env = results.get("environment", {})
+    budget = (
+        f"Seed {results['seed']}; {results['threads']} torch thread(s); training budget "
+        f"{results['budget_minutes']:g} min per model (wall time, shared CPU), "
+        f"{results['ensemble_budget_minutes']:g} min per committee member"
+        + "".join(f"; {tag}: {m:g} min" for tag, m in results.get("budget_for", {}).items())
+        + f"; status: {results['status']}."
+    )
+    lines += run_section(
+        results["command"],
+        date=f"started {results['started']}",
+        json_name="potential.json",
+        machine=env.get("machine"),
+        load_avg=env.get("load_avg"),
+        versions=env.get("versions"),
+        extra=[budget],
+    )
+    lines.append("")
     path.write_text("\n".join(lines))
 
 
@@ -545,7 +560,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 ax.scatter(
                     x, q[key], marker=marker, color=colours[mode], label=f"{backbone} {mode}"
                 )
-    for ax, label in zip(axes, ("OOD AUROC (300 K vs mixedT)", "Spearman(score, force error)"), strict=False):
+    for ax, label in zip(
+        axes, ("OOD AUROC (300 K vs mixedT)", "Spearman(score, force error)"), strict=False
+    ):
         ax.set_xscale("log")
         ax.set_xticks([1, 2, 5, 10, 20, 50])
         ax.xaxis.set_major_formatter(ScalarFormatter())
@@ -570,11 +587,15 @@ def save(results: dict[str, Any], out: Path) -> None:
 # ================================================================ main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.report_only:
+        results = json.loads((args.out / "potential.json").read_text())
+        write_markdown(results, args.out / "potential.md")
+        return results
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # the trainer's per-epoch lines
     results: dict[str, Any] = {
         "command": shlex.join(
-            ["python", "benchmarks/potential.py", *(sys.argv[1:] if argv is None else argv)]
+            ["python", "-m", "benchmarks.potential", *(sys.argv[1:] if argv is None else argv)]
         ),
         "seed": args.seed,
         "threads": args.threads,
@@ -584,6 +605,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "data_root": None if args.quick else str(args.data_root),
         "quick": args.quick,
         "started": time.strftime("%Y-%m-%d %H:%M"),
+        "environment": environment(),
         "status": "running",
         "datasets": {},
     }

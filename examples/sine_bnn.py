@@ -17,7 +17,10 @@ so much that the growth is small (ratio ~1.5).
 The predictive std must grow outside the training range; the script prints
 ``mean std(|x| > 5) / mean std(|x| < 3)`` for both and saves a plot of the mean and +-2 std.
 
-    python examples/sine_bnn.py [--fast] [--seed 0] [--out sine_out]
+    python examples/sine_bnn.py [--fast] [--seed 0] [--out runs/sine_bnn]
+
+The plot goes to ``runs/sine_bnn/`` under the working directory by default (``runs/`` is
+ignored by git), never into the repository's own folders.
 """
 
 from __future__ import annotations
@@ -184,12 +187,18 @@ def run(fast: bool = False, seed: int = 0, out: str | Path | None = None) -> dic
     return {**summary, "plot": None if path is None else str(path)}
 
 
-def main() -> None:
+#: where the plot goes by default: under runs/ (ignored by git) in the working directory
+DEFAULT_OUT = Path("runs") / "sine_bnn"
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="fewer steps and Monte Carlo draws")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="sine_out", help="folder for sine_bnn.png")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"folder for sine_bnn.png ({DEFAULT_OUT})"
+    )
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     result = run(args.fast, args.seed, args.out)
     for name in ("fullbnn", "last_layer"):

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 TEMP_PATTERN = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$")
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> Path:
     """Call ``write(handle)`` on a binary temporary file beside ``path``, then rename it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

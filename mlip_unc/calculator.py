@@ -19,9 +19,12 @@ passes), ``"sampled"`` (``n_samples`` weight draws, an unbiased estimate, reprod
 generator is re-seeded with ``seed`` at every calculation), ``"energy"`` (energy uncertainties
 only, free with the forward pass) and ``"none"``; default ``default_uncertainty_mode(model)``.
 
-Cost follows the request: energy-like results (with the domain ones) take one forward pass,
-``forces`` one backward pass more, force and stress uncertainties (and ``flag`` with a force
-threshold) the mode's backward passes on top. So MD that asks for forces only pays for forces.
+One model call per structure: whatever property ASE asks for first, the calculator computes
+everything its mode provides (energy, forces, stress on fully periodic cells, and their
+uncertainties) in that one pass and serves every later request for the same structure from
+the cache, as MACE's calculator does. So the order of ``get_forces()`` and
+``get_property("max_force_std")`` does not matter. MD that needs no force uncertainty should
+use ``uncertainty="energy"`` (energy variances are free with the forward pass) or ``"none"``.
 
 Safety: atoms closer than 0.01 A raise :class:`~mlip_unc.data.domain.CoincidentAtomsError` (a
 ``ValueError`` naming the pair) before the model runs; the domain guard (``metadata["domain"]``
@@ -325,15 +328,11 @@ class UncertaintyCalculator(Calculator):
             raise PropertyNotImplementedError(
                 "stress needs a fully periodic cell (atoms.pbc all True)"
             )
-        force_unc = self.uncertainty in _FORCE_MODES and (
-            any(p in _FORCE_UNC for p in properties)
-            or (keys.CALC_FLAG in properties and self.thresholds.needs_forces)
-        )
-        want_stress = any(p in _NEEDS_STRESS for p in properties)
-        want_forces = force_unc or "forces" in properties
-        mode = (
-            self.uncertainty if force_unc else ("none" if self.uncertainty == "none" else "energy")
-        )
+        # Everything the mode provides, in one pass; later requests are served from the cache.
+        force_unc = self.uncertainty in _FORCE_MODES
+        want_stress = periodic
+        want_forces = True
+        mode = self.uncertainty
         batch = self._graph_batch(self.atoms)
         domain = self._check_domain(batch)  # raises on coincident atoms before the model runs
         out = self._run(batch, mode, forces=want_forces, stress=want_stress)

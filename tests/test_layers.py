@@ -36,7 +36,6 @@ ALL_PARTS = frozenset(
         "nn",
         "models",
         "train",
-        "study",
         "calculator",
         "active",
         "cli",
@@ -54,7 +53,6 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "nn": _BASE,
     "models": _MODELS,
     "train": _MODELS | {"train"},
-    "study": _MODELS | {"train"},
     "calculator": _MODELS,
     "active": ALL_PARTS - {"cli"},
     "cli": ALL_PARTS,
@@ -196,9 +194,9 @@ def test_no_forbidden_imports():
         ),
         (
             "mlip_unc/train/x.py",
-            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mlip_unc.study import lpa\n",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mlip_unc.active import loop\n",
             3,
-            "study",
+            "active",
         ),
         ("mlip_unc/calculator.py", "from .train import evaluate\n", 1, "train"),
         ("mlip_unc/active/x.py", "from mlip_unc.cli import app\n", 1, "cli"),
@@ -235,7 +233,7 @@ def test_the_checker_catches_a_forbidden_import(path, source, line, target):
             "mlip_unc/models/x.py",
             "from mlip_unc.nn import bayesian\nfrom mlip_unc.data import graphs\n",
         ),
-        ("mlip_unc/study/x.py", "from mlip_unc.train.core import Trainer\n"),
+        ("mlip_unc/train/x.py", "from mlip_unc.models import potential\nfrom . import core\n"),
         ("mlip_unc/cli/x.py", "from mlip_unc.active import loop\nfrom . import _common\n"),
         ("mlip_unc/calculator.py", "from mlip_unc.models.checkpoint import load_checkpoint\n"),
         ("mlip_unc/__init__.py", "def __getattr__(n):\n    from mlip_unc.calculator import C\n"),
@@ -256,10 +254,12 @@ def test_violation_message_names_file_line_and_rule():
 
 
 # ---------------------------------------------------------------------- module size
-MAX_LINES = 400
+# A guideline, not a target to pack lines for (formatted code, one concept per module): the
+# bound only stops a module from drifting towards the 1,000-line files we do not want.
+MAX_LINES = 600
 
 
-def test_no_module_over_400_lines():
+def test_no_module_over_600_lines():
     long = []
     for file in _package_files():
         n = len(file.read_text(encoding="utf-8").splitlines())

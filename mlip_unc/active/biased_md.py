@@ -86,6 +86,8 @@ def bias_energy(
     if kind == "variance":
         return -strength * s2
     if kind == "udd":
+        if width is None:
+            raise BiasError("the udd bias needs a width B > 0 (eV/atom^(1/2)), got None")
         return strength * torch.expm1(-s2 / (n_atoms * float(width) ** 2))
     if kind == "none":
         return torch.zeros_like(s2)
@@ -150,7 +152,10 @@ class BiasedCalculator(Calculator):
         Calculator.calculate(self, atoms, properties, system_changes)
         if system_changes:
             self._cache = {}
-        periodic = bool(self.atoms.pbc.all())
+        structure = self.atoms
+        if structure is None:
+            raise BiasError("BiasedCalculator.calculate: no structure given")
+        periodic = bool(structure.pbc.all())
         if properties is None:
             properties = [p for p in self.implemented_properties if "stress" not in p or periodic]
         unknown = [p for p in properties if p not in self.implemented_properties]
@@ -166,7 +171,7 @@ class BiasedCalculator(Calculator):
         base_props |= {"forces"} if want_forces else set()
         base_props |= {"stress"} if want_stress else set()
         base_props |= {"energies"} if "energies_unbiased" in properties else set()
-        self.base.calculate(self.atoms, sorted(base_props), system_changes)
+        self.base.calculate(structure, sorted(base_props), system_changes)
         res = dict(self.base.results)
         if "energies" in res:
             res["energies_unbiased"] = res.pop("energies")
@@ -195,7 +200,10 @@ class BiasedCalculator(Calculator):
 
     def _bias(self, *, forces: bool, stress: bool) -> dict[str, Any]:
         """``{"energy": float, "forces": (n, 3), "stress": (6,)}`` of the bias (zeros when inactive)."""
-        n = len(self.atoms)
+        structure = self.atoms
+        if structure is None:
+            raise BiasError("BiasedCalculator: no structure to bias")
+        n = len(structure)
         if not self.active:
             out: dict[str, Any] = {"energy": 0.0}
             if forces:
@@ -206,7 +214,7 @@ class BiasedCalculator(Calculator):
         model = self.base.model
         dtype, device = next(model.parameters()).dtype, self.base.device
         batch = Batch.from_data_list(
-            [atoms_to_graph(self.atoms, float(model.r_max), self._type_map, dtype=dtype)]
+            [atoms_to_graph(structure, float(model.r_max), self._type_map, dtype=dtype)]
         )
         batch = batch.to(device)  # coincident atoms were refused by the base calculator already
         self.n_bias_calls += 1
@@ -238,14 +246,14 @@ class BiasedCalculator(Calculator):
         if stress:
             full = (
                 grads[1].detach().to(torch.float64).cpu().numpy().reshape(3, 3)
-                / self.atoms.get_volume()
+                / structure.get_volume()
             )
             out["stress"] = full_3x3_to_voigt_6_stress(full)
         if not all(np.all(np.isfinite(v)) for v in out.values()):
             from mlip_unc.calculator import NonFiniteResultError
 
             raise NonFiniteResultError(
-                f"non-finite bias for a structure of {n} atoms ({self.atoms.get_chemical_formula()})"
+                f"non-finite bias for a structure of {n} atoms ({structure.get_chemical_formula()})"
             )
         return out
 

@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from ase import Atoms
-from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
+from ase.calculators.calculator import (
+    Calculator,
+    Parameters,
+    PropertyNotImplementedError,
+    all_changes,
+)
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.units import Bohr, Hartree
 
@@ -71,17 +76,20 @@ class PySCFCalculator(Calculator):
     ) -> None:
         properties = self.implemented_properties if properties is None else properties
         Calculator.calculate(self, atoms, properties, system_changes)
-        if self.atoms.pbc.any():
+        molecule = self.atoms
+        if molecule is None:
+            raise OracleError("PySCFCalculator.calculate: no structure given")
+        if molecule.pbc.any():
             raise OracleError("PySCFCalculator handles molecules only (atoms.pbc must be False)")
         try:
             from pyscf import dft, gto, scf
         except ImportError as err:  # pragma: no cover - depends on the install
             raise OracleError("the pyscf oracle needs PySCF: pip install 'mlip-unc[dft]'") from err
-        p = self.parameters
+        p = cast(Parameters, self.parameters)  # Calculator's default_parameters, as Parameters
         mol = gto.M(
             atom=[
                 (s, tuple(r))
-                for s, r in zip(self.atoms.get_chemical_symbols(), self.atoms.positions, strict=False)
+                for s, r in zip(molecule.get_chemical_symbols(), molecule.positions, strict=False)
             ],
             unit="Angstrom",
             basis=p.basis,
@@ -101,7 +109,7 @@ class PySCFCalculator(Calculator):
         energy = mf.kernel()
         if not mf.converged:
             raise OracleError(
-                f"PySCF SCF did not converge in {p.max_cycle} cycles for {self.atoms.get_chemical_formula()}"
+                f"PySCF SCF did not converge in {p.max_cycle} cycles for {molecule.get_chemical_formula()}"
             )
         self.results["energy"] = self.results["free_energy"] = float(energy) * Hartree
         if "forces" in properties:

@@ -36,7 +36,8 @@ def fmt(value: Any, digits: int = 4) -> str:
     if isinstance(value, (float, np.floating)):
         if not math.isfinite(value):
             return "-"
-        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        magnitude = abs(float(value))
+        if value != 0 and (magnitude < 1e-3 or magnitude >= 1e5):
             return f"{value:.{digits - 1}e}"
         return f"{value:.{digits}g}"
     return str(value)

@@ -102,9 +102,12 @@ class _CachedOracle(Calculator):
         self, atoms: Atoms | None = None, properties: Any = None, system_changes: Any = all_changes
     ) -> None:
         Calculator.calculate(self, atoms, properties, system_changes)
-        results = self.cache.lookup(self.atoms)
+        structure = self.atoms
+        if structure is None:
+            raise ValueError("_CachedOracle.calculate: no structure given")
+        results = self.cache.lookup(structure)
         if results is None or any(p not in results for p in properties or ()):
-            work = self.atoms.copy()
+            work = structure.copy()
             work.calc = self.oracle
             results = {
                 "energy": float(work.get_potential_energy()),
@@ -113,7 +116,7 @@ class _CachedOracle(Calculator):
             if work.pbc.all() and "stress" in self.implemented_properties:
                 results["stress"] = np.asarray(work.get_stress())
             self.cache.calls += 1
-            self.cache.store(self.atoms, results)
+            self.cache.store(structure, results)
         self.results = {**results, "free_energy": results["energy"]}
 
 

@@ -176,8 +176,8 @@ def refit_energy_offsets(checkpoint: str | Path, structures: Sequence[Atoms]) ->
     )
     payload["config"]["atomic_energies"] = state["atomic_energies"].tolist()
     shifts = {int(z): float(d) for z, d in zip(model.type_map, delta, strict=False)}
-    refit = {str(z): d for z, d in shifts.items()}
-    payload["metadata"] = {**dict(payload.get("metadata") or {}), "energy_offset_refit": refit}
+    record = {str(z): d for z, d in shifts.items()}
+    payload["metadata"] = {**dict(payload.get("metadata") or {}), "energy_offset_refit": record}
     save_checkpoint(checkpoint, payload)
     log.info("energy offsets refit: %s eV", {z: round(d, 6) for z, d in shifts.items()})
     return shifts

@@ -1,31 +1,79 @@
-"""Helpers shared by the command modules (light: no torch at import)."""
+"""Helpers shared by the command modules (light: no torch at import).
+
+Every command checks what it can without torch first (input files exist, a checkpoint looks like
+one, option values are in range), so a mistake is reported at once; the library (and torch)
+is imported afterwards, inside the command.
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import NoReturn
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, NoReturn
 
 import typer
 
-THREADS_HELP = "torch CPU threads (0: torch's default). Small models run fastest on one thread."
+#: ``--threads`` of every command: one thread is the fastest for small models and gives the
+#: same numbers whatever the machine's core count; 0 leaves torch's default (all cores).
+DEFAULT_THREADS = 1
+THREADS_HELP = (
+    "torch CPU threads (0: torch's default, all cores). One, the default, is the fastest for "
+    "small models and gives the same numbers on any machine."
+)
 DEVICE_HELP = (
     "Shortcut for train.device: cpu (default), cuda, cuda:N or auto (a GPU when one is visible)."
 )
+#: ``md`` and ``flag`` without a threshold flag structures above this multiple of the
+#: validation-set level stored in the checkpoint (``Thresholds(relative=True)``).
+DEFAULT_RELATIVE_THRESHOLD = 3.0
 
 
-def fail(err: BaseException) -> NoReturn:
+def threads_option(extra_help: str = "") -> Any:
+    """The ``--threads`` option, with the same default in every command."""
+    return typer.Option(DEFAULT_THREADS, "--threads", min=0, help=THREADS_HELP + extra_help)
+
+
+def fail(err: BaseException | str) -> NoReturn:
     """One line on stderr, exit code 1."""
     typer.echo(f"error: {err}", err=True)
     raise typer.Exit(code=1)
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that are the user's input, reported in one line (imported on demand)."""
+def user_errors(*extra: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """Exceptions that are the user's input, reported in one line (imported on demand), and
+    the command's ``extra`` ones."""
     from mlip_unc.config import ConfigError
     from mlip_unc.data.errors import DataError
     from mlip_unc.models.checkpoint import CheckpointError
 
-    return (ConfigError, DataError, CheckpointError, FileNotFoundError, ValueError)
+    return (ConfigError, DataError, CheckpointError, FileNotFoundError, ValueError, *extra)
+
+
+def require_files(*items: tuple[Path | None, str]) -> None:
+    """Fail at once on an input ``(path, what)`` that does not exist (``None``: not given)."""
+    for path, what in items:
+        if path is not None and not path.exists():
+            fail(f"{what} not found: '{path}'")
+
+
+def require_checkpoints(paths: Iterable[Path], *, run_folders: bool = False) -> None:
+    """Fail at once (no torch) on a checkpoint that is missing or of another format.
+
+    ``run_folders``: a folder stands for its ``model.pt`` (or, for a committee run, its
+    ``member_*/model.pt``), as the commands that take run folders read it.
+    """
+    from mlip_unc.models.checkpoint import CheckpointError, check_checkpoint_file
+
+    for path in paths:
+        files = [path]
+        if run_folders and path.is_dir():
+            files = sorted(path.glob("member_*/model.pt")) or [path / "model.pt"]
+        try:
+            for file in files:
+                check_checkpoint_file(file)
+        except CheckpointError as err:
+            fail(err)
 
 
 def set_threads(threads: int) -> None:

@@ -21,7 +21,16 @@ from pathlib import Path
 
 import typer
 
-from mlip_unc.cli._common import THREADS_HELP, fail, quiet, set_threads, user_errors
+from mlip_unc.cli._common import (
+    DEFAULT_RELATIVE_THRESHOLD,
+    fail,
+    quiet,
+    require_checkpoints,
+    require_files,
+    set_threads,
+    threads_option,
+    user_errors,
+)
 
 
 class Ensemble(str, Enum):
@@ -81,17 +90,43 @@ def register(app: typer.Typer) -> None:
     app.command("demo", help="Offline active-learning demo on EMT copper (a few minutes).")(demo)
 
 
-def _thresholds(
-    max_force_std: float | None, energy_std_per_atom: float | None, relative: bool
-) -> dict:
-    return {
-        "max_force_std": max_force_std,
-        "energy_std_per_atom": energy_std_per_atom,
-        "relative": relative,
-    }
+_UNITS = {"max_force_std": "eV/Å", "energy_std_per_atom": "eV/atom"}
 
 
-_THRESHOLD_HELP = "Flag threshold; eV/Å (absolute) or a multiple of the checkpoint's validation level (--relative)."
+def _default_threshold(levels: dict | None, metric: str, option: str) -> tuple[float | None, str]:
+    """With no threshold given: ``DEFAULT_RELATIVE_THRESHOLD`` times the checkpoint's
+    validation level of ``metric`` (a relative threshold), or ``None`` when the checkpoint
+    stores no level; with the sentence that tells the user which (``option`` sets another)."""
+    level = (levels or {}).get(metric)
+    if level is None:
+        return None, (
+            f"no threshold given and the checkpoint stores no validation level of {metric}, "
+            f"so nothing can be flagged by uncertainty; give {option} ({_UNITS[metric]})"
+        )
+    factor = DEFAULT_RELATIVE_THRESHOLD
+    return factor, (
+        f"no threshold given: flagging {metric} above {factor:g}x the checkpoint's validation "
+        f"level, {factor * float(level):.4g} {_UNITS[metric]} ({option} sets another)"
+    )
+
+
+def _describe_thresholds(absolute: object, relative: bool) -> str:
+    """``max_force_std > 0.1 eV/Å`` for the calculator's absolute thresholds."""
+    parts = [
+        f"{name} > {getattr(absolute, name):.4g} {unit}"
+        for name, unit in _UNITS.items()
+        if getattr(absolute, name, None) is not None
+    ]
+    if not parts:
+        return "no threshold: nothing flagged by uncertainty"
+    return " or ".join(parts) + (" (relative to the validation level)" if relative else "")
+
+
+_THRESHOLD_HELP = (
+    "Flag threshold; eV/Å (absolute) or a multiple of the checkpoint's validation level "
+    f"(--relative). Default: {DEFAULT_RELATIVE_THRESHOLD:g}x the validation level when the "
+    "checkpoint stores one."
+)
 
 
 def md(
@@ -133,27 +168,24 @@ def md(
     ),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
-    threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
+    threads: int = threads_option(),
 ) -> None:
-    """Run MD; writes OUT/md.traj, md.csv (energies, temperature, uncertainties), flagged.xyz, md.png."""
-    from mlip_unc.active.biased_md import biased_calculator
-    from mlip_unc.active.monitor import run_md
-    from mlip_unc.calculator import UncertaintyCalculator
-    from mlip_unc.config import MDSettings, validate
-    from mlip_unc.data.readers import read_structures
+    """Run MD; writes OUT/md.traj, md.csv (energies, temperature, uncertainties), flagged.xyz, md.png.
 
-    set_threads(threads)
+    Without --max-force-std and --energy-std-per-atom, frames are flagged above
+    DEFAULT_RELATIVE_THRESHOLD times the validation level stored in the checkpoint (said in the
+    output), or, for a checkpoint without levels, not at all (said too)."""
+    from mlip_unc.config import ConfigError, MDSettings, validate
+
+    require_checkpoints([model])  # before torch: mistakes reported at once
+    require_files((structure, "structure file"))
+    for option, value in (
+        ("--max-force-std", max_force_std),
+        ("--energy-std-per-atom", energy_std_per_atom),
+    ):
+        if value is not None and not value > 0:
+            fail(f"{option} must be a positive number, got {value}")
     try:
-        start = read_structures(structure, index=index, require_energy=False, require_forces=False)[
-            0
-        ]
-        calc = UncertaintyCalculator(
-            model,
-            device=device,
-            uncertainty=uncertainty.value if uncertainty else None,
-            seed=seed,
-            thresholds=_thresholds(max_force_std, energy_std_per_atom, relative),
-        )
         settings = validate(
             MDSettings,
             dict(
@@ -171,7 +203,37 @@ def md(
             ),
             resolve=False,
         )
-        levels = calc.uncertainty_levels or {}
+    except (ConfigError, ValueError) as err:
+        fail(err)
+    from mlip_unc.active.biased_md import biased_calculator
+    from mlip_unc.active.monitor import run_md
+    from mlip_unc.calculator import LEVELS_KEY, UncertaintyCalculator
+    from mlip_unc.data.readers import read_structures
+    from mlip_unc.models.checkpoint import load_checkpoint
+
+    set_threads(threads)
+    try:
+        start = read_structures(structure, index=index, require_energy=False, require_forces=False)[
+            0
+        ]
+        payload = load_checkpoint(model, kind="potential")
+        levels = (payload.get("metadata") or {}).get(LEVELS_KEY) or {}
+        thresholds = {
+            "max_force_std": max_force_std,
+            "energy_std_per_atom": energy_std_per_atom,
+            "relative": relative,
+        }
+        if max_force_std is None and energy_std_per_atom is None:
+            factor, note = _default_threshold(levels, "max_force_std", "--max-force-std")
+            typer.echo(note)
+            thresholds = {"max_force_std": factor, "relative": True} if factor else {}
+        calc = UncertaintyCalculator(
+            payload,
+            device=device,
+            uncertainty=uncertainty.value if uncertainty else None,
+            seed=seed,
+            thresholds=thresholds,
+        )
         result = run_md(
             start,
             biased_calculator(calc, settings),
@@ -184,8 +246,10 @@ def md(
         fail(err)
     log = result.log
     stop = " (stopped: --max-flags reached)" if result.stopped_early else ""
+    criteria = _describe_thresholds(calc.thresholds, bool(thresholds.get("relative")))
     typer.echo(
-        f"{result.steps_done} steps{stop}; {len(result.flagged)} of {len(log['step'])} logged frames flagged"
+        f"{result.steps_done} steps{stop}; {len(result.flagged)} of {len(log['step'])} logged "
+        f"frames flagged ({criteria})"
     )
     typer.echo(
         f"max force std: mean {log['max_force_std'].mean():.4g}, max {log['max_force_std'].max():.4g} eV/Å; "
@@ -198,9 +262,15 @@ def md(
 def flag(
     model: Path = typer.Option(..., "--model", "-m", help="Checkpoint (model.pt)."),
     data: Path = typer.Option(..., "--data", "-d", help="Candidate structures (extxyz, ...)."),
-    top_k: int | None = typer.Option(None, "--top-k", "-k", help="Keep the K most uncertain."),
+    top_k: int | None = typer.Option(
+        None, "--top-k", "-k", min=1, help="Keep the K most uncertain."
+    ),
     threshold: float | None = typer.Option(
-        None, "--threshold", help="Keep those with score above X."
+        None,
+        "--threshold",
+        min=0.0,
+        help="Keep those with score above X. Without --top-k and --threshold: "
+        f"{DEFAULT_RELATIVE_THRESHOLD:g}x the checkpoint's validation level (--relative).",
     ),
     relative: bool = typer.Option(
         False, "--relative", metavar="", help="--threshold is a multiple of the validation level."
@@ -214,35 +284,46 @@ def flag(
         Path("flagged.xyz"), "--out", "-o", help="Selected structures (extxyz)."
     ),
     workers: int = typer.Option(
-        1, "--workers", help="Processes scoring chunks of DATA in parallel (same result)."
+        1, "--workers", min=1, help="Processes scoring chunks of DATA in parallel (same result)."
     ),
     chunk_size: int = typer.Option(
-        256, "--chunk-size", help="Frames per chunk (DATA is streamed; memory stays flat)."
+        256, "--chunk-size", min=1, help="Frames per chunk (DATA is streamed; memory stays flat)."
     ),
     scores: Path | None = typer.Option(
         None, "--scores", help="Write every frame's scores (CSV, file order)."
     ),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("cpu", "--device"),
-    threads: int = typer.Option(
-        0, "--threads", help=THREADS_HELP + " Per worker with --workers > 1 (0: 1)."
-    ),
+    threads: int = threads_option(" Per worker with --workers > 1 (0: 1)."),
 ) -> None:
-    """Rank DATA by uncertainty, write the selected structures (with their scores in info) to OUT."""
+    """Rank DATA by uncertainty, write the selected structures (with their scores in info) to OUT.
+
+    Without --top-k and --threshold: the structures above DEFAULT_RELATIVE_THRESHOLD times the
+    checkpoint's validation level of the metric (said in the output); a checkpoint without
+    levels is an error that asks for one of them."""
+    if diverse is not Diverse.NONE and top_k is None:
+        fail(ValueError("--diverse picks --top-k structures; give --top-k"))
+    require_checkpoints([model])  # before torch: mistakes reported at once
+    require_files((data, "candidate structures"))
     import functools
 
     import ase.io
 
     from mlip_unc.active.screening import screen_file
-    from mlip_unc.calculator import UncertaintyCalculator
+    from mlip_unc.calculator import LEVELS_KEY, UncertaintyCalculator
+    from mlip_unc.models.checkpoint import load_checkpoint
 
-    if top_k is None and threshold is None:
-        fail(ValueError("give --top-k, --threshold or both"))
-    if diverse is not Diverse.NONE and top_k is None:
-        fail(ValueError("--diverse picks --top-k structures; give --top-k"))
     if workers == 1:
         set_threads(threads)
     try:
+        if top_k is None and threshold is None:
+            metadata = load_checkpoint(model, kind="potential").get("metadata") or {}
+            levels = metadata.get(LEVELS_KEY)
+            threshold, note = _default_threshold(levels, metric.value, "--top-k or --threshold")
+            if threshold is None:
+                fail(note)
+            typer.echo(note)
+            relative = True
         make_calc = functools.partial(
             UncertaintyCalculator,
             model,
@@ -296,30 +377,34 @@ def active_learn(
     overwrite: bool = typer.Option(
         False, "--overwrite", metavar="", help="Replace a run already in OUT."
     ),
-    threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
+    threads: int = threads_option(),
 ) -> None:
     """Rounds of MD -> flag -> label with the oracle -> retrain; writes OUT/report.md and rounds.png.
 
     Every finished stage is committed to OUT/state.json and every oracle label to OUT/labels/, so
     a killed run continues with --resume without labelling a structure twice."""
-    from mlip_unc.active.loop import run_active_learning
-    from mlip_unc.active.oracles import OracleError
-    from mlip_unc.config import load_active_config
+    from mlip_unc.config import ConfigError, load_active_config
 
     items = list(overrides or [])
     if out is not None:
         items.append(f"out={out}")
+    try:  # the config is checked before torch loads: its mistakes are reported at once
+        cfg = load_active_config(config, items)
+    except (ConfigError, ValueError) as err:
+        fail(err)
+    from mlip_unc.active.loop import run_active_learning
+    from mlip_unc.active.oracles import OracleError
+
     set_threads(threads)
     try:
-        cfg = load_active_config(config, items)
         rows = run_active_learning(cfg, resume=resume, overwrite=overwrite, progress=_progress())
-    except (*user_errors(), OracleError, FileExistsError) as err:
+    except user_errors(OracleError, FileExistsError) as err:
         fail(err)
     for row in rows:
-        err = row.get("test_force_rmse")
+        rmse = row.get("test_force_rmse")
         typer.echo(
             f"round {row['round']}: {row['n_train']} training structures"
-            + (f", test force RMSE {err:.4g} eV/Å" if err is not None else "")
+            + (f", test force RMSE {rmse:.4g} eV/Å" if rmse is not None else "")
             + (f", {row['n_flagged']} flagged" if "n_flagged" in row else "")
         )
 
@@ -332,7 +417,7 @@ def demo(
         False, "--quick", metavar="", help="Tiny settings (seconds; numbers not meaningful)."
     ),
     seed: int = typer.Option(0, "--seed"),
-    threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
+    threads: int = threads_option(),
 ) -> None:
     """Train on 300 K EMT copper, run hot MD, flag, label with EMT, retrain, compare: fully offline."""
     import dataclasses

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from mlip_unc.cli._common import THREADS_HELP, fail, set_threads, user_errors
+from mlip_unc.cli._common import fail, require_files, set_threads, threads_option, user_errors
 
 
 class AttachDType(str, Enum):
@@ -67,9 +67,12 @@ def attach(
     overwrite: bool = typer.Option(
         False, "--overwrite", metavar="", help="Replace an existing OUT."
     ),
-    threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
+    threads: int = threads_option(),
 ) -> None:
     """Keep the MACE model's energies and forces; fit the last-layer posterior on its features."""
+    require_files(
+        (model, "mace-torch model file"), (data, "structure file"), (valid, "--valid file")
+    )
     import torch
 
     from mlip_unc.train.attach import attach_uncertainty
@@ -93,7 +96,7 @@ def attach(
             seed=seed,
             overwrite=overwrite,
         )
-    except (*user_errors(), FileExistsError, ImportError) as err:
+    except user_errors(FileExistsError, ImportError) as err:
         fail(err)
     errors, post = result.mace_errors, result.posterior
     typer.echo(

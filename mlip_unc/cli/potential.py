@@ -21,7 +21,16 @@ from pathlib import Path
 
 import typer
 
-from mlip_unc.cli._common import DEVICE_HELP, THREADS_HELP, fail, quiet, set_threads, user_errors
+from mlip_unc.cli._common import (
+    DEVICE_HELP,
+    fail,
+    quiet,
+    require_checkpoints,
+    require_files,
+    set_threads,
+    threads_option,
+    user_errors,
+)
 
 
 class EvalUncertainty(str, Enum):
@@ -52,13 +61,11 @@ def train(
     overwrite: bool = typer.Option(
         False, "--overwrite", metavar="", help="Replace a run already in OUT."
     ),
-    threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
+    threads: int = threads_option(),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
     """Train; writes OUT/model.pt (best on validation), OUT/last.pt and OUT/history.json."""
-    from mlip_unc.config import load_potential_config
-    from mlip_unc.train import distributed
-    from mlip_unc.train.potential import run_training
+    from mlip_unc.config import ConfigError, load_potential_config
 
     items = list(overrides or [])
     if out is not None:
@@ -71,14 +78,22 @@ def train(
         items.append(f"train.device={device}")
     if quiet():
         items.append("train.progress=false")
+    try:  # the config is checked before torch loads: its mistakes are reported at once
+        cfg = load_potential_config(config, items)
+    except (ConfigError, ValueError) as err:
+        fail(err)
+    if resume:
+        _require_run(Path(cfg.out))
+    from mlip_unc.train import distributed
+    from mlip_unc.train.potential import run_training
+
     set_threads(threads)
     try:
-        cfg = load_potential_config(config, items)
         with (
             distributed.session()
         ):  # under torchrun: data-parallel over its processes; else a no-op
             results, main = run_training(cfg), distributed.is_main()
-    except (*user_errors(), FileExistsError) as err:
+    except user_errors(FileExistsError) as err:
         fail(err)
     if not main:  # rank 0 reports
         return
@@ -86,6 +101,15 @@ def train(
         typer.echo(
             f"model: {result.model_path} (epoch {result.best_epoch}, {result.stop_reason}, "
             f"{result.train_minutes:.2f} min)"
+        )
+
+
+def _require_run(out: Path) -> None:
+    """``--resume`` needs a run to continue: OUT/last.pt (or a committee member's)."""
+    if not ((out / "last.pt").is_file() or any(out.glob("member_*/last.pt"))):
+        fail(
+            f"--resume: {out} holds no run to continue (no last.pt there); "
+            "drop --resume to start a new run"
         )
 
 
@@ -142,9 +166,17 @@ def evaluate(
         help="Stress label; the convention follows the name (e.g. virial_stress_kbar).",
     ),
     index: str = typer.Option(":", "--index", help="ASE-style frame selection, e.g. 0:100."),
-    uncertainty: EvalUncertainty = typer.Option(EvalUncertainty.EXACT, "--uncertainty", "-u"),
-    n_samples: int = typer.Option(4, "--n-samples", help="Posterior draws of the sampled mode."),
-    batch_size: int = typer.Option(16, "--batch-size"),
+    uncertainty: EvalUncertainty | None = typer.Option(
+        None,
+        "--uncertainty",
+        "-u",
+        help="Uncertainty mode (default: the model's, as md, flag and the calculator: lowrank "
+        "for a model with a full posterior, else exact).",
+    ),
+    n_samples: int = typer.Option(
+        4, "--n-samples", min=2, help="Posterior draws of the sampled mode."
+    ),
+    batch_size: int = typer.Option(16, "--batch-size", min=1),
     seed: int = typer.Option(0, "--seed"),
     per_frame: Path | None = typer.Option(None, "--per-frame", help="Write a per-frame CSV."),
     predictions: Path | None = typer.Option(
@@ -154,60 +186,38 @@ def evaluate(
         help="Write the structures with predicted energy, forces, stress and variances (extxyz, keys mlip_unc_*).",
     ),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the metrics as JSON."),
-    threads: int = typer.Option(0, "--threads", help=THREADS_HELP),
+    threads: int = threads_option(),
 ) -> None:
     """Energy (per atom and total), force and stress errors and calibration on DATA."""
+    require_checkpoints(model, run_folders=True)  # before torch: mistakes reported at once
+    require_files((data, "structure file"))
     import torch
 
-    from mlip_unc.data import StructureDataset, TypeMap
-    from mlip_unc.data.ondisk import OnDiskDataset, is_store
-    from mlip_unc.data.readers import _select, read_validated_frames
+    from mlip_unc.data import TypeMap
+    from mlip_unc.data.open import select_frames
     from mlip_unc.models.committee import load_potential
+    from mlip_unc.models.full_posterior import default_uncertainty_mode
     from mlip_unc.train.evaluate import (
         evaluate_potential,
         write_frame_csv,
         write_predictions_xyz,
     )
     from mlip_unc.train.io import write_json
-    from mlip_unc.train.ondisk_data import open_store_for
 
     set_threads(threads)
     try:
         potential = load_potential(model)
         first = potential.members[0] if hasattr(potential, "members") else potential
         label_keys = {"energy": energy_key, "forces": forces_key, "stress": stress_key}
-        if is_store(data):  # an on-disk set: graphs read lazily (mlip-unc convert)
-            store = open_store_for(data, first.r_max, label_keys)
-            dataset = OnDiskDataset(
-                store,
-                _select(len(store), index),
-                TypeMap.from_list(first.type_map),
-                dtype=first.dtype,
-            )
-            frames = None
-        else:
-            frames = read_validated_frames(
-                data,
-                index,
-                label_keys=label_keys,
-                stress_convention=None,
-                required={"energy": False, "forces": False, "stress": False},
-            )
-            dataset = StructureDataset.from_atoms(
-                [atoms for _, atoms in frames],
-                first.r_max,
-                TypeMap.from_list(first.type_map),
-                energy_key=energy_key,
-                forces_key=forces_key,
-                stress_key=stress_key,
-                frame_indices=[k for k, _ in frames],
-                source=data,
-                dtype=first.dtype,
-            )
+        # a structure file, or an on-disk set whose graphs are read lazily (mlip-unc convert)
+        frames = select_frames(data, r_max=first.r_max, index=index, label_keys=label_keys)
+        dataset = frames.dataset(TypeMap.from_list(first.type_map), dtype=first.dtype)
+        # one default across commands: the model's mode, as in md, flag and the calculator
+        mode = uncertainty.value if uncertainty else default_uncertainty_mode(potential)
         report = evaluate_potential(
             potential,
             dataset,
-            uncertainty=uncertainty.value,
+            uncertainty=mode,
             n_samples=n_samples,
             batch_size=batch_size,
             seed=seed,
@@ -217,7 +227,7 @@ def evaluate(
         fail(err)
     metrics = {
         **report.metrics,
-        "uncertainty": uncertainty.value,
+        "uncertainty": mode,
         "data": str(data),
         "model": [str(m) for m in model],
         "threads": torch.get_num_threads(),
@@ -240,12 +250,7 @@ def evaluate(
         write_frame_csv(report.frames, per_frame)
         typer.echo(f"per-frame table: {per_frame}")
     if predictions is not None:
-        structures = (
-            [atoms for _, atoms in frames]
-            if frames is not None
-            else [dataset.store.atoms(int(k)) for k in dataset.indices]
-        )
-        write_predictions_xyz(structures, pred, predictions)
+        write_predictions_xyz(frames.structures(), pred, predictions)
         typer.echo(f"predictions: {predictions}")
 
 
@@ -271,10 +276,11 @@ def convert(
     ),
 ) -> None:
     """Build the graphs of DATA once and store them in OUT (streamed; written atomically)."""
-    from mlip_unc.data.ondisk_write import convert_files
-
     if r_max <= 0:
         fail(ValueError(f"--r-max must be positive, got {r_max}"))
+    require_files(*((path, "structure file") for path in data))
+    from mlip_unc.data.ondisk_write import convert_files
+
     try:
         store = convert_files(
             data,
@@ -286,7 +292,7 @@ def convert(
             overwrite=overwrite,
             progress=not quiet() and sys.stderr.isatty(),
         )
-    except (*user_errors(), FileExistsError) as err:
+    except user_errors(FileExistsError) as err:
         fail(err)
     labels = {k: int(store.array(f"has_{k}").sum()) for k in ("energy", "forces", "stress")}
     typer.echo(

@@ -15,7 +15,16 @@ from typing import Any
 
 import typer
 
-from mlip_unc.cli._common import DEVICE_HELP, THREADS_HELP, fail, quiet, set_threads, user_errors
+from mlip_unc.cli._common import (
+    DEVICE_HELP,
+    fail,
+    quiet,
+    require_checkpoints,
+    require_files,
+    set_threads,
+    threads_option,
+    user_errors,
+)
 from mlip_unc.config.enums import Calibration, Likelihood, Method
 
 property_app = typer.Typer(
@@ -50,24 +59,45 @@ def _command_line() -> str:
     return shlex.join(argv)
 
 
+def _data_root(data_root: Path | None) -> Path:
+    """``--data-root`` (or ``$MLIP_UNC_DATA``), else the data root of every other command."""
+    from mlip_unc.config import default_data_root
+
+    return data_root if data_root is not None else Path(default_data_root())
+
+
+def _check_inputs(
+    data: Path | None, dataset: str | None, root: Path, target_columns: list[str] | None
+) -> None:
+    """What can be checked before torch loads (reported at once)."""
+    if (data is None) == (dataset is None):
+        fail("give exactly one of --data FILE.csv and --dataset NAME")
+    if data is not None:
+        require_files((data, "CSV file"))
+        if not target_columns:
+            fail("--data needs at least one --target-column")
+    elif not root.is_dir():
+        fail(
+            f"data root not found: '{root}' (--dataset reads it; set --data-root or "
+            "$MLIP_UNC_DATA, default ../shared/data)"
+        )
+
+
 def _load_graphs(
     data: Path | None,
     dataset: str | None,
-    root: Path | None,
+    root: Path,
     smiles_column: str,
     target_columns: list[str] | None,
 ) -> tuple[list, list[str]]:
     from mlip_unc.data.molecules import MOLECULENET_NAMES, load_csv, load_dataset, load_moleculenet
 
-    if (data is None) == (dataset is None):
-        raise ValueError("give exactly one of --data FILE.csv and --dataset NAME")
     if dataset is not None:
         name = dataset.lower()
-        if root is not None and name in MOLECULENET_NAMES and (root / name / "raw").is_dir():
+        if name in MOLECULENET_NAMES and (root / name / "raw").is_dir():
             return load_moleculenet(name, root), [name]  # root given as the MoleculeNet folder
         return load_dataset(name, root), [name]
-    if not target_columns:
-        raise ValueError("--data needs at least one --target-column")
+    assert data is not None and target_columns  # _check_inputs
     return load_csv(data, smiles_column, target_columns), list(target_columns)
 
 
@@ -125,7 +155,10 @@ def train(
     data: Path | None = typer.Option(None, "--data", help="CSV file with a header row."),
     dataset: str | None = typer.Option(None, "--dataset", help=f"Known set: {_DATASETS}."),
     data_root: Path | None = typer.Option(
-        None, "--data-root", envvar="MLIP_UNC_DATA", help="Data root."
+        None,
+        "--data-root",
+        envvar="MLIP_UNC_DATA",
+        help="Data root of --dataset (default: $MLIP_UNC_DATA, else ../shared/data).",
     ),
     smiles_column: str = typer.Option("smiles", "--smiles-column"),
     target_column: list[str] | None = typer.Option(
@@ -167,15 +200,22 @@ def train(
     progress: bool = typer.Option(
         True, "--progress/--no-progress", metavar="", help="Progress bar on a terminal."
     ),
-    threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
+    threads: int = threads_option(),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
     """Train a property model; write OUT/model.pt and OUT/metrics.json; print test metrics."""
-    from mlip_unc.config import PropertyConfig, apply_overrides, load_raw, validate
-    from mlip_unc.data.splits import training_subset
-    from mlip_unc.train import distributed
-    from mlip_unc.train.io import write_json
-    from mlip_unc.train.property import train_property_model
+    from mlip_unc.config import ConfigError, PropertyConfig, apply_overrides, load_raw, validate
+
+    root = _data_root(data_root)
+    _check_inputs(data, dataset, root, target_column)
+    require_files((split_file, "split file"))
+    if split not in ("random", "scaffold"):
+        fail(f"--split must be random or scaffold, got {split!r}")
+    if resume and not (out / "last.pt").is_file():
+        fail(
+            f"--resume: {out} holds no run to continue (no last.pt there); "
+            "drop --resume to start a new run"
+        )
 
     shortcuts = {
         "model.method": method,
@@ -190,11 +230,19 @@ def train(
     ]
     if not progress or quiet():
         items.append("train.progress=false")
-    set_threads(threads)
-    try:
+    try:  # the config is checked before torch loads: its mistakes are reported at once
         raw = load_raw(config_file) if config_file is not None else {}
         config = validate(PropertyConfig, apply_overrides(raw, items, PropertyConfig))
-        graphs, names = _load_graphs(data, dataset, data_root, smiles_column, target_column)
+    except (ConfigError, ValueError) as err:
+        fail(err)
+    from mlip_unc.data.splits import training_subset
+    from mlip_unc.train import distributed
+    from mlip_unc.train.io import write_json
+    from mlip_unc.train.property import train_property_model
+
+    set_threads(threads)
+    try:
+        graphs, names = _load_graphs(data, dataset, root, smiles_column, target_column)
         rows = _split(graphs, split_file, split, config.train.seed)
         train_rows = (
             training_subset(rows.train, train_fraction, config.train.seed)
@@ -223,7 +271,7 @@ def train(
                 freeze_posterior=freeze_posterior_from,
             )
             main = distributed.is_main()
-    except (*user_errors(), FileExistsError) as err:
+    except user_errors(FileExistsError) as err:
         fail(err)
     if not main:  # rank 0 reports and writes metrics.json
         return
@@ -259,20 +307,22 @@ def predict(
     smiles_column: str | None = typer.Option(
         None, "--smiles-column", help="Default: as in training."
     ),
-    batch_size: int = typer.Option(256, "--batch-size"),
+    batch_size: int = typer.Option(256, "--batch-size", min=1),
     recalibrate: bool = typer.Option(
         True,
         "--recalibrate/--no-recalibrate",
         metavar="",
         help="Apply the recalibrator stored at training (default) or report the raw stds.",
     ),
-    threads: int = typer.Option(1, "--threads", help=THREADS_HELP),
+    threads: int = threads_option(),
 ) -> None:
     """Predict mean, std, epistemic_std and aleatoric_std for every SMILES of a CSV file.
 
     The stds are recalibrated with the factor fitted on the validation split at training
     (``--no-recalibrate``: the raw model's); models saved without one are reported as such.
     """
+    require_checkpoints([model], run_folders=True)  # before torch: mistakes reported at once
+    require_files((data, "CSV file"))
     from mlip_unc.data.errors import DataError
     from mlip_unc.data.molecules import smiles_to_graph
     from mlip_unc.models.factory import PropertyPredictor

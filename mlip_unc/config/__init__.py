@@ -31,6 +31,7 @@ from mlip_unc.config.enums import (
     PosteriorKind,
     ReferenceEnergies,
     RegularizerKind,
+    ScheduleClock,
     StopMetric,
 )
 from mlip_unc.config.loader import (
@@ -85,6 +86,7 @@ __all__ = [
     "PosteriorKind",
     "ReferenceEnergies",
     "RegularizerKind",
+    "ScheduleClock",
     "StopMetric",
     "DATA_ROOT_ENV",
     "ConfigError",

@@ -16,6 +16,7 @@ __all__ = [
     "Norm",
     "Method",
     "LRSchedule",
+    "ScheduleClock",
     "StopMetric",
     "Intervention",
     "AGLForm",
@@ -112,9 +113,22 @@ class LRSchedule(str, Enum):
     """Multiply by ``train.lr_factor`` after ``train.lr_patience`` epochs without a better
     validation metric."""
     COSINE = "cosine"
-    """Cosine decay from ``train.lr`` to ``train.min_lr``, set every step from the progress
-    = the larger of epoch / ``train.epochs`` and elapsed / ``train.max_minutes``, so a run
-    limited by its wall-time budget also ends at ``min_lr``."""
+    """Cosine decay from ``train.lr`` to ``train.min_lr``, set every step from the training
+    progress (``train.schedule_clock`` says what it counts)."""
+
+
+class ScheduleClock(str, Enum):
+    """What the training progress counts: the clock of the cosine schedule and of the loss's
+    stage two (``loss.stage_two_start``)."""
+
+    EPOCHS = "epochs"
+    """Epoch / ``train.epochs`` (fractional within an epoch). The schedule does not depend on
+    the machine's speed or load: the same config and seed train the same model;
+    ``train.max_minutes`` only stops the run."""
+    WALL = "wall"
+    """The larger of epoch / ``train.epochs`` and elapsed / ``train.max_minutes``, so a run
+    stopped by its wall-time budget still ends its schedule at ``train.min_lr``: for
+    comparisons at equal wall time. Not reproducible: the model depends on machine load."""
 
 
 class StopMetric(str, Enum):

@@ -30,12 +30,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 __all__ = [
     "DATA_ROOT_ENV",
     "ConfigError",
+    "NestedConfigError",
     "Section",
     "default_data_root",
     "load_raw",
     "apply_overrides",
     "interpolate",
     "validate",
+    "validate_nested",
     "config_to_dict",
 ]
 
@@ -45,6 +47,27 @@ T = TypeVar("T", bound=BaseModel)
 
 class ConfigError(ValueError):
     """An invalid configuration; the message starts with the dotted key at fault."""
+
+
+class NestedConfigError(ValueError):
+    """Raised by a validator that validates a sub-section itself (its model chosen by another
+    key): the message starts with the key inside the sub-section, and :func:`validate` puts the
+    sub-section's dotted key in front."""
+
+
+def validate_nested(schema: type[T], raw: Any) -> T:
+    """``schema`` validated from ``raw`` inside a field validator; errors become
+    :class:`NestedConfigError` with the same wording as :func:`validate`'s."""
+    if isinstance(raw, schema):
+        return raw
+    if isinstance(raw, BaseModel):
+        raw = config_to_dict(raw)
+    if not isinstance(raw, Mapping):
+        raise NestedConfigError(f": expected a mapping, got {type(raw).__name__}")
+    try:
+        return schema.model_validate(dict(raw))
+    except ValidationError as err:
+        raise NestedConfigError("." + _message(schema, err.errors()[0])) from None
 
 
 class Section(BaseModel):
@@ -210,8 +233,11 @@ def _field_path(schema: type[BaseModel], loc: Sequence[Any]) -> tuple[str, type[
 _KEYED = re.compile(r"^([\w.\[\]]+): ")
 
 
-def _message(schema: type[BaseModel], err: dict[str, Any]) -> str:
+def _message(schema: type[BaseModel], err: Mapping[str, Any]) -> str:
     key, owner = _field_path(schema, err["loc"])
+    nested = (err.get("ctx") or {}).get("error")
+    if isinstance(nested, NestedConfigError):  # its message continues the key
+        return f"{key}{nested}"
     msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if err["type"] == "extra_forbidden":
         names = list(owner.model_fields) if owner is not None else []

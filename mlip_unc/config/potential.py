@@ -20,10 +20,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from mlip_unc.config.backbones import (
+    BACKBONE_OPTIONS,
+    RESERVED_BACKBONE_KEYS,
+    EquivariantOptions,
+    GINOptions,
+    MACEOptions,
+)
 from mlip_unc.config.enums import (
     Backbone,
     DType,
@@ -34,7 +41,14 @@ from mlip_unc.config.enums import (
     ReferenceEnergies,
     RegularizerKind,
 )
-from mlip_unc.config.loader import Section, apply_overrides, load_raw, validate
+from mlip_unc.config.loader import (
+    NestedConfigError,
+    Section,
+    apply_overrides,
+    load_raw,
+    validate,
+    validate_nested,
+)
 from mlip_unc.config.training import TrainCoreConfig
 
 __all__ = [
@@ -80,11 +94,22 @@ class DataConfig(Section):
     r_max: float = Field(5.0, gt=0)
 
 
+BackboneOptionsOf = GINOptions | EquivariantOptions | MACEOptions
+
+
+def _no_options() -> BackboneOptionsOf:
+    """The default of ``model.backbone_kwargs``: no option set. A plain mapping on purpose:
+    the field's validator turns it into the defaults of the chosen backbone."""
+    return cast(BackboneOptionsOf, {})
+
+
 class PotentialModelConfig(Section):
     """Backbone and Bayesian energy head.
 
     Attributes:
-        backbone: ``gin``, ``equivariant`` or ``mace``; backbone_kwargs: passed to ``build_backbone``.
+        backbone: ``gin``, ``equivariant`` or ``mace``.
+        backbone_kwargs: the options of that backbone (:class:`GINOptions`,
+            :class:`EquivariantOptions` or :class:`MACEOptions`, chosen by ``backbone``).
         latent_dim: d, the width of the per-atom latents.
         prior_std: sigma_p of the Gaussian weight prior; init_std: initial posterior std.
         head: ``bayesian`` or ``map``.
@@ -110,7 +135,11 @@ class PotentialModelConfig(Section):
     """
 
     backbone: Backbone = Backbone.GIN
-    backbone_kwargs: dict[str, Any] = Field(default_factory=dict)
+    backbone_kwargs: BackboneOptionsOf = Field(
+        default_factory=_no_options,
+        description="Options of the chosen backbone (GINOptions, EquivariantOptions or "
+        "MACEOptions, by model.backbone).",
+    )
     latent_dim: int = Field(32, gt=0)
     prior_std: float = Field(1.0, gt=0)
     init_std: float = Field(0.1, gt=0)
@@ -124,6 +153,18 @@ class PotentialModelConfig(Section):
     posterior_basis: PosteriorBasis = PosteriorBasis.SHARED
     posterior_max_frames: int | None = Field(None, gt=0)
 
+    @field_validator("backbone_kwargs", mode="before")
+    @classmethod
+    def _options_of_the_backbone(cls, value: Any, info: ValidationInfo) -> BackboneOptionsOf:
+        backbone = info.data.get("backbone")
+        if backbone is None:  # model.backbone itself is invalid (reported first)
+            return value
+        if isinstance(value, dict):
+            for key, instead in RESERVED_BACKBONE_KEYS.items():
+                if key in value:
+                    raise NestedConfigError(f".{key}: set by {instead}, remove it here")
+        return cast(BackboneOptionsOf, validate_nested(BACKBONE_OPTIONS[Backbone(backbone)], value))
+
 
 class LossConfig(Section):
     """Joint Gaussian likelihood weights and the KL scale.
@@ -136,15 +177,14 @@ class LossConfig(Section):
     noise); ``NLL_F`` sums the NLL over the 3 n_atoms force components. With ``structure`` the
     energy term counts once per structure (the plain likelihood of its energy): a structure's
     squared per-atom residual weighs n_atoms / sigma_e^2, against its 3 n_atoms force terms.
-    With ``atom`` it counts once per atom, which multiplies that by n_atoms: per atom the energy
-    weighs n_atoms times more than with ``structure``, so larger cells' energies weigh more
-    per atom (n_atoms^2 per structure; MACE's loss weighs every structure's
-    ((E_pred - E) / N)^2 alike). ``auto`` (the default) takes ``atom`` for
-    periodic training data and for molecules of widely different sizes (largest more than twice
-    the smallest), else ``structure`` (one molecule's MD, as ethanol or 3BPA). Measured (tiny GIN, 2-3 min runs,
-    see the commit of this option): on mlearn Si counting per structure let the learned energy
-    noise grow and training abandon the energy (test E MAE 183 meV/atom; per atom 42), while
-    on ethanol counting per atom delayed force learning (valid F MAE 234 vs 153 meV/A).
+    With ``atom`` it counts once per atom, which multiplies that by n_atoms, so larger cells'
+    energies weigh more per atom (n_atoms^2 per structure; MACE's loss weighs every
+    structure's ((E_pred - E) / N)^2 alike). ``auto`` (the default) takes ``atom`` for periodic
+    training data and for molecules of widely different sizes (largest more than twice the
+    smallest), else ``structure`` (one molecule's MD, as ethanol or 3BPA). Why: counted per
+    structure, the energies of many-atom cells are outweighed by their force terms, the learned
+    energy noise grows and training abandons the energy; counted per atom on a single
+    molecule, the energy dominates early and delays force learning.
 
     Attributes:
         energy_weight, forces_weight, stress_weight: weights of the NLL terms.
@@ -152,11 +192,12 @@ class LossConfig(Section):
         stress_noise: fixed stress noise std (eV/A^3) of the stress likelihood.
         beta: KL weight (1 = proper ELBO).
         kl_warmup_epochs: linear ramp of beta from 0 (``mlip_unc.train.losses.kl_weight``).
-        stage_two_start: fraction of training (the larger of the epoch and wall-time fractions,
-            as the cosine schedule counts it) from which the stage-two weights apply (MACE's
-            ``--swa`` stage: forces first, then a higher energy weight); null: one stage.
-            Validation selects the best model of the last stage reached.
-        stage_two_energy_weight, stage_two_forces_weight: the weights from then on (null: unchanged).
+        stage_two_start: fraction of training (``train.schedule_clock``: of the epochs by
+            default, as the cosine schedule counts it) from which the stage-two weights apply
+            (MACE's ``--swa`` stage: forces first, then a higher energy weight); null: one
+            stage. Validation selects the best model of the last stage reached.
+        stage_two_energy_weight, stage_two_forces_weight: the weights from then on (null:
+            unchanged).
     """
 
     energy_weight: float = Field(1.0, ge=0)
@@ -202,7 +243,14 @@ class LossConfig(Section):
 
 class RegularizerConfig(Section):
     """AGL or an intervention on the per-atom latents z_a, with schedule lambda(epoch):
-    0 for ``warmup_epochs``, then a linear ramp to ``lambda_max`` over ``ramp_epochs``."""
+    0 for ``warmup_epochs``, then a linear ramp to ``lambda_max`` over ``ramp_epochs``.
+
+    Attributes:
+        kind: the latent term (:class:`RegularizerKind`); ``none`` adds nothing.
+        lambda_max: its weight after the ramp.
+        warmup_epochs: epochs with lambda = 0.
+        ramp_epochs: epochs of the linear ramp from 0 to ``lambda_max``.
+    """
 
     kind: RegularizerKind = RegularizerKind.NONE
     lambda_max: float = Field(0.0, ge=0)

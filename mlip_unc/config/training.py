@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from mlip_unc.config.enums import LRSchedule
+from mlip_unc.config.enums import LRSchedule, ScheduleClock
 from mlip_unc.config.loader import Section
 
 __all__ = ["TrainCoreConfig"]
@@ -21,6 +21,10 @@ class TrainCoreConfig(Section):
     Attributes:
         epochs: maximum number of epochs.
         max_minutes: wall-time budget in minutes (null = none); checked after every batch.
+            It stops the run; it changes the schedule only with ``schedule_clock: wall``.
+        schedule_clock: what the cosine schedule and the loss's stage two follow: ``epochs``
+            (default; reproducible) or ``wall`` (the larger of the epoch and ``max_minutes``
+            fractions; the same as ``epochs`` without a budget; see :class:`ScheduleClock`).
         batch_size: examples (molecules or structures) per batch.
         lr: Adam learning rate; weight_decay: on deterministic parameters only (never on the
             Bayesian posterior, whose regulariser is the KL).
@@ -43,7 +47,17 @@ class TrainCoreConfig(Section):
     """
 
     epochs: int = Field(100, gt=0)
-    max_minutes: float | None = Field(None, gt=0)
+    max_minutes: float | None = Field(
+        None, gt=0, description="Wall-time budget in minutes (null = none): stops the run."
+    )
+    schedule_clock: ScheduleClock = Field(
+        ScheduleClock.EPOCHS,
+        description=(
+            "What the cosine schedule and loss stage two follow: 'epochs' (reproducible) or "
+            "'wall' (larger of the epoch and max_minutes fractions, for equal-wall-time "
+            "comparisons; depends on machine load)."
+        ),
+    )
     batch_size: int = Field(8, gt=0)
     lr: float = Field(5e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)

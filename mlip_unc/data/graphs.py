@@ -74,7 +74,7 @@ def atoms_to_graph(
     forces = frame_forces(atoms, forces_key, context=loc)  # (n_atoms, 3) | None
     stress = frame_stress(atoms, stress_key, convention=stress_convention, context=loc)
 
-    def t(x: np.ndarray) -> torch.Tensor:  # a copy: the graph never aliases ``atoms``
+    def t(x: np.ndarray | list[float]) -> torch.Tensor:  # a copy: the graph never aliases ``atoms``
         return torch.tensor(np.asarray(x), dtype=dtype)
 
     fields = {

@@ -11,8 +11,8 @@ write ``root/<name>/processed/``; shared data folders are read-only), and every 
 its row index. The graphs equal PyG's (same featuriser, same columns; tested). BACE is a
 regression on ``pIC50`` (PyG's BACE uses the binary ``Class`` column).
 
-Data root: the ``root`` argument, else ``$MLIP_UNC_DATA``, else ``~/.cache/mlip_unc`` (or
-``$XDG_CACHE_HOME/mlip_unc``); MoleculeNet files live under ``<data root>/moleculenet`` and
+Data root: the ``root`` argument, else ``$MLIP_UNC_DATA``, else ``../shared/data`` (as every
+command); MoleculeNet files live under ``<data root>/moleculenet`` and
 QM7/CEP under ``<data root>/molecules_extra``.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,12 +61,10 @@ Column = str | int  # header name, or index (negative counts from the end)
 
 # ================================================================ paths
 def default_data_root() -> Path:
-    """``$MLIP_UNC_DATA`` if set, else the user cache folder ``~/.cache/mlip_unc``."""
-    env = os.environ.get("MLIP_UNC_DATA")
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(cache).expanduser() / "mlip_unc"
+    """The data root every command uses: ``$MLIP_UNC_DATA`` if set, else ``../shared/data``."""
+    from mlip_unc.config.loader import default_data_root as configured
+
+    return Path(configured()).expanduser()
 
 
 def _canonical_name(name: str, allowed: Sequence[str]) -> str:
@@ -242,8 +239,7 @@ def load_moleculenet(name: str, root: str | Path | None = None) -> list[Data]:
         url = MoleculeNet.url.format(MoleculeNet.names[key][1])
         raise DataError(
             f"MoleculeNet '{key}' raw file not found: '{raw}'. Nothing is downloaded; "
-            f"place {url} there (root = argument, $MLIP_UNC_DATA/moleculenet or "
-            f"~/.cache/mlip_unc/moleculenet)"
+            f"place {url} there (root = argument, else $MLIP_UNC_DATA, else ../shared/data)"
         )
     _, _, _, smiles_idx, target_idx = MoleculeNet.names[key]
     target: Column = _BACE_TARGET if key == "bace" else target_idx

@@ -335,7 +335,7 @@ class OnDiskDataset(StructureDataset):
     def __len__(self) -> int:
         return int(self.indices.size)
 
-    def __getitem__(self, item: int) -> Data:  # type: ignore[override]
+    def __getitem__(self, item: int) -> Data:
         return self.store.graph(int(self.indices[item]), self._lookup, self.dtype)
 
     def __iter__(self) -> Iterator[Data]:

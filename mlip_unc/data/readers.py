@@ -7,7 +7,9 @@ labels are checked (:mod:`mlip_unc.data.labels`); errors name the file and the f
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import cast
 
 import ase
 import ase.io
@@ -32,6 +34,8 @@ _POSCAR_SUFFIXES = {".vasp", ".poscar"}
 def _select(n: int, index: int | slice | str) -> list[int]:
     """Frame indices picked by an ASE-style index (``":"``, ``"-1"``, ``"2:10:2"``, int, slice)."""
     idx = string2index(index) if isinstance(index, str) else index
+    if isinstance(idx, str):  # string2index passes through what is neither an int nor a slice
+        raise ValueError("not an int or a slice")
     if isinstance(idx, int):
         if not -n <= idx < n:
             raise IndexError(f"frame index {idx} out of range for {n} frames")
@@ -45,7 +49,7 @@ def _read_all(path: Path) -> list[ase.Atoms]:
     name = path.name.upper()
     suffix = path.suffix.lower()
     if suffix in _EXTXYZ_SUFFIXES:
-        return ase.io.read(path, index=":", format="extxyz")
+        return cast(list[ase.Atoms], ase.io.read(path, index=":", format="extxyz"))
     if suffix == ".json":
         return read_json_structures(path)
     if suffix == ".cif" or suffix in _POSCAR_SUFFIXES or name.startswith(("POSCAR", "CONTCAR")):
@@ -64,7 +68,9 @@ def _read_all(path: Path) -> list[ase.Atoms]:
     return list(result) if isinstance(result, list) else [result]
 
 
-def _read_frames(path: str | Path, index: int | slice | str = ":") -> list[tuple[int, ase.Atoms]]:
+def _read_frames(
+    path: str | os.PathLike, index: int | slice | str = ":"
+) -> list[tuple[int, ase.Atoms]]:
     """(frame index in file, structure) pairs; read errors become ``DataError`` naming the file."""
     path = Path(path)
     if not path.is_file():
@@ -83,7 +89,7 @@ def _read_frames(path: str | Path, index: int | slice | str = ":") -> list[tuple
 
 
 def read_validated_frames(
-    path: str | Path,
+    path: str | os.PathLike,
     index: int | slice | str,
     *,
     label_keys: dict[str, str | None],
@@ -119,7 +125,7 @@ def read_validated_frames(
 
 
 def read_structures(
-    path: str | Path,
+    path: str | os.PathLike,
     *,
     index: int | slice | str = ":",
     energy_key: str | None = None,

@@ -17,6 +17,7 @@ import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import ase
 import ase.io
@@ -116,7 +117,8 @@ def extxyz_checkpoints(path: str | Path, every: int) -> tuple[int, list[Checkpoi
 
 def _parse(lines: list[bytes], path: Path, frame: int, line: int) -> ase.Atoms:
     try:
-        return ase.io.read(io.StringIO(b"".join(lines).decode()), index=0, format="extxyz")
+        text = io.StringIO(b"".join(lines).decode())
+        return cast(ase.Atoms, ase.io.read(text, index=0, format="extxyz"))  # index=0: one frame
     except Exception as err:  # any parser failure -> one error naming the file, frame and line
         raise DataError(
             f"{where(path, frame)} (line {line}): could not parse the frame: "

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -226,7 +226,7 @@ class LaplaceModel(PropertyModel):
             )
             zs.append(z)
             noise.append(self.noise(z))
-        self.head.fit(torch.cat(zs), torch.cat(noise))
+        cast(LaplaceHead, self.head).fit(torch.cat(zs), torch.cat(noise))
         self.train(was_training)
 
 
@@ -254,7 +254,7 @@ class DeepEnsemble(StandardisedModel):
     def predictive(
         self, batch: Batch, *, generator: torch.Generator | None = None
     ) -> dict[str, Tensor]:
-        outs = [m.predictive(batch, generator=generator) for m in self.members]
+        outs = [cast(PropertyModel, m).predictive(batch, generator=generator) for m in self.members]
         means = torch.stack([o[keys.PREDICTION] for o in outs])  # (M, n, out)
         alea = torch.stack([o[keys.ALEATORIC_VAR] for o in outs]).mean(0)
         epi = means.var(0, unbiased=False)  # mixture variance of the means

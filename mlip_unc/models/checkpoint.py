@@ -11,27 +11,38 @@ without unpickling any code::
 (name, dtype, shape, bytes) and every other value (name, type, ``repr``), so flipped bits
 inside a weight tensor or in the config or metadata, which still unpickle, are refused with a
 clear error instead of producing NaN or another model later (``digest: 2``). Checkpoints with
-``digest`` 1 (absent: tensors only) are checked with that older digest, and checkpoints
-written before any digest existed load without the check.
+``digest`` 1 (absent: tensors only) are checked with that older digest; checkpoints written
+before any digest existed load with a :class:`CheckpointWarning` that names the file and
+:func:`resave_checkpoint`, which adds the digest.
+
+:func:`check_checkpoint_file` reads only the first bytes of a file (no torch), so the command
+line refuses a missing file or one of another format (YAML, text, ...) at once, before it
+imports torch; :func:`load_checkpoint` runs the same check first. torch is imported inside the
+functions that need it for the same reason.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from mlip_unc.atomic import atomic_write
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FORMAT",
     "VERSION",
     "CheckpointError",
+    "CheckpointWarning",
+    "check_checkpoint_file",
     "save_checkpoint",
     "load_checkpoint",
+    "resave_checkpoint",
     "tensor_digest",
 ]
 
@@ -45,11 +56,67 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing, truncated, corrupted or not an mlip-unc checkpoint."""
 
 
+class CheckpointWarning(UserWarning):
+    """A checkpoint loads, but cannot be checked (no digest): re-save it."""
+
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format (a zip archive)
+_PICKLE_PROTO = b"\x80"  # torch.save's legacy format (a pickle stream) opens with PROTO
+
+
+def _describe(head: bytes, path: Path) -> str:
+    """What a file that is not a torch checkpoint looks like, from its first bytes."""
+    if head.startswith(b"\x89HDF"):
+        return "HDF5 data"
+    if head.startswith(b"\x93NUMPY"):
+        return "a NumPy array (.npy)"
+    text = head.decode("utf-8", errors="replace").lstrip()
+    if b"\x00" in head or text.count("\ufffd") > 3:  # a cut multi-byte character is not binary
+        return "binary data of another format"
+    first_line = text.split("\n", 1)[0].strip()
+    suffix = path.suffix.lower()
+    if suffix == ".json" or text[:1] in ("{", "["):
+        return "JSON text"
+    if suffix in (".xyz", ".extxyz") or first_line.isdigit():
+        return "structures (extended XYZ text)"
+    if suffix in (".yaml", ".yml") or ":" in first_line:
+        return "YAML text (a config? it goes to --config)"
+    return "text"
+
+
+def check_checkpoint_file(path: str | os.PathLike) -> Path:
+    """Cheap checks (no torch): ``path`` exists, is a file and starts like a torch checkpoint.
+
+    Raises:
+        CheckpointError: a missing path, a folder, an empty file, or a file of another format
+            (named, e.g. "YAML text").
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder; pass the checkpoint file inside it")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    with path.open("rb") as handle:
+        head = handle.read(256)
+    if not head:
+        raise CheckpointError(
+            f"checkpoint {path} is empty (0 bytes): truncated or corrupted; restore it or retrain"
+        )
+    if not (head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_PROTO)):
+        raise CheckpointError(
+            f"{path} is not an mlip-unc checkpoint: it holds {_describe(head, path)}; a checkpoint "
+            "is the model.pt written by mlip-unc train, attach or property train"
+        )
+    return path
+
+
 def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     """Write ``payload`` atomically: a temporary file in the same folder, then rename.
 
     A crash mid-write leaves the previous checkpoint intact.
     """
+    import torch
+
     full = {"format": FORMAT, "version": VERSION, **payload, "digest": 2}
     full["sha256"] = tensor_digest(full, values=True)
     return atomic_write(path, lambda handle: torch.save(full, handle))
@@ -58,6 +125,8 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
 def tensor_digest(payload: Any, *, values: bool = False) -> str:
     """SHA-256 over every tensor in ``payload`` (nested dicts/lists), in a fixed order; with
     ``values`` over every other leaf too (its type and ``repr``)."""
+    import torch
+
     digest = hashlib.sha256()
 
     def walk(node: Any, name: str) -> None:
@@ -82,12 +151,14 @@ def tensor_digest(payload: Any, *, values: bool = False) -> str:
 def load_checkpoint(
     path: str | os.PathLike, *, map_location: str | torch.device = "cpu", kind: str | None = None
 ) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``; raise :class:`CheckpointError` on bad files."""
-    path = Path(path)
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a folder; pass the checkpoint file inside it")
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+    """Load a checkpoint with ``weights_only=True``; raise :class:`CheckpointError` on bad files.
+
+    A checkpoint without a digest (written before digests existed) loads with a
+    :class:`CheckpointWarning` naming the file and :func:`resave_checkpoint`.
+    """
+    import torch
+
+    path = check_checkpoint_file(path)
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # pickle, zip and EOF errors all mean an unreadable file
@@ -97,9 +168,12 @@ def load_checkpoint(
                 "refused because loading it would run code (weights_only=True). Re-save the model "
                 "with mlip-unc, or load it yourself only if you trust its source"
             ) from None
+        detail = str(err).splitlines()[0] if str(err) else "no detail"
+        if "weights_only" in detail or "Weights only" in detail:  # torch's advice, not ours
+            detail = "the pickle inside cannot be read as plain data"
         raise CheckpointError(
             f"checkpoint {path} is truncated or corrupted and cannot be read "
-            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'})"
+            f"({type(err).__name__}: {detail})"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an mlip-unc checkpoint")
@@ -116,4 +190,24 @@ def load_checkpoint(
         )
     if kind is not None and payload.get("kind") != kind:
         raise CheckpointError(f"{path} holds a {payload.get('kind')!r} model, expected {kind!r}")
+    if expected is None:
+        warnings.warn(
+            f"checkpoint {path} has no SHA-256 digest (written before checkpoints carried one), so damage "
+            'to it cannot be detected; re-save it once to add one: python -c "from '
+            f"mlip_unc.models.checkpoint import resave_checkpoint; resave_checkpoint('{path}')\"",
+            CheckpointWarning,
+            stacklevel=2,
+        )
     return payload
+
+
+def resave_checkpoint(path: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Load ``path`` and write it again (to ``out``, default in place) with the current digest.
+
+    For checkpoints written before digests existed: their contents are kept as they are.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointWarning)
+        payload = load_checkpoint(path)
+    kept = {k: v for k, v in payload.items() if k not in ("format", "version", *_UNHASHED)}
+    return save_checkpoint(path if out is None else out, kept)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -63,7 +63,7 @@ class Committee(nn.Module):
 
     def noise_variances(self, batch) -> dict[str, Tensor]:
         """The members' mean aleatoric variances (keys of ``BayesianPotential.noise_variances``)."""
-        outs = [m.noise_variances(batch) for m in self.members]
+        outs = [cast(BayesianPotential, m).noise_variances(batch) for m in self.members]
         return {k: torch.stack([o[k] for o in outs]).mean(0) for k in outs[0]}
 
     def forward(

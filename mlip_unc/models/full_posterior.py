@@ -27,13 +27,13 @@ element (so ``sum_e Phi_e . mu = Phi . mu``: the same predictions), and a covari
 a direction be well constrained on one element and free on another. Every formula above holds
 with ``Phi`` and ``z`` replaced by the per-element ones (:func:`basis_state`); the low-rank
 mode still costs ``r + 1`` vector-Jacobian products, the exact one ``n_types * d + 1``.
-Measured (benchmarks/results/posterior_variants.md): on the ethanol model, frame force errors
-ranked better by the per-element basis at rank 16 and exact than by the shared one.
+How the two bases compare: docs/what-we-tried.md (posterior variants).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -52,6 +52,11 @@ from mlip_unc.models.potential_uncertainty import (
     sampled_derivatives,
 )
 from mlip_unc.uncertainty import moments
+
+if TYPE_CHECKING:  # the mixin's host is an nn.Module (BayesianPotential)
+    from torch.nn import Module as _ModuleHost
+else:
+    _ModuleHost = object
 
 __all__ = [
     "FullPosterior",
@@ -112,10 +117,23 @@ class FullPosterior:
         return self.factor.T @ self.factor
 
 
-class FullPosteriorHolder:
+class FullPosteriorHolder(_ModuleHost):
     """The full posterior's buffers and basis on a :class:`~mlip_unc.models.potential.BayesianPotential`
     (a mixin: it reads the model's ``latent_dim``, ``type_map``, ``posterior_basis``, ``dtype`` and
     ``atomic_energies``, and stores ``posterior_factor``, ``posterior_calibration`` as buffers)."""
+
+    # read from the host model
+    latent_dim: int
+    type_map: list[int]
+    posterior_basis: str
+    atomic_energies: Tensor  # (n_types,) buffer
+    # set by set_full_posterior (buffers)
+    posterior_factor: Tensor  # (D, D)
+    posterior_calibration: Tensor  # (5,)
+    if TYPE_CHECKING:
+
+        @property
+        def dtype(self) -> torch.dtype: ...
 
     @property
     def posterior_blocks(self) -> int:

@@ -88,6 +88,8 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
             posterior (:mod:`mlip_unc.models.full_posterior`).
     """
 
+    z_to_index: Tensor  # (max Z + 1,) buffer: atomic number -> atom_type, -1 if absent
+
     def __init__(
         self,
         backbone: nn.Module,
@@ -107,7 +109,8 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         posterior_basis: str = "shared",
     ) -> None:
         super().__init__()
-        if not isinstance(getattr(backbone, "latent_dim", None), int):
+        latent_dim = getattr(backbone, "latent_dim", None)
+        if not isinstance(latent_dim, int):
             raise TypeError("the backbone needs an int attribute 'latent_dim'")
         backbone_r_max = getattr(backbone, "r_max", None)
         if backbone_r_max is not None and backbone_r_max > r_max + 1e-12:
@@ -122,7 +125,7 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         if len(set(self.type_map)) != len(self.type_map):
             raise ValueError(f"type_map has repeated elements: {self.type_map}")
         self.r_max = float(r_max)
-        self.latent_dim = int(backbone.latent_dim)
+        self.latent_dim = int(latent_dim)
         self.isolated_reference = bool(isolated_reference)
         self.gradient_method = gradient_method
         self._noise_config = {
@@ -172,8 +175,9 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
 
     def reset_parameters(self) -> None:
         """Re-initialise the backbone (if it can), the head and the noise scales."""
-        if hasattr(self.backbone, "reset_parameters"):
-            self.backbone.reset_parameters()
+        reset = getattr(self.backbone, "reset_parameters", None)
+        if reset is not None:
+            reset()
         self.head.reset_parameters()
         with torch.no_grad():
             self.energy_noise_rho.fill_(inverse_softplus(self._noise_config["energy_noise"]))

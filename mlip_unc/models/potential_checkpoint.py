@@ -12,7 +12,7 @@ noise settings and the dtype, so a model is rebuilt without unpickling any code.
 from __future__ import annotations
 
 import os
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -20,6 +20,9 @@ from torch import nn
 from mlip_unc.models.backbones import BACKBONES, build_backbone
 from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint
 from mlip_unc.nn.radial import checkpoint_backbone_kwargs
+
+if TYPE_CHECKING:  # annotations only: potential.py imports this module
+    from mlip_unc.models.potential import BayesianPotential
 
 # A BayesianPotential (or subclass); typed loosely so this module never imports potential.py.
 PotentialT = TypeVar("PotentialT", bound=nn.Module)
@@ -29,17 +32,18 @@ __all__ = ["POTENTIAL_KIND", "potential_config", "potential_payload", "potential
 POTENTIAL_KIND = "potential"
 
 
-def potential_config(model: nn.Module) -> dict[str, Any]:
+def potential_config(model: BayesianPotential) -> dict[str, Any]:
     """Everything needed to rebuild the ``BayesianPotential`` ``model``, as plain data."""
     backbone = model.backbone
     name = getattr(backbone, "backbone_name", None)
-    if name not in BACKBONES or not hasattr(backbone, "config"):
+    backbone_config = getattr(backbone, "config", None)
+    if name not in BACKBONES or backbone_config is None:
         raise ValueError(
             f"cannot checkpoint backbone {type(backbone).__name__}: only registered "
             f"backbones ({sorted(BACKBONES)}) with a config() can be rebuilt from plain data"
         )
     return {
-        "backbone": {"name": name, "kwargs": backbone.config()},
+        "backbone": {"name": name, "kwargs": backbone_config()},
         "type_map": list(model.type_map),
         "r_max": model.r_max,
         "atomic_energies": model.atomic_energies.tolist(),
@@ -56,7 +60,7 @@ def potential_config(model: nn.Module) -> dict[str, Any]:
     }
 
 
-def potential_payload(model: nn.Module) -> dict[str, Any]:
+def potential_payload(model: BayesianPotential) -> dict[str, Any]:
     """``{"kind": "potential", "config": ..., "model_state": ...}`` (plain data, CPU tensors)."""
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     return {"kind": POTENTIAL_KIND, "config": potential_config(model), "model_state": state}

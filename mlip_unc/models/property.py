@@ -24,7 +24,7 @@ builds on it and :mod:`mlip_unc.models.factory` sits above both.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -63,6 +63,13 @@ def feature_metadata() -> dict[str, Any]:
     }
 
 
+class _PredictiveHead(Protocol):
+    """A head with predictive moments ``(mean, epistemic var)``, each ``(n, out)``
+    (``BayesianLinear``, ``DeterministicHead``, ``LaplaceHead``)."""
+
+    def predictive(self, z: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
 class StandardisedModel(nn.Module):
     """Holds the target standardisation; subclasses implement ``predictive`` in standard units.
 
@@ -74,6 +81,12 @@ class StandardisedModel(nn.Module):
 
     y_mean: Tensor
     y_std: Tensor
+
+    if TYPE_CHECKING:  # the subclasses' contract (class docstring)
+
+        def predictive(
+            self, batch: Batch, *, generator: torch.Generator | None = None
+        ) -> dict[str, Tensor]: ...
 
     def __init__(
         self,
@@ -193,7 +206,7 @@ class PropertyModel(StandardisedModel):
             gen = generator or torch.Generator(device=z.device).manual_seed(_MC_SEED)
             mean, epi = self.head.predictive(z, n_samples=self.mc_samples, generator=gen)
         else:
-            mean, epi = self.head.predictive(z)
+            mean, epi = cast(_PredictiveHead, self.head).predictive(z)
         alea = self.noise(z)
         return {
             keys.PREDICTION: mean,

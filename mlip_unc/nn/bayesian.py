@@ -15,6 +15,7 @@ the closed form, no sampling.
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,9 @@ class BayesianLinear(nn.Module):
         - **output:** ``(n, out_features)``; ``predictive`` returns mean and variance of that shape.
     """
 
+    bias_mu: nn.Parameter | None
+    bias_rho: nn.Parameter | None
+
     def __init__(
         self,
         in_features: int,
@@ -75,7 +79,7 @@ class BayesianLinear(nn.Module):
         self.prior_std = float(prior_std)
         self.init_std = float(init_std)
         self.estimator = Estimator(estimator)
-        factory = {"dtype": dtype, "device": device}
+        factory: dict[str, Any] = {"dtype": dtype, "device": device}
         self.weight_mu = nn.Parameter(torch.empty(out_features, in_features, **factory))
         self.weight_rho = nn.Parameter(torch.empty(out_features, in_features, **factory))
         if bias:
@@ -90,7 +94,7 @@ class BayesianLinear(nn.Module):
         bound = 1.0 / math.sqrt(self.in_features)
         nn.init.uniform_(self.weight_mu, -bound, bound)
         nn.init.constant_(self.weight_rho, inverse_softplus(self.init_std))
-        if self.bias_mu is not None:
+        if self.bias_mu is not None and self.bias_rho is not None:
             nn.init.zeros_(self.bias_mu)
             nn.init.constant_(self.bias_rho, inverse_softplus(self.init_std))
 
@@ -117,8 +121,9 @@ class BayesianLinear(nn.Module):
     def kl(self) -> Tensor:
         """KL(q || p) summed over weights and bias, in closed form."""
         total = gaussian_kl(self.weight_mu, self.weight_std, self.prior_std)
-        if self.bias_mu is not None:
-            total = total + gaussian_kl(self.bias_mu, self.bias_std, self.prior_std)
+        bias_std = self.bias_std
+        if self.bias_mu is not None and bias_std is not None:
+            total = total + gaussian_kl(self.bias_mu, bias_std, self.prior_std)
         return total
 
     # ------------------------------------------------------------------ prediction
@@ -146,7 +151,7 @@ class BayesianLinear(nn.Module):
         return self._flipout(z, generator)
 
     def _flipout(self, z: Tensor, generator: torch.Generator | None) -> Tensor:
-        opts = {"generator": generator, "dtype": z.dtype, "device": z.device}
+        opts: dict[str, Any] = {"generator": generator, "dtype": z.dtype, "device": z.device}
         delta_w = self.weight_std * torch.randn(self.weight_mu.shape, **opts)  # (out, in)
         sign_in = torch.randint(0, 2, z.shape, generator=generator, device=z.device).to(z.dtype)
         sign_out = torch.randint(
@@ -155,16 +160,17 @@ class BayesianLinear(nn.Module):
         sign_in, sign_out = 2 * sign_in - 1, 2 * sign_out - 1
         out = z @ self.weight_mu.T + ((z * sign_in) @ delta_w.T) * sign_out
         bias = self._bias_mean(z)
-        if self.bias_rho is not None:
+        bias_std = self.bias_std
+        if bias_std is not None:
             eps_b = torch.randn((z.shape[0], self.out_features), **opts)
-            bias = bias + self.bias_std * eps_b
+            bias = bias + bias_std * eps_b
         return out + bias
 
     def sample_weights(
         self, n_samples: int, *, generator: torch.Generator | None = None
     ) -> tuple[Tensor, Tensor]:
         """Draw whole weight sets: ``w (n_samples, out, in)``, ``b (n_samples, out)``."""
-        opts = {
+        opts: dict[str, Any] = {
             "generator": generator,
             "dtype": self.weight_mu.dtype,
             "device": self.weight_mu.device,
@@ -229,12 +235,11 @@ class BayesianMLP(nn.Module):
 
     def reset_parameters(self) -> None:
         for layer in self.layers:
-            layer.reset_parameters()
+            cast(BayesianLinear, layer).reset_parameters()
 
     def kl(self) -> Tensor:
-        return sum(
-            (layer.kl() for layer in self.layers), start=self.layers[0].weight_mu.new_zeros(())
-        )
+        layers = [cast(BayesianLinear, layer) for layer in self.layers]
+        return sum((layer.kl() for layer in layers), start=layers[0].weight_mu.new_zeros(()))
 
     def forward(
         self, z: Tensor, *, sample: bool | None = None, generator: torch.Generator | None = None

@@ -104,8 +104,8 @@ class GeometricGINLayer(nn.Module):
     def reset_parameters(self) -> None:
         self.edge_linear.reset_parameters()
         if self.angular_l_max > 0:
-            for module in (self.density_radial, self.density_node, self.density_out):
-                module.reset_parameters()
+            for linear in (self.density_radial, self.density_node, self.density_out):
+                linear.reset_parameters()
         for module in self.mlp:
             if isinstance(module, nn.Linear):
                 module.reset_parameters()

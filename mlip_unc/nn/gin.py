@@ -15,6 +15,8 @@ Bayesian latent width d (kept separate from the backbone width h). z has no fina
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 from torch_geometric.nn import GINEConv, global_add_pool, global_max_pool, global_mean_pool
@@ -48,7 +50,7 @@ class CategoricalEmbedding(nn.Module):
 
     def reset_parameters(self) -> None:
         for emb in self.embeddings:
-            nn.init.xavier_uniform_(emb.weight)
+            nn.init.xavier_uniform_(cast(nn.Embedding, emb).weight)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 2 or x.shape[1] != len(self.vocab):
@@ -132,13 +134,15 @@ class MolecularGIN(nn.Module):
     def reset_parameters(self) -> None:
         self.atom_encoder.reset_parameters()
         for enc, conv, norm in zip(self.bond_encoders, self.convs, self.norms, strict=False):
-            enc.reset_parameters()
-            conv.reset_parameters()
-            if hasattr(norm, "reset_parameters"):
-                norm.reset_parameters()
+            cast(CategoricalEmbedding, enc).reset_parameters()
+            cast(GINEConv, conv).reset_parameters()
+            reset_norm = getattr(norm, "reset_parameters", None)
+            if reset_norm is not None:
+                reset_norm()
         for layer in self.readout:
-            if hasattr(layer, "reset_parameters"):
-                layer.reset_parameters()
+            reset_layer = getattr(layer, "reset_parameters", None)
+            if reset_layer is not None:
+                reset_layer()
 
     def forward(
         self, x: Tensor, edge_index: Tensor, *, edge_attr: Tensor, batch: Tensor | None = None

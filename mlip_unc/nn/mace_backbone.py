@@ -82,7 +82,7 @@ def mace_inputs(batch: Any, num_elements: int) -> tuple[Tensor, Tensor, Tensor, 
 
 
 def mace_layer_features(
-    mace: nn.Module, node_attrs: Tensor, vectors: Tensor, lengths: Tensor, edge_index: Tensor
+    mace: Any, node_attrs: Tensor, vectors: Tensor, lengths: Tensor, edge_index: Tensor
 ) -> list[Tensor]:
     """Node features after each interaction + product block of a mace-torch ``MACE``
     (the loop of ``MACE.forward``): ``[(n_atoms, irreps_l.dim)]``, one per layer."""
@@ -289,12 +289,16 @@ class MACEModelFeatures(nn.Module):
     """
 
     backbone_name = "mace_model"
+    model: Any  # a mace-torch ScaleShiftMACE (mace-torch has no type hints)
 
     def __init__(self, mace_class: str, mace_config: dict[str, Any]) -> None:
         super().__init__()
         from mlip_unc.nn.mace_config import build_mace_model
 
-        self._config = {"mace_class": str(mace_class), "mace_config": dict(mace_config)}
+        self._config: dict[str, Any] = {
+            "mace_class": str(mace_class),
+            "mace_config": dict(mace_config),
+        }
         self.model = build_mace_model(mace_class, mace_config)
         self.model.requires_grad_(False)
         self.r_max = float(mace_config["r_max"])
@@ -342,7 +346,9 @@ class MACEModelFeatures(nn.Module):
             pair = torch.zeros_like(node_e0)
         features = mace_layer_features(model, node_attrs, vectors, lengths, edge_index)
         latents, node_es = [], [pair]
-        for i, (readout, (kind, scalars)) in enumerate(zip(model.readouts, self._readouts, strict=False)):
+        for i, (readout, (kind, scalars)) in enumerate(
+            zip(model.readouts, self._readouts, strict=False)
+        ):
             h = features[-1 if len(model.readouts) == 1 else i]
             if kind == "linear":
                 latents.append(h[:, scalars[0] : scalars[1]])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -130,6 +130,8 @@ class GaussianBasis(nn.Module):
         - **r:** ``(n_edges,)``; **output:** ``(n_edges, num_basis)``.
     """
 
+    centres: Tensor  # (num_basis,) buffer
+
     def __init__(self, r_max: float, num_basis: int = 8, *, width: float | None = None) -> None:
         super().__init__()
         if r_max <= 0:
@@ -193,6 +195,10 @@ class RadialEmbedding(nn.Module):
         return self.basis(r) * env.unsqueeze(-1), env
 
 
+class _Resettable(Protocol):
+    def reset_parameters(self) -> None: ...
+
+
 class PerAtomBackbone(nn.Module):
     """Base of the structure backbones: ``embedding -> layers -> readout`` per atom.
 
@@ -203,8 +209,8 @@ class PerAtomBackbone(nn.Module):
     """
 
     _config: dict[str, Any]
-    embedding: nn.Module
-    layers: nn.ModuleList
+    embedding: nn.Embedding
+    layers: nn.ModuleList  # of modules with reset_parameters()
     readout: nn.Module
 
     def config(self) -> dict[str, Any]:
@@ -214,7 +220,7 @@ class PerAtomBackbone(nn.Module):
     def reset_parameters(self) -> None:
         self.embedding.reset_parameters()
         for layer in self.layers:
-            layer.reset_parameters()
+            cast(_Resettable, layer).reset_parameters()
         for module in self.readout.modules():
             if isinstance(module, nn.Linear):
                 module.reset_parameters()

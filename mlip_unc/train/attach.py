@@ -34,7 +34,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import ase
 import numpy as np
@@ -55,7 +55,7 @@ from mlip_unc.data.domain import DomainGuard
 from mlip_unc.models.backbones import build_backbone
 from mlip_unc.models.checkpoint import save_checkpoint
 from mlip_unc.models.potential import BayesianPotential
-from mlip_unc.nn.mace_backbone import import_mace
+from mlip_unc.nn.mace_backbone import MACEModelFeatures, import_mace
 from mlip_unc.nn.mace_config import plain_mace_config
 from mlip_unc.train.evaluate import uncertainty_levels
 from mlip_unc.train.posterior import fit_full_posterior, random_subset
@@ -129,7 +129,9 @@ def potential_from_mace(
 ) -> BayesianPotential:
     """The MACE model as a frozen backbone under a zero-mean head: it predicts what MACE does."""
     name, config = plain_mace_config(mace_model)
-    backbone = build_backbone("mace_model", mace_class=name, mace_config=config)
+    backbone = cast(
+        MACEModelFeatures, build_backbone("mace_model", mace_class=name, mace_config=config)
+    )
     type_map = [int(z) for z in config["atomic_numbers"]]
     model = BayesianPotential(
         backbone,

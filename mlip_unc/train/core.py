@@ -8,7 +8,10 @@ schedule), the progress fraction (loss stages) and the posterior draws' generato
 * Adam on the trainable parameters (:mod:`mlip_unc.train.optim`): weight decay on the
   deterministic parameters only (the Bayesian layers are regularised by their KL);
 * ``lr_schedule``: constant, plateau (after each validation) or cosine (every step, from the
-  progress fraction: the larger of the epoch and wall-time fractions; ends at ``min_lr``);
+  progress fraction; ends at ``min_lr``). Progress counts epochs (``schedule_clock: epochs``,
+  the default), so the same config and seed train the same model on a busy machine and
+  ``max_minutes`` only stops the run; ``schedule_clock: wall`` takes the larger of the epoch
+  and wall-time fractions (a budget-limited run still completes its schedule);
 * optional EMA of the weights (``swa_utils.AveragedModel``), for validation and the best model;
 * early stopping on the validation metric; the best weights (of the last validation ``phase``)
   are loaded at the end; the task writes ``model.pt`` from them;
@@ -30,7 +33,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +44,7 @@ from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
 from mlip_unc.atomic import remove_stale_temps
-from mlip_unc.config.enums import LRSchedule
+from mlip_unc.config.enums import LRSchedule, ScheduleClock
 from mlip_unc.config.training import TrainCoreConfig
 from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from mlip_unc.train import distributed as dist
@@ -111,7 +114,9 @@ class Trainer:
             self.ema = AveragedModel(
                 self.model,
                 device=self.device,
-                multi_avg_fn=make_ema_avg_fn(options.ema_decay, warmup=options.ema_warmup),
+                multi_avg_fn=make_ema_avg_fn(  # type: ignore[arg-type]  # lists as torch passes
+                    options.ema_decay, warmup=options.ema_warmup
+                ),
             )
         self.loader_rng = torch.Generator().manual_seed(seed)  # on the CPU, where the sampler draws
         self.sample_rng = torch.Generator(self.device).manual_seed(seed + 1)
@@ -136,9 +141,10 @@ class Trainer:
         return minutes is not None and self._clock() >= 60.0 * minutes
 
     def progress(self, epoch: float) -> float:
-        """Fraction of training done: the larger of the epoch and the wall-time fractions."""
+        """Fraction of training done at the fractional ``epoch``: epoch / ``epochs``, or with
+        ``schedule_clock: wall`` and a budget, the larger of that and the wall-time fraction."""
         done = epoch / self.opts.epochs
-        if self.opts.max_minutes is not None:
+        if self.opts.schedule_clock is ScheduleClock.WALL and self.opts.max_minutes is not None:
             done = max(done, self._clock() / (60.0 * self.opts.max_minutes))
         return min(done, 1.0)
 
@@ -187,11 +193,11 @@ class Trainer:
             self._swap_ema()
 
     # -------------------------------------------------------------- one epoch
-    def _loader(self) -> tuple[Iterable[Any], int]:
+    def _loader(self) -> tuple[DataLoader, int]:
         """This rank's batches and the examples of all ranks; the order of ``shuffle=True``."""
-        data = self.task.train_data()  # a sequence is indexed lazily (on-disk sets stay on disk)
-        if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
-            data = list(data)
+        found = self.task.train_data()  # a sequence is indexed lazily (on-disk sets stay on disk)
+        indexable = hasattr(found, "__getitem__") and hasattr(found, "__len__")
+        data = found if indexable else list(found)
         mine = dist.ShardSampler(
             len(data), self.rank, self.world, self.loader_rng
         )  # (ceil(n / world),)
@@ -214,7 +220,7 @@ class Trainer:
         generator = self._generator()
         self.model.train()
         sums: dict[str, float] = {}
-        done = 0
+        done = 0.0  # examples (a float: summed over ranks with the loss sums)
         for i, batch in enumerate(loader):
             batch = to_device(batch, self.device)
             epoch = self.epoch + i / n_batches
@@ -248,9 +254,7 @@ class Trainer:
 
     def _after_validation(self, record: dict[str, Any]) -> None:
         metric, phase = float(record[self.task.metric_key]), int(record.get("phase", 0))
-        if phase != self.best.get(
-            "phase", 0
-        ):  # the task's loss changed: the best model of this phase
+        if phase != self.best.get("phase", 0):  # the loss changed: keep this phase's best model
             self.best.update(metric=math.inf, bad=0, phase=phase)
         if metric < self.best["metric"] or self.best["state"] is None:
             self.best.update(metric=metric, epoch=self.epoch, bad=0, state=self._best_state())
@@ -326,9 +330,7 @@ class Trainer:
         self.loader_rng.set_state(state["rng"]["loader"])
         try:
             self.sample_rng.set_state(state["rng"]["sample"])
-        except (
-            RuntimeError
-        ):  # written on another kind of device (CPU and CUDA generator states differ)
+        except RuntimeError:  # written on another kind of device (CPU and CUDA states differ)
             self.sample_rng.manual_seed(self.seed + 1 + self.epoch)
             log.warning(
                 "%s was written on another device: the posterior draws continue from a new seed",
@@ -389,16 +391,15 @@ class Trainer:
                 remove_stale_temps(self.out)  # temporary files of writes killed mid-way (kill -9)
             if resume and last is not None and last.is_file():
                 self.restore(last)
-                torch.set_rng_state(self.torch_rng)
+                if self.torch_rng is not None:
+                    torch.set_rng_state(self.torch_rng)
             if not dist.all_equal(self.epoch):
                 raise CheckpointError(
                     f"the ranks found different runs in {self.out}: it must be one shared folder"
                 )
             dist.broadcast_module(self.model)  # identical start on every rank (seeded anyway)
             on_start = getattr(self.task, "on_start", None)
-            if (
-                on_start is not None and self.rank == 0
-            ):  # after the resume check: e.g. write config.yaml
+            if on_start is not None and self.rank == 0:  # after the resume check: write config.yaml
                 on_start()
             return self._loop(stop_after, callbacks)
 

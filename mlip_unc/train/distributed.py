@@ -209,21 +209,20 @@ def average_gradients(parameters: Iterable[nn.Parameter]) -> None:
     has = torch.tensor([p.grad is not None for p in params], dtype=torch.float64)  # (P,)
     dist.all_reduce(has, op=dist.ReduceOp.MAX)
     used = [p for p, h in zip(params, has.tolist(), strict=False) if h > 0]
+    groups: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}  # the gradients
     for p in used:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    groups: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
-    for p in used:
-        groups.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
     world = dist.get_world_size()
     for group in groups.values():
-        flat = torch.cat([p.grad.reshape(-1) for p in group])  # (sum of numel,)
+        flat = torch.cat([g.reshape(-1) for g in group])  # (sum of numel,)
         dist.all_reduce(flat)
         flat /= world
         offset = 0
-        for p in group:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+        for g in group:
+            n = g.numel()
+            g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
 
 

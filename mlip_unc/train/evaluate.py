@@ -33,11 +33,10 @@ from typing import Any
 
 import numpy as np
 from ase.units import GPa
-from torch import nn
 
 from mlip_unc.models.committee import Committee, load_potential
 from mlip_unc.models.full_posterior import default_uncertainty_mode
-from mlip_unc.models.potential import UncertaintyMode
+from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
 from mlip_unc.train.frames import frame_table, write_frame_csv, write_predictions_xyz
 from mlip_unc.train.predictions import Predictions, predict, to_voigt
 from mlip_unc.uncertainty import calibration as cal
@@ -131,6 +130,8 @@ def _force_diagnostics(
     """sigma_F against |F_pred| (all atoms/frames), partial Spearman and std/RMSE (labelled ones)."""
     frames = pred.has_forces
     epi = pred.forces_epistemic_var  # (n_atoms, 3)
+    if epi is None:
+        return {}
     return {
         "forces_std_vs_pred_spearman": diag.sigma_force_spearman_atoms(epi, pred.forces_pred),
         "forces_std_vs_pred_frame_spearman": diag.spearman(
@@ -148,7 +149,7 @@ def _force_diagnostics(
 def _stress_metrics(pred: Predictions) -> dict[str, float]:
     """Stress MAE/RMSE (GPa) over the 6 Voigt components of the labelled periodic frames."""
     mask = pred.stress_mask
-    if not mask.any():
+    if not mask.any() or pred.stress_pred is None or pred.stress_true is None:
         return {}
     err = to_voigt(pred.stress_pred[mask] - pred.stress_true[mask]) / GPa  # (n, 6) GPa
     out = {
@@ -194,7 +195,11 @@ def potential_metrics(
 
 
 def uncertainty_levels(
-    model: nn.Module, data: Any, *, batch_size: int = 16, uncertainty: str | None = None
+    model: BayesianPotential | Committee,
+    data: Any,
+    *,
+    batch_size: int = 16,
+    uncertainty: str | None = None,
 ) -> dict:
     """Calibrated levels for relative flagging thresholds, over ``data`` (the validation set).
 
@@ -225,7 +230,7 @@ class EvalReport:
 
 
 def evaluate_potential(
-    model: nn.Module,
+    model: BayesianPotential | Committee,
     data: Any,
     *,
     uncertainty: UncertaintyMode | str = UncertaintyMode.EXACT,

@@ -84,7 +84,7 @@ def frame_table(pred: Predictions) -> dict[str, np.ndarray]:
         local = np.sqrt(np.clip(pred.local_energy_var, 0.0, None))
         table["local_energy_max_std"] = top(local)
     mask = pred.stress_mask
-    if mask.any():
+    if mask.any() and pred.stress_pred is not None and pred.stress_true is not None:
         s_err = np.abs(to_voigt(pred.stress_pred - pred.stress_true)).mean(1) / GPa  # (n_frames,)
         table["stress_mae_GPa"] = np.where(mask, s_err, np.nan)
     return table

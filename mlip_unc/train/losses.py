@@ -20,18 +20,17 @@ enters through the sampling and the likelihood variances are the noise only)::
   atoms).
 
 The energy/force balance (``loss.energy_count``, ``mlip_unc.config.potential.LossConfig``):
-counted per atom, a structure's energy term is n_atoms times its per-structure NLL, whose
-per-atom variance is sigma_e^2 / n_atoms: its squared per-atom residual weighs n_atoms^2 /
-sigma_e^2 (per atom n_atoms / sigma_e^2: larger cells' energies weigh more; MACE weighs every
-structure's per-atom residual alike); counted per structure (the plain likelihood; with unit
-weights and beta = 1 the loss is then the negative ELBO per training structure), the energy
-carries 1 / (3 n_atoms + 1) of a structure's terms. Per atom kept the energy on mlearn Si
-(periodic 64-atom cells), where per structure let the learned energy noise grow; per structure
-learned the forces of small molecules faster. The default ``auto`` takes ``atom`` for periodic
-training data and for sizes spread more than twofold, ``structure`` otherwise.
-(Averaging the force NLL over components instead would down-weight the forces 3 n_atoms-fold
-against the energy and the KL: in a quick ethanol check that delayed force learning by tens
-of epochs.)
+counted per structure (the plain likelihood; with unit weights and beta = 1 the loss is then
+the negative ELBO per training structure), the energy carries 1 / (3 n_atoms + 1) of a
+structure's terms, so in large periodic cells the forces outweigh it and the learned energy
+noise can grow until the energy is ignored. Counted per atom, a structure's energy term is
+n_atoms times its per-structure NLL (per atom n_atoms / sigma_e^2: larger cells' energies
+weigh more; MACE weighs every structure's per-atom residual alike), which keeps the energy in
+large cells but, for one small molecule, lets it dominate the first epochs and slows force
+learning. The default ``auto`` takes ``atom`` for periodic training data and for sizes spread
+more than twofold, ``structure`` otherwise.
+The force NLL is summed, not averaged, over components: averaging would down-weight the forces
+3 n_atoms-fold against the energy and the KL.
 Shapes are those of :mod:`mlip_unc.keys`.
 """
 
@@ -279,8 +278,8 @@ def potential_loss(
         beta, n_train: the KL is scaled by ``beta / n_train``.
         regularizer, lam: optional latent term and its weight.
     """
-    nll = sum(weights.get(name, 0.0) * value for name, value in nll_terms.items())
     zero = next(iter(nll_terms.values())).new_zeros(())
+    nll = sum((weights.get(name, 0.0) * value for name, value in nll_terms.items()), zero)
     kl_part = zero if kl is None else kl_term(kl, beta, n_train)
     reg_part = zero if regularizer is None or lam == 0.0 else lam * regularizer
     return {

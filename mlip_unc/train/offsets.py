@@ -3,10 +3,8 @@
 Forces and stress do not depend on a constant energy per element, so the force term of the loss
 leaves the offsets' direction free and only the (weakly weighted) energy term holds it. With a
 learned energy noise that hold can give way: the noise grows with the energy error, which
-weakens the pull further. Measured (ethanol, MACE backbone, energy weight 0.01, no gradient
-clipping, 10 minutes; benchmarks/results/accuracy_noclip_probe/ethanol/): test energy MAE 334
-meV/atom, the learned energy noise rising from 31 to 804 meV/atom over the epochs, the forces
-unharmed (22.8 meV/A). The cure is closed form: the least-squares shift of the offsets ``b``
+weakens the pull further (docs/what-we-tried.md, "Gradient clipping and the energy offset").
+The cure is closed form: the least-squares shift of the offsets ``b``
 that best fits the training energies, ``min ||C db - (E - E_pred)||`` with ``C`` the
 ``(n_frames, n_types)`` element counts (the minimum-norm ``db`` when ``C`` is rank-deficient,
 e.g. one composition). Forces, stress and every epistemic variance are unchanged.

@@ -5,77 +5,27 @@ step (frame selection, one-atom frames to the references, split, ``max_train``, 
 reference energies, statistics), but on item indices: graphs stay on disk and every
 statistic is computed by streaming over the items (memory: the index arrays, one graph and
 ``n_elements^2`` sums), so results match the in-memory path up to floating-point summation
-order. ``data.valid``, ``data.test`` may be sets or files; ``data.isolated_atoms`` a file.
+order. ``data.valid``, ``data.test`` may be sets or files (:mod:`mlip_unc.data.open`);
+``data.isolated_atoms`` a file.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import ase
 import numpy as np
 
 from mlip_unc.config import ConfigError, PotentialConfig, ReferenceEnergies
-from mlip_unc.data import DataError, StructureDataset, TypeMap, read_structures
-from mlip_unc.data.ondisk import OnDiskDataset, OnDiskStore, is_store
-from mlip_unc.data.readers import _select
+from mlip_unc.data import DataError, TypeMap, read_structures
+from mlip_unc.data.ondisk import OnDiskDataset, OnDiskStore
 from mlip_unc.data.references import is_isolated_atom
 from mlip_unc.data.typemap import element_symbol
 
-__all__ = ["open_store_for", "prepare_ondisk"]
+__all__ = ["prepare_ondisk"]
 
-_STANDARD = {"energy": "energy", "forces": "forces", "stress": "stress"}
 Frame = tuple[np.ndarray, "float | None", bool, str]  # numbers (n,), energy, isolated, location
-
-
-def open_store_for(
-    path: str | Path, r_max: float, label_keys: dict[str, str | None]
-) -> OnDiskStore:
-    """Open a set and check that it was built with ``r_max`` and the ``label_keys``."""
-    store = OnDiskStore(path)
-    if abs(store.r_max - r_max) > 1e-9:
-        raise DataError(
-            f"'{path}' was converted with r_max {store.r_max}, not {r_max}; run "
-            f"'mlip-unc convert --r-max {r_max}' again"
-        )
-    stored = store.meta.get("label_keys", {})
-    for kind, key in label_keys.items():
-        have, want = stored.get(kind) or _STANDARD[kind], key or _STANDARD[kind]
-        if have != want:
-            raise DataError(
-                f"'{path}' holds the {kind} label '{have}', not '{want}'; run "
-                f"'mlip-unc convert --{kind}-key {want}' again"
-            )
-    return store
-
-
-def _require(store: OnDiskStore, items: np.ndarray, required: dict[str, bool]) -> None:
-    for kind, needed in required.items():
-        if needed and items.size:
-            has = np.asarray(store.array(f"has_{kind}")[items], dtype=bool)
-            if not has.all():
-                bad = int(items[np.argmin(has)])
-                raise DataError(f"{store.where(bad)}: no {kind} label (stored in '{store.path}')")
-
-
-def _items(path: str, config: PotentialConfig, *, forces: bool) -> tuple[OnDiskStore, np.ndarray]:
-    """The selected items of a set, labels checked; (store, all selected items)."""
-    data = config.data
-    store = open_store_for(
-        path,
-        data.r_max,
-        {"energy": data.energy_key, "forces": data.forces_key, "stress": data.stress_key},
-    )
-    try:
-        items = np.asarray(_select(len(store), data.index), dtype=np.int64)
-    except (IndexError, ValueError) as err:
-        raise DataError(f"'{path}': bad frame index {data.index!r}: {err}") from None
-    _require(
-        store, items, {"energy": True, "forces": forces, "stress": config.loss.stress_weight > 0}
-    )
-    return store, items
 
 
 def _multi_atom(store: OnDiskStore, items: np.ndarray) -> np.ndarray:
@@ -113,7 +63,7 @@ def _atoms_frames(atoms_list: Sequence[ase.Atoms], energy_key: str) -> Iterator[
         )
 
 
-def _fit_references(parts: Sequence[tuple]) -> dict[int, float]:
+def _fit_references(parts: Sequence[Callable[[], Iterator[Frame]]]) -> dict[int, float]:
     """Streaming :func:`~mlip_unc.data.references.fit_reference_energies`: ``parts`` are
     (callable -> frame iterator) re-read per pass; normal equations replace the frame matrix."""
 
@@ -130,6 +80,7 @@ def _fit_references(parts: Sequence[tuple]) -> dict[int, float]:
                 raise DataError(
                     f"{loc}: marked as an isolated atom but the frame has {len(numbers)} atoms"
                 )
+            assert energy is not None  # frames() yields labelled frames only
             found.setdefault(int(numbers[0]), []).append(energy)
     if not any_energy:
         raise DataError("no frame has an energy label")
@@ -230,44 +181,14 @@ def _statistics(
     return shift, std, force_rms, max(n_edges / max(n_atoms, 1), 1.0)
 
 
-def _file_part(path: str, config: PotentialConfig, *, forces: bool) -> list[ase.Atoms]:
-    data = config.data
-    frames = read_structures(
-        path,
-        index=data.index,
-        energy_key=data.energy_key,
-        forces_key=data.forces_key,
-        stress_key=data.stress_key,
-        require_forces=forces,
-        require_stress=config.loss.stress_weight > 0,
-    )
-    return [a for a in frames if len(a) != 1]
-
-
-def _dataset(
-    part: tuple | list, config: PotentialConfig, type_map: TypeMap, source: str
-) -> StructureDataset:
-    if isinstance(part, tuple):
-        return OnDiskDataset(part[0], part[1], type_map, dtype=config.dtype.torch)
-    data = config.data
-    return StructureDataset.from_atoms(
-        part,
-        data.r_max,
-        type_map,
-        energy_key=data.energy_key,
-        forces_key=data.forces_key,
-        stress_key=data.stress_key,
-        source=source,
-        dtype=config.dtype.torch,
-    )
-
-
 def prepare_ondisk(config: PotentialConfig):  # -> PreparedData (import cycle: see potential_data)
     """:func:`~mlip_unc.train.potential_data.prepare_data` for ``data.train`` an on-disk set."""
-    from mlip_unc.train.potential_data import PreparedData, _split
+    from mlip_unc.train.potential_data import PreparedData, _split, select_part
 
     data = config.data
-    store, items = _items(data.train, config, forces=True)
+    selected = select_part(config, data.train)
+    store, items = selected.store, selected.indices
+    assert store is not None  # prepare_data sends only on-disk sets here
     frames_idx = _multi_atom(store, items)
     one_atom = items[store.num_atoms(items) == 1]
     extra = (
@@ -275,29 +196,19 @@ def prepare_ondisk(config: PotentialConfig):  # -> PreparedData (import cycle: s
         if data.isolated_atoms
         else []
     )
-    valid_part: tuple | list = []
     if data.valid:
-        train_idx = frames_idx
-        if is_store(data.valid):
-            v_store, v_items = _items(data.valid, config, forces=True)
-            valid_part = (v_store, _multi_atom(v_store, v_items))
-        else:
-            valid_part = _file_part(data.valid, config, forces=True)
+        train_idx, valid = frames_idx, select_part(config, data.valid).multi_atom()
     else:
         pos_train, pos_valid = _split(len(frames_idx), data.valid_fraction, config.seed)
         train_idx = frames_idx[np.asarray(pos_train, dtype=np.int64)]
-        valid_part = (store, frames_idx[np.asarray(pos_valid, dtype=np.int64)])
+        multi = np.flatnonzero(store.num_atoms(items) != 1)  # positions of frames_idx in items
+        valid = selected.subset(multi[np.asarray(pos_valid, dtype=np.int64)])
     if data.max_train is not None and data.max_train < len(train_idx):
         keep = np.random.default_rng(config.seed).permutation(len(train_idx))[: data.max_train]
         train_idx = train_idx[np.sort(keep)]
     if not len(train_idx):
         raise DataError(f"'{data.train}': no multi-atom training frames")
-    elements = _elements(store, train_idx)
-    if isinstance(valid_part, tuple):
-        elements |= _elements(*valid_part)
-    else:
-        elements |= {int(z) for a in valid_part for z in a.numbers}
-    type_map = TypeMap(tuple(sorted(elements)))
+    type_map = TypeMap(tuple(sorted(_elements(store, train_idx) | valid.elements())))
     isolated = [lambda: _store_frames(store, one_atom)] + (
         [lambda: _atoms_frames(extra, data.energy_key)] if extra else []
     )
@@ -308,22 +219,18 @@ def prepare_ondisk(config: PotentialConfig):  # -> PreparedData (import cycle: s
         train_frames,
         type_map.atomic_numbers,
     )
-    train = OnDiskDataset(store, train_idx, type_map, dtype=config.dtype.torch)
-    has_valid = len(valid_part[1]) if isinstance(valid_part, tuple) else len(valid_part)
-    valid = _dataset(valid_part, config, type_map, data.valid or data.train) if has_valid else None
+    dtype = config.dtype.torch
+    train = OnDiskDataset(store, train_idx, type_map, dtype=dtype)
+    valid_set = valid.dataset(type_map, dtype=dtype) if len(valid) else None
     test = None
     if data.test:
-        if is_store(data.test):
-            t_store, t_items = _items(data.test, config, forces=False)
-            test = _dataset((t_store, _multi_atom(t_store, t_items)), config, type_map, data.test)
-        else:
-            test = _dataset(
-                _file_part(data.test, config, forces=False), config, type_map, data.test
-            )
+        test = (
+            select_part(config, data.test, forces=False).multi_atom().dataset(type_map, dtype=dtype)
+        )
     shift, std, force_rms, avg_nn = _statistics(store, train_idx, refs)
     return PreparedData(
         train=train,
-        valid=valid,
+        valid=valid_set,
         test=test,
         type_map=type_map,
         reference_energies=refs,

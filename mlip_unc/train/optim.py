@@ -7,11 +7,8 @@ parameters (the per-tensor loop cost about a third of a small property model's s
 The weight average (``train.ema_decay``) warms up as mace-torch's does (torch_ema's
 ``use_num_updates``): after ``n`` updates the decay is ``min(decay, (1 + n) / (10 + n))``, so
 the average follows the fast early training instead of keeping the initial weights for
-``~1 / (1 - decay)`` steps. Measured on ethanol with the MACE backbone (950 frames, batch 8,
-constant lr, benchmarks/results/energy_weight_probe_mace{,_emawarm}_constant_lr.md): the
-averaged model's validation force MAE after the first epoch was 692 meV/A without the warm-up,
-125 with it (mace-torch's: 147); after 16 epochs the two are alike (test 26.2 and 28.0 meV/A),
-so the warm-up matters for trainings of a few hundred steps.
+``~1 / (1 - decay)`` steps; this matters for trainings of a few hundred steps
+(docs/what-we-tried.md, "EMA warm-up").
 """
 
 from __future__ import annotations
@@ -29,7 +26,8 @@ __all__ = ["ema_decay_at", "make_ema_avg_fn", "make_optimizer", "param_groups"]
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Trainable parameters: deterministic ones with ``weight_decay``, Bayesian ones without."""
-    bayes, det = [], []
+    bayes: list[nn.Parameter] = []
+    det: list[nn.Parameter] = []
     for module in model.modules():
         target = bayes if isinstance(module, (BayesianLinear, BayesianMLP)) else det
         target.extend(p for p in module.parameters(recurse=False) if p.requires_grad)

@@ -71,7 +71,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _MAP_STD = 1e-8  # posterior std of a MAP head: the weight draw is the mean to ~1e-8
-_RESERVED_BACKBONE_KWARGS = {"num_types": "the type map", "latent_dim": "model.latent_dim"}
 
 
 # ================================================================ model
@@ -86,20 +85,17 @@ def build_model(
     drawn from ``seed`` (default ``config.seed``) with torch's global RNG forked, not reseeded.
     """
     model_cfg = config.model
-    for key, instead in _RESERVED_BACKBONE_KWARGS.items():
-        if key in model_cfg.backbone_kwargs:
-            raise ConfigError(f"model.backbone_kwargs.{key}: set by {instead}, remove it here")
     kwargs = {
         "num_types": len(data.type_map),
         "r_max": config.data.r_max,
         "latent_dim": model_cfg.latent_dim,
         "avg_num_neighbors": data.avg_num_neighbors,
-        **model_cfg.backbone_kwargs,
+        **model_cfg.backbone_kwargs.kwargs(),  # typed per backbone (config.backbones)
     }
     offsets = torch.tensor(
         [data.reference_energies[z] for z in data.type_map.atomic_numbers], dtype=torch.float64
     )
-    noise = {}
+    noise: dict[str, Any] = {}  # energy_noise, force_noise: the constructor's defaults unless set
     if model_cfg.standardise:
         offsets = offsets + data.energy_shift
         noise = {
@@ -111,7 +107,7 @@ def build_model(
         torch.manual_seed(config.seed if seed is None else seed)
         try:
             backbone = build_backbone(model_cfg.backbone.value, **kwargs)
-        except TypeError as err:
+        except (TypeError, ValueError) as err:  # e.g. latent_dim wider than the readout
             raise ConfigError(f"model.backbone_kwargs: {err}") from None
         model = BayesianPotential(
             backbone,
@@ -122,9 +118,8 @@ def build_model(
             init_std=init_std,
             learn_noise=model_cfg.learn_noise,
             **noise,
-            gradient_method="loop"
-            if model_cfg.backbone is Backbone.MACE
-            else "auto",  # vmap through MACE ~3x slower
+            # vmap through MACE is about 3x slower than the loop
+            gradient_method="loop" if model_cfg.backbone is Backbone.MACE else "auto",
         )
     if model_cfg.head is HeadKind.MAP:
         model.head.weight_rho.requires_grad_(False)
@@ -135,6 +130,7 @@ def _init_from(config: PotentialConfig, data: PreparedData) -> BayesianPotential
     """The model of checkpoint ``train.init_from`` (architecture, offsets and weights), for
     fine-tuning; its elements must cover the data and its cutoff must not exceed data.r_max."""
     path = config.train.init_from
+    assert path is not None  # only called with train.init_from set
     model = BayesianPotential.from_checkpoint(path)
     model.clear_full_posterior()  # training uses the learned noises; the posterior is refitted after
     missing = [z for z in data.type_map.atomic_numbers if z not in model.type_map]
@@ -158,17 +154,15 @@ def _mae_rmse(err: np.ndarray) -> tuple[float, float]:
     return 1e3 * float(np.mean(np.abs(err))), 1e3 * float(np.sqrt(np.mean(err**2)))
 
 
-SIZE_RATIO_PER_ATOM = (
-    2.0  # auto: per-atom energy counting above this largest/smallest structure size
-)
+SIZE_RATIO_PER_ATOM = 2.0  # auto: per-atom energy counting above this largest/smallest size
 
 
 def energy_per_atom(count: EnergyCount, graphs: list) -> bool:
-    """Resolve ``loss.energy_count``: ``auto`` counts per atom when a training graph is periodic or
-    the structures' sizes spread widely (largest > 2x smallest, one-atom reference frames
-    aside): counted once per structure, a large cluster's energy weighs as much as a small one's
-    against many more force components, and training let it go (solvent_xtb, 1-85 atoms: test
-    E MAE 230 meV/atom per structure, 8 per atom; benchmarks/results/energy_count_probe_solvent_*.md)."""
+    """Resolve ``loss.energy_count``: ``auto`` counts per atom when a training graph is periodic
+    or the structures' sizes spread widely (largest > 2x smallest, one-atom reference frames
+    aside). Why: counted once per structure, a large cluster's energy weighs as much as a small
+    one's against many more force components, and training lets it go (see
+    :class:`~mlip_unc.config.potential.LossConfig`)."""
     if count is EnergyCount.AUTO:
         if any(bool(torch.as_tensor(g[keys.PBC]).any()) for g in graphs):
             return True
@@ -354,9 +348,8 @@ def finalize_checkpoint(
     batch_size = config.train.valid_batch_size
     bayesian = config.model.head is HeadKind.BAYESIAN
     metadata = dict(payload.get("metadata") or {})
-    if (
-        config.model.refit_offsets
-    ):  # before the posterior: its energy calibration reads the energy errors
+    # the offsets before the posterior: its energy calibration reads the energy errors
+    if config.model.refit_offsets:
         delta = refit_energy_offsets(best, data.train.graphs, batch_size=batch_size)
         if delta is not None:
             metadata["energy_offset_refit"] = {

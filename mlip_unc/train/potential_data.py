@@ -22,8 +22,10 @@ from mlip_unc.data import (
     random_split,
     read_structures,
 )
+from mlip_unc.data.ondisk import is_store
+from mlip_unc.data.open import FrameSelection, select_frames
 
-__all__ = ["PreparedData", "prepare_data", "data_fingerprint"]
+__all__ = ["PreparedData", "prepare_data", "data_fingerprint", "select_part"]
 
 
 @dataclass
@@ -51,21 +53,21 @@ class PreparedData:
     avg_num_neighbors: float
 
 
-def _read(path: str, config: PotentialConfig, *, forces: bool = True) -> list[ase.Atoms]:
+def select_part(config: PotentialConfig, path: str, *, forces: bool = True) -> FrameSelection:
+    """The frames ``data.index`` of a training, validation or test file or on-disk set, with the
+    energy (and forces, and stress when the loss uses it) checked on every frame."""
     data = config.data
-    return read_structures(
+    return select_frames(
         path,
+        r_max=data.r_max,
         index=data.index,
-        energy_key=data.energy_key,
-        forces_key=data.forces_key,
-        stress_key=data.stress_key,
-        require_forces=forces,
-        require_stress=config.loss.stress_weight > 0,
+        label_keys={
+            "energy": data.energy_key,
+            "forces": data.forces_key,
+            "stress": data.stress_key,
+        },
+        required={"energy": True, "forces": forces, "stress": config.loss.stress_weight > 0},
     )
-
-
-def _is_isolated(atoms: ase.Atoms) -> bool:
-    return len(atoms) == 1
 
 
 def _reference_energies(
@@ -102,27 +104,6 @@ def _split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
     return list(split.train), list(split.val) + list(split.test)
 
 
-def _dataset(
-    atoms: list[ase.Atoms],
-    config: PotentialConfig,
-    type_map: TypeMap,
-    source: str,
-    frames: Sequence[int] | None = None,
-) -> StructureDataset:
-    data = config.data
-    return StructureDataset.from_atoms(
-        atoms,
-        data.r_max,
-        type_map,
-        energy_key=data.energy_key,
-        forces_key=data.forces_key,
-        stress_key=data.stress_key,
-        frame_indices=frames,
-        source=source,
-        dtype=config.dtype.torch,
-    )
-
-
 def _statistics(
     train: list[ase.Atoms], refs: dict[int, float], energy_key: str
 ) -> tuple[float, float]:
@@ -140,42 +121,35 @@ def prepare_data(config: PotentialConfig) -> PreparedData:
     """Read, split and convert the data of ``config``; fit reference energies and statistics.
 
     One-atom frames in the training file go to the reference energies, not the training set.
-    ``data.train`` may be an on-disk set (:mod:`mlip_unc.train.ondisk_data`).
+    Every part may be a structure file or an on-disk set (:mod:`mlip_unc.data.open`); an
+    on-disk training set is prepared by streaming (:mod:`mlip_unc.train.ondisk_data`).
     """
-    from mlip_unc.data.ondisk import is_store
-
     data = config.data
     if is_store(data.train):  # an on-disk set (mlip-unc convert): graphs stay on disk
         from mlip_unc.train.ondisk_data import prepare_ondisk
 
         return prepare_ondisk(config)
-    frames = _read(data.train, config)
-    isolated = [a for a in frames if _is_isolated(a)]
-    frames_idx = [k for k, a in enumerate(frames) if not _is_isolated(a)]
+    selected = select_part(config, data.train)
+    atoms = selected.atoms or []
+    isolated = [a for a in atoms if len(a) == 1]
+    frames = np.flatnonzero(selected.sizes() != 1)  # positions in the selection
     if data.isolated_atoms:
         isolated += read_structures(
             data.isolated_atoms, energy_key=data.energy_key, require_forces=False
         )
     if data.valid:
-        train_idx, valid_atoms = (
-            frames_idx,
-            [a for a in _read(data.valid, config) if not _is_isolated(a)],
-        )
-        valid_idx: list[int] = []
+        train_pos, valid = frames, select_part(config, data.valid).multi_atom()
     else:
-        pos_train, pos_valid = _split(len(frames_idx), data.valid_fraction, config.seed)
-        train_idx, valid_idx = (
-            [frames_idx[k] for k in pos_train],
-            [frames_idx[k] for k in pos_valid],
-        )
-        valid_atoms = [frames[k] for k in valid_idx]
-    if data.max_train is not None and data.max_train < len(train_idx):
-        keep = np.random.default_rng(config.seed).permutation(len(train_idx))[: data.max_train]
-        train_idx = [train_idx[k] for k in sorted(keep)]
-    if not train_idx:
+        pos_train, pos_valid = _split(len(frames), data.valid_fraction, config.seed)
+        train_pos, valid = frames[pos_train], selected.subset(frames[pos_valid])
+    if data.max_train is not None and data.max_train < len(train_pos):
+        keep = np.random.default_rng(config.seed).permutation(len(train_pos))[: data.max_train]
+        train_pos = train_pos[np.sort(keep)]
+    if not len(train_pos):
         raise DataError(f"'{data.train}': no multi-atom training frames")
-    train_atoms = [frames[k] for k in train_idx]
-    type_map = TypeMap.from_atoms_list([*train_atoms, *valid_atoms])
+    train_part = selected.subset(train_pos)
+    train_atoms = train_part.structures()
+    type_map = TypeMap(tuple(sorted(train_part.elements() | valid.elements())))
     refs = _reference_energies(
         config.model.reference_energies,
         isolated,
@@ -183,15 +157,14 @@ def prepare_data(config: PotentialConfig) -> PreparedData:
         type_map.atomic_numbers,
         data.energy_key,
     )
-    train = _dataset(train_atoms, config, type_map, data.train, train_idx)
-    valid = None
-    if valid_atoms:
-        valid_source = data.valid or data.train
-        valid = _dataset(valid_atoms, config, type_map, valid_source, valid_idx or None)
+    dtype = config.dtype.torch
+    train = train_part.dataset(type_map, dtype=dtype)
+    valid_set = valid.dataset(type_map, dtype=dtype) if len(valid) else None
     test = None
     if data.test:
-        test_atoms = [a for a in _read(data.test, config, forces=False) if not _is_isolated(a)]
-        test = _dataset(test_atoms, config, type_map, data.test)
+        test = (
+            select_part(config, data.test, forces=False).multi_atom().dataset(type_map, dtype=dtype)
+        )
     shift, std = _statistics(train_atoms, refs, data.energy_key)
     forces = torch.cat(
         [g[keys.FORCES] for g in train.graphs if bool(g[keys.HAS_FORCES])] or [torch.zeros(1, 3)]
@@ -200,7 +173,7 @@ def prepare_data(config: PotentialConfig) -> PreparedData:
     n_atoms = sum(g.num_nodes for g in train.graphs)
     return PreparedData(
         train=train,
-        valid=valid,
+        valid=valid_set,
         test=test,
         type_map=type_map,
         reference_energies=refs,

@@ -13,13 +13,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch_geometric.data.data import BaseData
 from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
 from mlip_unc import keys
-from mlip_unc.models.potential import UncertaintyMode
+from mlip_unc.models.committee import Committee
+from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
 from mlip_unc.train.device import module_device, to_device
 
 __all__ = ["VOIGT", "Predictions", "predict", "to_voigt"]
@@ -151,7 +152,7 @@ def _stress_row(batch: Any, out: dict, n_graphs: int, computed: bool) -> dict[st
 
 
 def predict(
-    model: nn.Module,
+    model: BayesianPotential | Committee,
     data: Any,
     *,
     uncertainty: UncertaintyMode | str = UncertaintyMode.NONE,

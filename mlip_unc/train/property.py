@@ -190,6 +190,8 @@ class PropertyTask:
         cfg = self.config.to_dict()
         cfg["train"].pop("progress", None)
         cfg["train"].pop("device", None)
+        if cfg["train"].get("schedule_clock") == "epochs":  # the default: runs from before it match
+            cfg["train"].pop("schedule_clock")
         return {"kind": CHECKPOINT_KIND, "config": cfg, "n_train": len(self.train_graphs)}
 
 

@@ -115,21 +115,27 @@ class LambdaSchedule:
         return float(self.lam_max * frac)
 
 
-def regularizer_term(kind: str | RegularizerKind, z: Tensor, mu: Tensor, s2: Tensor) -> Tensor:
+def regularizer_term(
+    kind: str | RegularizerKind, z: Tensor, mu: Tensor | None, s2: Tensor | None
+) -> Tensor:
     """The unweighted extra term for ``kind`` (see :class:`RegularizerKind`); a scalar tensor.
 
+    ``mu``, ``s2``: the Bayesian head's posterior mean and variance ``(d,)``, needed by the
+    ``agl_*`` and ``anti`` terms (None without a Bayesian head).
     Multiply by ``LambdaSchedule(...)(epoch)`` and add to the ELBO loss. The rotation
     intervention is a module (:class:`RandomRotation`), not a loss term.
     """
     k = RegularizerKind(kind)
     if k is RegularizerKind.NONE:
         return z.new_zeros(())
+    if k is RegularizerKind.ISOTROPY:
+        return isotropy_penalty(z)
+    if k is RegularizerKind.DECORRELATION:
+        return decorrelation(z)
+    if mu is None or s2 is None:
+        raise ValueError(f"regularizer {k.value!r} needs the posterior of a Bayesian head")
     if k is RegularizerKind.AGL_RAYLEIGH:
         return agl_rayleigh(z, s2)
     if k is RegularizerKind.AGL_MEAN:
         return agl_mean(z, mu, s2)
-    if k is RegularizerKind.ISOTROPY:
-        return isotropy_penalty(z)
-    if k is RegularizerKind.ANTI:
-        return anti_alignment(z, s2)
-    return decorrelation(z)
+    return anti_alignment(z, s2)

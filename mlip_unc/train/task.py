@@ -21,14 +21,16 @@ class Step:
     generator: torch.Generator
     """Posterior draws (local reparameterisation, weight samples)."""
     progress: float = 0.0
-    """Fraction of training done: the larger of the epoch and wall-time fractions (the cosine
-    schedule's clock; a task may change its loss with it)."""
+    """Fraction of training done (the cosine schedule's clock, ``train.schedule_clock``: epochs
+    by default); a task may change its loss with it."""
 
 
 class Task(Protocol):
     """One kind of training; the core owns everything else."""
 
-    model: nn.Module
+    @property
+    def model(self) -> nn.Module: ...
+
     metric_key: str
     """Key of :meth:`validate`'s result to minimise (early stopping, best model, plateau)."""
 

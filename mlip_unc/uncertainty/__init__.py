@@ -1,6 +1,6 @@
 """mlip_unc.uncertainty: closed-form moments, calibration metrics, recalibration, LPA metrics,
 density proxies, plots. Pure functions on tensors and arrays; nothing here trains a model
-(the LPA study that does lives in :mod:`mlip_unc.study`).
+(the LPA study that does lives in the repository's ``benchmarks/paper/``).
 
 Metric functions take ``(y_pred, y_std, y_true)`` in that order (uncertainty-toolbox's).
 matplotlib, RDKit and ASE are imported lazily inside the functions that need them.

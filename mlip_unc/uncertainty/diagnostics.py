@@ -202,6 +202,8 @@ def frame_ranking(
     s, e, f = as_numpy(score), as_numpy(error), as_numpy(force)
     out = {"auroc_ood": math.nan, "auroc_sigma_over_force": math.nan}
     if score_ood is not None:
+        if error_ood is None or force_ood is None:
+            raise ValueError("score_ood needs error_ood and force_ood (the same OOD frames)")
         labels = np.r_[np.zeros(s.size), np.ones(as_numpy(score_ood).size)]
         s_all = np.r_[s, as_numpy(score_ood)]
         out["auroc_ood"] = auroc(s_all, labels)

@@ -121,9 +121,17 @@ def test_flag_top_k_diverse_and_threshold(tmp_path, tiny_checkpoint):
     assert len(scores) == 6 and np.all(np.diff(scores) <= 0)
     result = runner.invoke(
         app,
-        ["flag", "-m", str(tiny_checkpoint), "-d", str(tmp_path / "cand.xyz"), "--out", str(out)],
+        [
+            "flag",
+            "-m",
+            str(tiny_checkpoint),
+            "-d",
+            str(tmp_path / "cand.xyz"),
+            "--diverse",
+            "latent",
+        ],
     )
-    assert result.exit_code == 1 and "--top-k" in result.output
+    assert result.exit_code == 1 and "give --top-k" in result.output
 
 
 def test_active_module_imports_nothing_heavy():

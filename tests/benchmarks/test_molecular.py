@@ -1,27 +1,17 @@
 """benchmarks/molecular.py: metric and aggregation helpers, the acceptance lines, and a --quick run
 (generated SMILES) with its JSON/markdown layout and its resume."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "molecular.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("molecular_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import molecular as bench
 
 
 # ---------------------------------------------------------------- helpers
-def test_mean_std_uses_ddof_one_and_drops_non_finite(bench):
+def test_mean_std_uses_ddof_one_and_drops_non_finite():
     assert bench.mean_std([1.0, 2.0, 3.0]) == {"mean": 2.0, "std": 1.0, "n": 3}
     assert bench.mean_std([4.0]) == {"mean": 4.0, "std": 0.0, "n": 1}
     assert bench.mean_std([1.0, float("nan"), None, 3.0]) == {
@@ -33,7 +23,7 @@ def test_mean_std_uses_ddof_one_and_drops_non_finite(bench):
     assert empty["n"] == 0 and math.isnan(empty["mean"])
 
 
-def test_mixture_moments_match_samples(bench):
+def test_mixture_moments_match_samples():
     """Monte Carlo: the equal-weight Gaussian mixture's mean and std (chemprop's MVE ensemble)."""
     rng = np.random.default_rng(0)
     means, variances = rng.normal(size=(5, 3)), rng.uniform(0.1, 2.0, size=(5, 3))
@@ -50,7 +40,7 @@ def _gauss(n, shrink, seed):
     return {"mean": mean, "std": shrink * true_std, "y": mean + true_std * rng.normal(size=n)}
 
 
-def test_evaluate_recalibrates_on_validation_only(bench):
+def test_evaluate_recalibrates_on_validation_only():
     val, test = _gauss(4000, 0.5, 1), _gauss(3000, 0.5, 2)
     out = bench.evaluate(val, test)
     assert out["recal_scale"] == pytest.approx(2.0, rel=0.05)
@@ -83,7 +73,7 @@ def _record(dataset, split, method, seed, rmse, nll, area):
     }
 
 
-def test_aggregate_keeps_repeats_and_orders_methods(bench):
+def test_aggregate_keeps_repeats_and_orders_methods():
     recs = [
         _record("esol", "random", "chemprop_mve", 0, 1.0, 1.0, 0.1),
         _record("esol", "random", "bgnn", 0, 0.6, 1.0, 0.1),
@@ -100,7 +90,7 @@ def test_aggregate_keeps_repeats_and_orders_methods(bench):
     ] == pytest.approx(0.2)
 
 
-def test_acceptance_counts_datasets_and_rmse_tolerance(bench):
+def test_acceptance_counts_datasets_and_rmse_tolerance():
     recs, ours = [], bench.DEFAULT_METHOD
     for seed in (0, 1):
         # esol: ours better everywhere; freesolv: better calibration but RMSE clearly worse;
@@ -131,14 +121,13 @@ def test_acceptance_counts_datasets_and_rmse_tolerance(bench):
         ]
         == -0.5
     )
-    lines = bench.render_acceptance(acc)
-    assert "undetermined" in lines[0] and any(
-        line.startswith("  - qm7: not measured") for line in lines
-    )
+    (head, rule, row) = bench.render_acceptance_table([acc])
+    assert head.startswith("| split | ours | reference |") and rule.startswith("|---|")
+    assert "| 2 of 4 (esol, lipo) |" in row and row.endswith("| **undetermined** |")
 
 
 # ---------------------------------------------------------------- the --quick run
-def test_quick_run_layout_and_resume(bench, tmp_path, capsys):
+def test_quick_run_layout_and_resume(tmp_path, capsys):
     args = ["--quick", "--methods", "bgnn", "laplace", "--seeds", "0", "1", "--out", str(tmp_path)]
     summary = bench.main(args)
     jsonl = tmp_path / "molecular.jsonl"
@@ -193,10 +182,11 @@ def test_quick_run_layout_and_resume(bench, tmp_path, capsys):
         and data["acceptance"][0]["per_dataset"]["tiny"]["measured"] is False
     )
     md = (tmp_path / "molecular.md").read_text()
-    assert (
-        "## tiny, random split" in md and "## tiny, scaffold split" in md and "## Acceptance" in md
-    )
-    assert "| bgnn (raw) | 2 |" in md and "| laplace (recal.) | 2 |" in md and "Partial" not in md
+    assert md.index("## Acceptance") < md.index("## Run") and "Partial" not in md
+    assert "| tiny | random |" in md  # the overview tables: one row per (dataset, split)
+    tables = (tmp_path / "molecular_tables.md").read_text()
+    assert "## tiny, random split" in tables and "## tiny, scaffold split" in tables
+    assert "| bgnn (raw) | 2 |" in tables and "| laplace (recal.) | 2 |" in tables
     assert (tmp_path / "molecular_calibration_tiny_random.png").stat().st_size > 0
 
     # resume: nothing is redone; a wider plan adds only the new runs
@@ -243,7 +233,7 @@ def test_quick_run_layout_and_resume(bench, tmp_path, capsys):
         bench.main(["--quick", "--methods", "bgnn", "--knn-k", "3", "--out", str(tmp_path)])
 
 
-def test_merge_appends_only_missing_runs_with_the_same_settings(bench, tmp_path):
+def test_merge_appends_only_missing_runs_with_the_same_settings(tmp_path):
     """A second process on other datasets writes its own --out; --merge brings its runs in once."""
     a, b = tmp_path / "a", tmp_path / "b"
     bench.main(
@@ -309,7 +299,7 @@ def test_merge_appends_only_missing_runs_with_the_same_settings(bench, tmp_path)
         bench.main(["--quick", "--out", str(a), "--merge", str(c / "molecular.jsonl")])
 
 
-def test_repeated_splits_names_datasets_whose_scaffold_test_set_is_the_random_one(bench):
+def test_repeated_splits_names_datasets_whose_scaffold_test_set_is_the_random_one():
     """CEP's scaffold split is its random one (every molecule its own scaffold): the report must say so."""
 
     def rec(d: str, sp: str, seed: int, y: list[float]) -> dict:

@@ -1,9 +1,9 @@
-"""Default-suite smoke tests: speed.py, potential.py and paper_study.py ``--quick`` from the command
-line (a subprocess each, tiny data made on the spot, < 1 min each), with their output layout checked.
+"""Default-suite smoke tests: the speed and potential suites and the paper study (with its
+optimum re-evaluation and summary) ``--quick`` from the command line (``python -m benchmarks.<suite>``
+in a subprocess each, tiny data made on the spot, < 1 min each), with their output layout checked.
 
-The other benchmark scripts' ``--quick`` runs stay in the slow tier (force_uncertainty.py,
-accuracy.py, posterior_variants.py, reliability.py: see test_benchmark_scripts_slow.py and the
-*_quick.py files); they take minutes. ``test_the_checks_fail_on_a_broken_layout`` shows that each
+The other suites' ``--quick`` runs stay in the slow tier (force_uncertainty, accuracy, reliability:
+see test_benchmark_scripts_slow.py and their own test files); they take minutes. ``test_the_checks_fail_on_a_broken_layout`` shows that each
 check below fails when a key or a section of the output goes missing.
 """
 
@@ -24,13 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 CPU_LIMIT_S = 60.0  # the quick modes' promise, in CPU seconds: wall time on the shared CI machine varies with its load
 
 
-def _run(script: str, out: Path, *extra: str) -> tuple[float, float]:
-    """Run ``script --quick``; (wall seconds, CPU seconds of it and its children)."""
+def _run(module: str, out: Path, *extra: str) -> tuple[float, float]:
+    """Run ``python -m module --quick``; (wall seconds, CPU seconds of it and its children)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     done = subprocess.run(
-        [sys.executable, f"benchmarks/{script}", "--quick", "--out", str(out), *extra],
+        [sys.executable, "-m", module, "--quick", "--out", str(out), *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -42,7 +42,7 @@ def _run(script: str, out: Path, *extra: str) -> tuple[float, float]:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert cpu < CPU_LIMIT_S, f"{script} --quick used {cpu:.0f} CPU s"
+    assert cpu < CPU_LIMIT_S, f"{module} --quick used {cpu:.0f} CPU s"
     return wall, cpu
 
 
@@ -62,7 +62,7 @@ def check_speed(out: Path) -> None:
     results = json.loads((out / "speed.json").read_text())
     main = results["parts"]["main"]
     meta = main["meta"]
-    assert meta["command"].startswith("python benchmarks/speed.py --quick") and meta["threads"] == 1
+    assert meta["command"].startswith("python -m benchmarks.speed --quick") and meta["threads"] == 1
     assert (
         len(meta["load_avg_start"]) == 3
         and len(meta["load_avg_end"]) == 3
@@ -132,35 +132,13 @@ def check_paper_study(out: Path) -> None:
     summary = json.loads((out / "paper_study.json").read_text())
     assert summary["n_runs"] == len(records) and summary["rows"] and "acceptance" in summary
     md = (out / "paper_study.md").read_text()
-    assert "QUICK smoke run" in md and "python benchmarks/paper_study.py --quick" in md
+    assert "QUICK smoke run" in md and "python -m benchmarks.paper.study --quick" in md
     assert (out / "paper_study.png").stat().st_size > 0
-
-
-def check_energy_weight_probe(out: Path) -> None:
-    r = json.loads((out / "energy_weight_probe.json").read_text())
-    assert r["quick"] and r["command"].startswith(
-        "python benchmarks/energy_weight_probe.py --quick"
-    )
-    assert [(run["head"], run["energy_weight"]) for run in r["runs"]] == [
-        ("bayesian", 1.0),
-        ("bayesian", 0.01),
-    ]
-    assert all(
-        run["epochs"] == 1 and run["forces_mae_meV_A"] > 0 and run["n_test_frames"] == 3
-        for run in r["runs"]
-    )
-    md = (out / "energy_weight_probe.md").read_text()
-    assert "QUICK smoke run" in md and r["command"] in md and "| bayesian | 0.01 | 1 |" in md
-    assert (
-        r["overrides"] == ["loss.forces_weight=2.0"] and "with loss.forces_weight=2.0" in md
-    )  # --set passed on
 
 
 def check_paper_study_optimum(out: Path) -> None:
     r = json.loads((out / "paper_study_optimum.json").read_text())
-    assert r["quick"] and r["command"].startswith(
-        "python benchmarks/paper_study_optimum.py --quick"
-    )
+    assert r["quick"] and r["command"].startswith("python -m benchmarks.paper.optimum --quick")
     (study,) = r["studies"]
     assert (
         study["n_models"] == 2 and study["max_abs_check_diff"] < 1e-9
@@ -175,29 +153,27 @@ def check_paper_study_optimum(out: Path) -> None:
 
 
 CHECKS = {
-    "speed.py": check_speed,
-    "potential.py": check_potential,
-    "paper_study.py": check_paper_study,
-    "energy_weight_probe.py": check_energy_weight_probe,
-    "paper_study_optimum.py": check_paper_study_optimum,
+    "benchmarks.speed": check_speed,
+    "benchmarks.potential": check_potential,
+    "benchmarks.paper.study": check_paper_study,
+    "benchmarks.paper.optimum": check_paper_study_optimum,
 }
-EXTRA = {"energy_weight_probe.py": ("--set", "loss.forces_weight=2.0")}
 
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory) -> dict[str, tuple[Path, tuple[float, float]]]:
     done = {}
-    for script in CHECKS:
-        out = tmp_path_factory.mktemp(script.split(".")[0])
-        done[script] = (out, _run(script, out, *EXTRA.get(script, ())))
+    for module in CHECKS:
+        out = tmp_path_factory.mktemp(module.rsplit(".", 1)[1])
+        done[module] = (out, _run(module, out))
     return done
 
 
-@pytest.mark.parametrize("script", list(CHECKS))
-def test_quick_run_layout(outputs, script):
-    out, (wall, cpu) = outputs[script]
-    CHECKS[script](out)
-    print(f"{script} --quick: {wall:.1f} s wall, {cpu:.1f} CPU s")
+@pytest.mark.parametrize("module", list(CHECKS))
+def test_quick_run_layout(outputs, module):
+    out, (wall, cpu) = outputs[module]
+    CHECKS[module](out)
+    print(f"{module} --quick: {wall:.1f} s wall, {cpu:.1f} CPU s")
 
 
 def _break_json(path: Path, drop: list[str]) -> None:
@@ -210,20 +186,20 @@ def _break_json(path: Path, drop: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("script", "file", "drop", "section"),
+    ("module", "file", "drop", "section"),
     [
-        ("speed.py", "speed.json", ["parts", "main", "training"], "## Peak memory"),
+        ("benchmarks.speed", "speed.json", ["parts", "main", "training"], "## Peak memory"),
         (
-            "potential.py",
+            "benchmarks.potential",
             "potential.json",
             ["cost_ratio"],
             "## Accuracy and force-uncertainty quality",
         ),
-        ("paper_study.py", "paper_study.json", ["acceptance"], "QUICK smoke run"),
+        ("benchmarks.paper.study", "paper_study.json", ["acceptance"], "QUICK smoke run"),
     ],
 )
-def test_the_checks_fail_on_a_broken_layout(outputs, tmp_path, script, file, drop, section):
-    out, _ = outputs[script]
+def test_the_checks_fail_on_a_broken_layout(outputs, tmp_path, module, file, drop, section):
+    out, _ = outputs[module]
     for kind in ("json", "md"):
         broken = tmp_path / kind
         shutil.copytree(out, broken)
@@ -233,19 +209,20 @@ def test_the_checks_fail_on_a_broken_layout(outputs, tmp_path, script, file, dro
             md = broken / file.replace(".json", ".md")
             md.write_text(md.read_text().replace(section, "## something else"))
         with pytest.raises((AssertionError, KeyError)):
-            CHECKS[script](broken)
+            CHECKS[module](broken)
 
 
 def test_paper_study_summary_marks_the_claims_from_the_records(outputs, tmp_path):
-    """paper_study_summary.py on the quick study: verdicts equal the study's own acceptance block, a
+    """benchmarks.paper.summary on the quick study: verdicts equal the study's own acceptance block, a
     check folder identical to the study moves nothing, and the force-LPA section is said to be missing."""
-    study, _ = outputs["paper_study.py"]
-    optimum = outputs["paper_study_optimum.py"][0] / "paper_study_optimum.json"
+    study, _ = outputs["benchmarks.paper.study"]
+    optimum = outputs["benchmarks.paper.optimum"][0] / "paper_study_optimum.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [
             sys.executable,
-            "benchmarks/paper_study_summary.py",
+            "-m",
+            "benchmarks.paper.summary",
             "--studies",
             str(study),
             "--check",

@@ -1,25 +1,10 @@
-"""benchmarks/speed.py: the timing bookkeeping (known values), the part merge and the report."""
+"""benchmarks/speed/suite.py: the timing bookkeeping (known values), the part merge and the report."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-@pytest.fixture(scope="module")
-def speed():
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("speed_bench", BENCH / "speed.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCH))
+from benchmarks.speed import suite as speed
 
 
 def _row(speed, model, system, row, ms):
@@ -28,7 +13,7 @@ def _row(speed, model, system, row, ms):
     return r
 
 
-def test_ratios_are_to_the_same_groups_e_plus_f(speed):
+def test_ratios_are_to_the_same_groups_e_plus_f():
     rows = [
         _row(speed, "gin", "a", "E+F", [10, 20, 30]),
         _row(speed, "gin", "a", "E+F+exact", [40, 40, 90]),
@@ -48,7 +33,7 @@ def test_ratios_are_to_the_same_groups_e_plus_f(speed):
     )
 
 
-def test_every_row_is_timed_once_per_round_in_rotated_order(speed):
+def test_every_row_is_timed_once_per_round_in_rotated_order():
     calls = []
     rows = [speed.Row("m", "s", 1, name, (lambda n=name: calls.append(n))) for name in "abc"]
     speed.time_rows(rows, repeats=4, warmup=2)
@@ -93,7 +78,7 @@ def _entry(model_rows, command):
     return {"meta": meta, "calls": calls}
 
 
-def test_parts_merge_and_render(speed, tmp_path):
+def test_parts_merge_and_render(tmp_path):
     path = tmp_path / "speed.json"
     main = _entry(
         [("equivariant", "E+F", 10.0, 1.0), ("equivariant", "E+F+exact", 50.0, 5.0)], "python main"
@@ -103,9 +88,10 @@ def test_parts_merge_and_render(speed, tmp_path):
     merged = speed.merge(path, "mace", mace)
     assert set(merged["parts"]) == {"main", "mace"} and merged["parts"]["main"] == main
     md = speed.setup.render(merged)
-    assert "- part `main` (status: complete)" in md and "  - `python main` (stages calls)" in md
-    assert "  - `python mace` (stages calls)" in md
+    assert "- Part `main` (status: complete): `python main`" in md
+    assert "- Part `mace` (status: complete): `python mace`" in md
     assert "## Calculator: per-call time (part `mace`)" in md
+    assert md.index("| equivariant | s |") < md.index("## Run")  # the tables first
     assert (
         "| mace | s | 2 | E+F | 30.00 | 30.00-30.00 | 1.00 (x native equivariant E+F: 2.50) | 1.00 |"
         in md

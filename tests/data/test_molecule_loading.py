@@ -111,8 +111,8 @@ def test_default_root_from_environment(tmp_path: Path, monkeypatch: pytest.Monke
     expected = tmp_path / "moleculenet/lipo/raw/Lipophilicity.csv"
     assert moleculenet_raw_path("Lipophilicity") == expected
     monkeypatch.delenv("MLIP_UNC_DATA")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert default_data_root() == tmp_path / "cache" / "mlip_unc"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # not a data root
+    assert default_data_root() == Path("../shared/data")  # the root every command uses
 
 
 # ---------------------------------------------------------------- shared data

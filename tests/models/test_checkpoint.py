@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 import torch
 
@@ -14,19 +16,55 @@ def test_round_trip_weights_only(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+@pytest.mark.parametrize("damage", ["truncate", "empty"])
 def test_damaged_checkpoint_gives_clear_error(tmp_path, damage):
     path = save_checkpoint(
         tmp_path / "m.pt", {"kind": "x", "model_state": {"w": torch.randn(1000)}}
     )
     data = path.read_bytes()
-    path.write_bytes(
-        {"truncate": data[: len(data) // 2], "garbage": b"not a checkpoint" * 10, "empty": b""}[
-            damage
-        ]
-    )
+    path.write_bytes({"truncate": data[: len(data) // 2], "empty": b""}[damage])
     with pytest.raises(CheckpointError, match="truncated or corrupted"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "looks_like"),
+    [
+        ("config.yaml", b"seed: 0\ndata:\n  r_max: 4.0\n", "YAML text"),
+        ("notes.txt", b"not a checkpoint " * 10, "text"),
+        ("metrics.json", b'{"rmse": 0.1}', "JSON text"),
+        ("train.xyz", b"2\nProperties=species:S:1:pos:R:3\nCu 0 0 0\nCu 1 1 1\n", "XYZ"),
+        ("weights.npy", b"\x93NUMPY\x01\x00" + bytes(50), "NumPy"),
+        ("blob.bin", bytes(range(1, 255)) * 2, "binary data"),
+    ],
+)
+def test_a_file_of_another_format_is_named_not_a_checkpoint(tmp_path, name, content, looks_like):
+    """The error says what the file looks like and repeats none of torch's advice."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert message.startswith(f"{path} is not an mlip-unc checkpoint: it holds") and (
+        looks_like in message
+    )
+    assert "weights_only" not in message and "truncated" not in message
+
+
+def test_a_checkpoint_without_digest_warns_and_resave_adds_one(tmp_path):
+    from mlip_unc.models.checkpoint import CheckpointWarning, resave_checkpoint
+
+    path = tmp_path / "old.pt"
+    torch.save({"format": "mlip_unc", "version": 1, "kind": "x", "config": {"a": 1}}, path)
+    with pytest.warns(CheckpointWarning, match="no SHA-256 digest") as record:
+        assert load_checkpoint(path)["config"] == {"a": 1}
+    message = str(record[0].message)
+    assert str(path) in message and f"resave_checkpoint('{path}')" in message
+    resave_checkpoint(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning any more
+        payload = load_checkpoint(path, kind="x")
+    assert payload["config"] == {"a": 1} and payload["digest"] == 2 and payload["sha256"]
 
 
 def test_pickled_code_is_refused(tmp_path):

@@ -47,7 +47,10 @@ def test_ema_warmup_follows_mace_schedule_and_matches_manual_average():
                     p.add_(torch.randn_like(p))
             ema.update_parameters(model)
             d = (1 + n) / (10 + n) if warmup else 0.99
-            expected = [d * e + (1 - d) * p.detach() for e, p in zip(expected, model.parameters(), strict=False)]
+            expected = [
+                d * e + (1 - d) * p.detach()
+                for e, p in zip(expected, model.parameters(), strict=False)
+            ]
         for e, q in zip(expected, ema.module.parameters(), strict=False):
             torch.testing.assert_close(q, e)
     assert PropertyConfig().train.ema_warmup is True

@@ -1,0 +1,1 @@
+"""Helpers shared by the benchmark suites: number formatting, JSONL records, page footers."""

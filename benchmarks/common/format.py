@@ -1,0 +1,47 @@
+"""Number formatting for results pages and JSON-safe values for results files."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def clean(value: Any) -> Any:
+    """``value`` made JSON-safe: NaN and inf become None, numpy scalars and arrays Python values."""
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [clean(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def missing(value: Any) -> bool:
+    """True for a value a table shows as ``n/a``: None or NaN."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def fmt(value: Any, spec: str = "{:.2f}") -> str:
+    """``spec.format(value)``, or ``n/a`` for None and NaN."""
+    return "n/a" if missing(value) else spec.format(value)
+
+
+def fmt2(value: Any) -> str:
+    """Two decimals below 100, no decimals from 100 on (``n/a`` for None)."""
+    return "n/a" if value is None else f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def fmt3(value: Any) -> str:
+    """Three decimals (``n/a`` for None): for targets that are met or missed at that level."""
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def fmt_sig3(value: Any, spread: Any = None) -> str:
+    """Three significant digits (no decimals from 100 on), with ``± spread`` when one is given."""
+    if value is None:
+        return "n/a"
+    text = f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return text if spread is None else f"{text} ± {spread:.2g}"

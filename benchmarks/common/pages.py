@@ -1,0 +1,79 @@
+"""The footer every results page ends with: how, when and where its numbers were made.
+
+A page shows its tables first; :func:`run_section` then gives the command, the date, the
+machine (with its load average when recorded) and the package versions, and points to the
+suite's JSON for the rest of the provenance (every command, per-run settings and notes).
+:func:`environment` is what a suite records in its JSON when it measures.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+VERSIONED = ("mlip-unc", "torch", "e3nn", "ase", "mace-torch")
+
+
+def versions() -> dict[str, str]:
+    """Python and the installed versions of the packages in :data:`VERSIONED` (those present)."""
+    out = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def environment() -> dict[str, Any]:
+    """Machine, CPU count, 1/5/15-min load average and versions, as recorded beside results."""
+    return {
+        "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
+        "load_avg": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "versions": versions(),
+        "executable": sys.executable,
+    }
+
+
+def run_section(
+    commands: str | Sequence[str],
+    *,
+    date: str | None,
+    json_name: str,
+    machine: str | None = None,
+    load_avg: Sequence[float] | str | None = None,
+    versions: Mapping[str, str] | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """Markdown lines of the ``## Run`` footer; fields that were not recorded are left out.
+
+    Args:
+        commands: the command that wrote the page, or all commands of a resumed run (the
+            first and the last are shown; the JSON keeps every one).
+        date: when the numbers were made (as recorded).
+        json_name: the suite's JSON file, named as where the full provenance lives.
+        machine, load_avg, versions: as recorded by :func:`environment` (or the suite).
+        extra: further short lines (one sentence each).
+    """
+    cmds = [commands] if isinstance(commands, str) else list(commands)
+    lines = ["## Run", ""]
+    if len(cmds) == 1:
+        lines.append(f"- Command: `{cmds[0]}`")
+    elif cmds:
+        lines.append(f"- Commands: {len(cmds)}, first `{cmds[0]}`, last `{cmds[-1]}`")
+    if date:
+        lines.append(f"- Date: {date}")
+    if machine:
+        lines.append(f"- Machine: {machine}")
+    if load_avg:
+        load = load_avg if isinstance(load_avg, str) else " / ".join(f"{x:g}" for x in load_avg)
+        lines.append(f"- Load average: {load}")
+    if versions:
+        lines.append("- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    lines += [f"- {line}" for line in extra]
+    lines.append(f"- Full provenance (every command, settings, per-run notes): `{json_name}`")
+    return lines

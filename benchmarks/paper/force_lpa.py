@@ -1,0 +1,852 @@
+"""Latent-posterior alignment of the force Jacobian on 3BPA (issue 14 item 3; docs/method.md s.3b, 4).
+
+Model: the single Bayesian model of benchmarks/force_uncertainty.py (``<checkpoints>/3bpa_single``)
+with its own full-covariance last-layer posterior ``Sigma = L^T L`` (stored factor, shared basis,
+d = latent_dim) times its stored calibration (``alpha_F^2`` for forces, ``alpha_E^2`` for Phi).
+Per force row ``g = dPhi/dr_ac`` (d,), ``Sigma = sum_k lam_k v_k v_k^T``, ``s2 = tr Sigma / d``:
+``V = g^T Sigma g``, ``||g||^2``, ``kappa = V / (||g||^2 s2)`` (``log V = log||g||^2 + log s2 +
+log kappa``), ``rho_F`` = Spearman over k of (mean over rows of ``(v_k^T g)^2``, ``lam_k``), the
+share of ``||g||^2`` on the d/4 smallest-``lam`` directions; the same for the energy latents Phi,
+and for uniformly random directions (the random-rotation reference: E kappa = 1, share d/4 / d).
+Sets: the model's training frames, the in-domain test frames and the OOD frames of
+force_uncertainty.dataset_split. Frame scores ranked against the frame force error and by OOD
+AUROC. Sweep: the precision refitted on nested random subsets of the training frames
+(:func:`precision`, the model's noises and lambda), on the in-domain test rows.
+Results: ``OUT/force_lpa.{json,md,png}``.
+
+    python -m benchmarks.paper.force_lpa --threads 1
+    python -m benchmarks.paper.force_lpa --quick --out /tmp/force_lpa_quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import math
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch_geometric.loader import DataLoader
+
+from benchmarks import force_uncertainty as fu
+from benchmarks.common.format import clean
+from mlip_unc import keys
+from mlip_unc.atomic import atomic_write, atomic_write_text
+from mlip_unc.config import load_potential_config
+from mlip_unc.models.checkpoint import load_checkpoint
+from mlip_unc.models.committee import load_potential
+from mlip_unc.models.full_posterior import latent_jacobian
+from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.train.evaluate import frame_table, predict
+from mlip_unc.train.posterior import gaussian_scale_fit
+from mlip_unc.train.potential_data import prepare_data
+from mlip_unc.uncertainty import alignment, density, moments
+from mlip_unc.uncertainty import diagnostics as diag
+
+log = logging.getLogger("force_lpa")
+SETS = ("train", "test", "ood")
+NAMES = {"train": "train", "test": "in-domain test", "ood": "OOD"}
+FRACTIONS = (0.10, 0.25, 0.50, 0.75, 1.00)
+SCORES = {
+    "max_atom_std": "max atom force std",
+    "mean_log_kappa": "frame mean log kappa",
+    "mean_log_norm2": "frame mean log norm2",  # norm2 = ||g||^2 (no pipes: markdown tables)
+    # baselines on the same frames: trivial ones and a committee of the same architecture
+    "force": "baseline: max abs F_pred",
+    "latent_knn": "baseline: latent kNN distance (Phi)",
+    "descriptor_knn": "baseline: descriptor kNN distance",
+    "committee5": "baseline: committee5 max atom force std",
+}
+KNN_K = 10  # neighbours of the distance baselines
+RANK_KEYS = ("spearman_frame_in_domain", "partial_spearman_given_force", "auroc_ood")
+KAPPA_KEYS = ("mean_log_kappa", "median_log_kappa", "mean_kappa", "frac_kappa_below_1")
+DRAWS = 50_000  # random directions of the reference
+
+
+def precision(
+    frames: list[dict[str, torch.Tensor]], noise: tuple[float, float], w_energy: float
+) -> torch.Tensor:
+    """``A = w_E sum Phi Phi^T / (n sigma_e^2) + sum J J^T / sigma_f^2`` over training frames.
+
+    Each frame holds ``jac`` (latent, n_atoms, 3), ``phi`` (latent,) and ``n_atoms``; the result
+    is the (latent, latent) float64 precision of the last layer's weights without the prior.
+    """
+    k = frames[0]["jac"].shape[0]
+    a = torch.zeros(k, k, dtype=torch.float64)
+    for f in frames:
+        j = f["jac"].reshape(k, -1)
+        a += j @ j.T / noise[1] ** 2 + w_energy * torch.outer(f["phi"], f["phi"]) / (
+            f["n_atoms"] * noise[0] ** 2
+        )
+    return a
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data"
+    )
+    p.add_argument(
+        "--checkpoints",
+        type=Path,
+        default=None,
+        help="folder of 3bpa_single (default: benchmarks/results/checkpoints/force_uncertainty)",
+    )
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the nested training subsets of the sweep"
+    )
+    args = fu.parse_with_quick(p, argv, "tiny EMT Cu model trained here (seconds); needs --out")
+    if args.quick:  # where force_uncertainty.train puts the quick model
+        args.checkpoints = args.out / "checkpoints" / "force_uncertainty"
+    args.checkpoints = args.checkpoints or fu.RESULTS / "checkpoints" / "force_uncertainty"
+    return args
+
+
+def jacobians(model: BayesianPotential, dataset: Any, batch_size: int) -> list[dict[str, Any]]:
+    """Per frame, in the layout of ``posterior_variants.collect`` + ``to_shared`` (float64; in the
+    basis of the model's posterior, ``D = d`` shared, ``n_elements * d`` per element): ``jac
+    (D, n_atoms, 3)``, ``phi (D,)``, ``error``/``forces (n_atoms, 3)``, ``n_atoms``. From
+    ``latent_jacobian``, the function of the model's own posterior fit (d + 1 products per batch;
+    ``collect``'s per-element basis costs n_elements * d), in its batches and order."""
+    frames = []
+    for batch in DataLoader(
+        list(getattr(dataset, "graphs", dataset)), batch_size=batch_size, shuffle=False
+    ):
+        state, out, jac = latent_jacobian(
+            model, batch, model.full_posterior().n_blocks
+        )  # the posterior's basis
+        for g in range(state.n_graphs):
+            sel = state.graph == g
+            frames.append(
+                {
+                    "jac": jac[:, sel].double(),
+                    "phi": state.phi[g].detach().double(),
+                    "error": (out[keys.FORCES][sel] - batch[keys.FORCES][sel]).double(),
+                    "forces": out[keys.FORCES][sel].double(),
+                    "n_atoms": int(sel.sum()),
+                }
+            )
+    return frames
+
+
+def force_rows(frames: list[dict[str, Any]]) -> tuple[torch.Tensor, np.ndarray]:
+    """``G (M, d)``, one row per (atom, Cartesian) in atom-major order, and the frame of each row."""
+    rows = [f["jac"].reshape(f["jac"].shape[0], -1).T for f in frames]
+    return torch.cat(rows), np.repeat(np.arange(len(frames)), [r.shape[0] for r in rows])
+
+
+def row_stats(x: torch.Tensor, factor: torch.Tensor, alpha2: float) -> dict[str, Any]:
+    """Per row of ``x (n, d)`` under ``alpha2 * L^T L``: ``V`` (direct, ``alpha2 ||L x||^2``), ``norm2``,
+    ``kappa`` (in the eigenbasis), the low-variance fraction; and the set's summary (rows x = 0 dropped)."""
+    _, sv, vh = torch.linalg.svd(
+        factor.double()
+    )  # Sigma = vh^T diag(sv^2) vh, stabler than eigh(Sigma)
+    lam = alpha2 * sv.square()  # (d,)
+    proj = x @ vh.T  # (n, d) coordinates in Sigma's eigenbasis
+    split = alignment.three_factor_split(proj, lam)
+    var = alpha2 * moments.factor_variance(x, factor.double())  # (n,)
+    keep = split.norm2 > 0
+    lowfrac = alignment.low_variance_energy_fraction(proj[keep], lam, max(1, lam.shape[0] // 4))
+    log_v, log_n, log_k = var[keep].log(), split.norm2[keep].log(), split.kappa[keep].log()
+    log_s2 = float(split.mean_s2.log())
+    summary = {
+        "n_rows": int(x.shape[0]),
+        "n_zero_rows": int((~keep).sum()),
+        "mean_log_V": float(log_v.mean()),
+        "median_log_V": float(log_v.median()),
+        "mean_log_norm2": float(log_n.mean()),
+        "median_log_norm2": float(log_n.median()),
+        "mean_s2": float(split.mean_s2),
+        "log_mean_s2": log_s2,
+        "mean_log_kappa": float(log_k.mean()),
+        "median_log_kappa": float(log_k.median()),
+        "mean_kappa": float(split.kappa[keep].mean()),
+        "frac_kappa_below_1": float((split.kappa[keep] < 1).double().mean()),
+        "rho": alignment.rho_lpa(proj[keep], lam),
+        "low_variance_fraction": float(lowfrac.mean()),
+        "mean_log_U_perm": float(log_n.mean()) + log_s2,
+    }
+    summary["identity_residual"] = (
+        summary["mean_log_V"] - summary["mean_log_U_perm"] - summary["mean_log_kappa"]
+    )
+    return {
+        "summary": summary,
+        "V": var.numpy(),
+        "norm2": split.norm2.numpy(),
+        "kappa": split.kappa.numpy(),
+        "keep": keep.numpy(),
+        "split": (split.norm2[keep], split.mean_s2, split.kappa[keep]),
+    }
+
+
+def random_directions(factor: torch.Tensor, seed: int) -> dict[str, Any]:
+    """KAPPA_KEYS of DRAWS uniformly random directions under ``Sigma`` (what a random rotation of its
+    eigenbasis gives any row; scale-free), and their kappas."""
+    d = factor.shape[1]
+    u = torch.randn(DRAWS, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    s = row_stats(u, factor, 1.0)
+    return {**{k: s["summary"][k] for k in KAPPA_KEYS}, "draws": DRAWS, "kappa": s["kappa"]}
+
+
+def frame_scores(
+    frames: list[dict[str, Any]], stats: dict[str, Any], frame_of: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Frame scores (SCORES), frame error (mean |F_pred - F_true| over atoms) and max |F_pred|."""
+    n, keep = len(frames), stats["keep"]
+    atom_frame = frame_of[::3]  # rows are (atom, Cartesian), atom-major
+    return {
+        "max_atom_std": diag.per_frame(diag.atom_force_std(stats["V"]), atom_frame, n),
+        "mean_log_kappa": diag.per_frame(
+            np.log(stats["kappa"][keep]), frame_of[keep], n, how="mean"
+        ),
+        "mean_log_norm2": diag.per_frame(
+            np.log(stats["norm2"][keep]), frame_of[keep], n, how="mean"
+        ),
+        "error": np.array([float(f["error"].norm(dim=1).mean()) for f in frames]),
+        "force": np.array([float(f["forces"].norm(dim=1).max()) for f in frames]),
+    }
+
+
+def sigma_factor(
+    frames: list[dict[str, Any]], noise: tuple[float, float], lam: float
+) -> torch.Tensor:
+    """The model's fit (mlip_unc.train.posterior) at a fixed ``lambda``: ``L`` with rows
+    ``sqrt(sigma_k) v_k``, ``sigma_k = 1 / (eig_k(A) + lambda)``, ``A`` = posterior_variants.precision."""
+    eig, vec = torch.linalg.eigh(precision(frames, noise, 1.0))
+    return (1.0 / (eig.clamp_min(0.0) + lam)).sqrt()[:, None] * vec.T
+
+
+def sweep(
+    sets: dict[str, list], noise: tuple[float, float], lam: float, alpha2: float, seed: int
+) -> tuple[list[dict[str, Any]], torch.Tensor]:
+    """Nested random subsets of the training frames (FRACTIONS, ``seed``): s2 and the mean logs on the
+    in-domain test rows (fixed ``lambda`` and ``alpha_F^2``), and ``alpha_F^2`` refitted on the
+    validation rows (as the model's fit; for reference). Returns the rows and the 100 % factor."""
+    order = np.random.default_rng(seed).permutation(len(sets["train"]))
+    test_rows, valid_rows = force_rows(sets["test"])[0], force_rows(sets["valid"])[0]
+    valid_err = torch.cat([f["error"].reshape(-1) for f in sets["valid"]])
+    rows, factor = [], None
+    for frac in FRACTIONS:
+        n = max(1, round(frac * len(order)))
+        factor = sigma_factor([sets["train"][k] for k in sorted(order[:n])], noise, lam)
+        s = row_stats(test_rows, factor, alpha2)["summary"]
+        ref = random_directions(factor, seed)["mean_log_kappa"]
+        refit = gaussian_scale_fit(valid_err, moments.factor_variance(valid_rows, factor))[0]
+        rows.append(
+            {
+                "fraction": frac,
+                "n_frames": n,
+                **{
+                    k: s[k]
+                    for k in (
+                        "mean_s2",
+                        "log_mean_s2",
+                        "mean_log_V",
+                        "mean_log_norm2",
+                        "mean_log_kappa",
+                        "median_log_kappa",
+                        "frac_kappa_below_1",
+                    )
+                },
+                "random_mean_log_kappa": ref,
+                "alpha2_forces_valid_refit": refit,
+            }
+        )
+        log.info(
+            "[sweep] %3.0f %% (%d frames): log s2 %.3f, mean log kappa %.3f",
+            100 * frac,
+            n,
+            s["log_mean_s2"],
+            s["mean_log_kappa"],
+        )
+    return rows, factor
+
+
+def reproduction(
+    model_factor: torch.Tensor, refit: torch.Tensor, test_rows: torch.Tensor
+) -> dict[str, float]:
+    """The 100 % refit against the model's stored Sigma (both uncalibrated)."""
+    a, b = model_factor.T @ model_factor, refit.T @ refit
+    va, vb = (
+        moments.factor_variance(test_rows, model_factor),
+        moments.factor_variance(test_rows, refit),
+    )
+    ka, kb = (
+        row_stats(test_rows, f, 1.0)["summary"]["mean_log_kappa"] for f in (model_factor, refit)
+    )
+    return {
+        "rel_frobenius": float((a - b).norm() / a.norm()),
+        "trace_ratio": float(b.trace() / a.trace()),
+        "max_abs_log_V_diff_test_rows": float((vb.log() - va.log()).abs().max()),
+        "median_abs_log_V_diff_test_rows": float((vb.log() - va.log()).abs().median()),
+        "mean_log_kappa_diff_test_rows": kb - ka,
+    }
+
+
+def quick_checkpoint(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The quick model of force_uncertainty.py (EMT Cu, configs/tiny_emt.yaml), single model only."""
+    fargs = fu.parse_args(["--quick", "--out", str(args.out)])
+    split = fu.dataset_split("cu_emt", fargs, work)
+    if not (args.checkpoints / "cu_emt_single" / "model.pt").is_file():
+        settings = {
+            "command": "force_lpa --quick",
+            "quick": True,
+            "seed": fargs.seed,
+            "overrides": [],
+            "budget_minutes": fargs.budget_minutes,
+        }
+        fu.train("cu_emt", split, fargs, fu.Steps(work / "steps.jsonl", settings), 1)
+    return split
+
+
+def load_sets(
+    args: argparse.Namespace, work: Path
+) -> tuple[BayesianPotential, dict[str, Any], dict[str, list]]:
+    name = "cu_emt" if args.quick else "3bpa"
+    folder = args.checkpoints / f"{name}_single"
+    if args.quick:
+        split = quick_checkpoint(args, work)
+    else:
+        for path in (
+            folder / "model.pt",
+            folder / "config.yaml",
+            *(
+                args.data_root / "structures" / "3BPA" / f
+                for f in ("train_300K.xyz", "train_mixedT.xyz")
+            ),
+        ):
+            if not path.is_file():
+                raise SystemExit(
+                    f"not found: {path} (checkpoint: benchmarks/force_uncertainty.py; data: --data-root)"
+                )
+        seed = load_potential_config(folder / "config.yaml", [f"data_root={args.data_root}"]).seed
+        split = fu.dataset_split(
+            name, argparse.Namespace(data_root=args.data_root, seed=seed), work
+        )
+    cfg = load_potential_config(
+        folder / "config.yaml", [f"data_root={args.data_root}", f"data.train={split['train']}"]
+    )
+    data = prepare_data(
+        cfg
+    )  # the model's own train/valid split (config seed), as posterior_variants
+    payload = load_checkpoint(folder / "model.pt", kind="potential")
+    model = BayesianPotential.from_checkpoint(payload).eval()
+    if model.full_posterior() is None or "lambda" not in (payload.get("metadata") or {}).get(
+        "posterior", {}
+    ):
+        raise SystemExit(
+            f"{folder / 'model.pt'} has no fitted full posterior (model.posterior: full)"
+        )
+    valid = (
+        data.valid if data.valid is not None and len(data.valid) else data.train
+    )  # as fit_full_posterior
+    datasets = {
+        "train": data.train,
+        "valid": valid,
+        **{p: fu.load_frames(split[p], model, split, None) for p in ("test", "ood")},
+    }
+    sets = {}
+    for part, dataset in datasets.items():
+        start = time.monotonic()
+        sets[part] = jacobians(model, dataset, cfg.train.valid_batch_size)
+        log.info(
+            "[%s] %d frames: Jacobians in %.0f s", part, len(sets[part]), time.monotonic() - start
+        )
+    meta = {
+        "checkpoint": _shown(folder / "model.pt"),
+        "split_seed": cfg.seed,
+        "posterior_fit": payload["metadata"]["posterior"],
+        "baselines": baseline_scores(datasets, args.checkpoints / f"{name}_committee5"),
+    }
+    return model, meta, sets
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (no machine-specific prefix in results)."""
+    try:
+        return str(path.resolve().relative_to(fu.REPO))
+    except ValueError:
+        return str(path)
+
+
+def baseline_scores(datasets: dict[str, Any], committee_dir: Path) -> dict[str, Any]:
+    """Frame scores that need no posterior, on the test and OOD frames: the committee's max atom
+    force std (``committee_dir``, the MAP committee of force_uncertainty.py; absent in --quick)
+    and the mean distance to the ``KNN_K`` nearest training frames in the interatomic-distance
+    descriptor (mlip_unc.uncertainty.density). The latent kNN distance uses Phi (analyse)."""
+    positions = {
+        p: [g[keys.POSITIONS].detach().double().numpy() for g in getattr(d, "graphs", d)]
+        for p, d in datasets.items()
+    }
+    desc = {p: density.structure_descriptor(x) for p, x in positions.items()}
+    k = min(KNN_K, len(desc["train"]))
+    out: dict[str, Any] = {
+        p: {"descriptor_knn": density.descriptor_knn_distance(desc[p], desc["train"], k=k)}
+        for p in ("test", "ood")
+    }
+    out["knn_k"] = k
+    if not (committee_dir / "ensemble.json").is_file():
+        out["committee_note"] = f"no committee at {_shown(committee_dir)}: its row is left out"
+        return out
+    committee = load_potential(committee_dir)
+    for part in ("test", "ood"):
+        start = time.monotonic()
+        pred = predict(committee, datasets[part], uncertainty="exact", batch_size=8)
+        out[part]["committee5"] = frame_table(pred)["forces_max_std"]
+        log.info(
+            "[%s] committee of %d: %.0f s", part, len(committee.members), time.monotonic() - start
+        )
+    out["committee"] = _shown(committee_dir)
+    return out
+
+
+def analyse(
+    model: BayesianPotential, meta: dict[str, Any], sets: dict[str, list], seed: int
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The result's numbers, and the kappa of every (nonzero) force row per set for the plot."""
+    post, fit = model.full_posterior(), meta["posterior_fit"]
+    factor = (
+        post.factor.detach().double()
+    )  # (D, D), Sigma = L^T L before calibration (D: the posterior's basis)
+    alpha_f, alpha_e = float(post.alpha2_forces), float(post.alpha2_energy)
+    out: dict[str, Any] = {
+        "posterior": {
+            "source": "model's full posterior (stored factor L, Sigma = L^T L), times the stored calibration",
+            "latent_dim": int(factor.shape[1]),
+            "alpha2_forces": alpha_f,
+            "alpha2_energy": alpha_e,
+            "lambda": fit["lambda"],
+            "lambda_over_mean_eig": fit.get("lambda_over_mean_eig"),
+            "noise_energy": float(model.energy_noise.detach()),
+            "noise_forces": float(model.force_noise.detach()),
+            "low_variance_directions": max(1, int(factor.shape[1]) // 4),
+        }
+    }
+    eig = torch.linalg.svdvals(
+        factor
+    ).square()  # (d,) eigenvalues of Sigma (uncalibrated), descending
+    out["posterior"].update(
+        sigma_eig_max=float(eig[0]),
+        sigma_eig_min=float(eig[-1]),
+        one_over_lambda=1.0 / fit["lambda"],
+        trace_share_top4=float(eig[:4].sum() / eig.sum()),
+    )
+    ref = random_directions(factor, seed)
+    out["random_direction"] = {k: v for k, v in ref.items() if k != "kappa"}
+    forces, energy, splits, ranking = {}, {}, {"forces": {}, "energy": {}}, {}
+    scores, kappas = {}, {"random direction": ref["kappa"]}
+    phi_train = torch.stack([f["phi"] for f in sets["train"]])
+    for part in SETS:
+        rows, frame_of = force_rows(sets[part])
+        stats = row_stats(rows, factor, alpha_f)
+        forces[part], splits["forces"][part] = stats["summary"], stats["split"]
+        scores[part] = frame_scores(sets[part], stats, frame_of)
+        if part in meta["baselines"]:
+            phi = torch.stack([f["phi"] for f in sets[part]])
+            scores[part].update(
+                meta["baselines"][part],
+                latent_knn=density.latent_knn_distance(
+                    phi, phi_train, k=meta["baselines"]["knn_k"]
+                ),
+            )
+        kappas[NAMES[part]] = stats["kappa"][stats["keep"]]
+        e_stats = row_stats(torch.stack([f["phi"] for f in sets[part]]), factor, alpha_e)
+        energy[part], splits["energy"][part] = e_stats["summary"], e_stats["split"]
+        log.info(
+            "[%s] force rows %d: mean log kappa %.3f; energy mean log kappa %.3f",
+            part,
+            forces[part]["n_rows"],
+            forces[part]["mean_log_kappa"],
+            energy[part]["mean_log_kappa"],
+        )
+    decomposition = {}
+    for kind, per in splits.items():
+        decomposition[kind] = {}
+        for a, b in (("train", "test"), ("test", "ood")):
+            dec = alignment.log_variance_decomposition(per[a], per[b])
+            decomposition[kind][f"{a}->{b}"] = {**dec.as_dict(), "dominant": dec.dominant}
+    for key in (k for k in SCORES if k in scores["test"]):
+        row = diag.frame_ranking(
+            *(scores["test"][k] for k in (key, "error", "force")),
+            *(scores["ood"][k] for k in (key, "error", "force")),
+        )
+        ranking[key] = {k: row[k] for k in RANK_KEYS}
+    noise = (out["posterior"]["noise_energy"], out["posterior"]["noise_forces"])
+    sweep_rows, refit = sweep(sets, noise, fit["lambda"], alpha_f, seed)
+    check = reproduction(factor, refit, force_rows(sets["test"])[0])
+    check["alpha2_forces_refit_over_stored"] = sweep_rows[-1]["alpha2_forces_valid_refit"] / alpha_f
+    out.update(
+        frames={p: len(f) for p, f in sets.items()},
+        forces=forces,
+        energy=energy,
+        decomposition=decomposition,
+        ranking=ranking,
+        sweep=sweep_rows,
+        reproduction=check,
+        baselines={k: v for k, v in meta["baselines"].items() if k not in SETS},
+    )
+    return out, kappas
+
+
+def _f(v: Any, fmt: str = "+.3f") -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def _n(v: float | None) -> float:
+    return float("nan") if v is None else v
+
+
+PART = {"norm2": "log norm2", "kappa": "log kappa", "mean_s2": "log s2"}
+
+
+def reading(r: dict[str, Any]) -> str:
+    """One paragraph from the numbers of ``r`` (no claims beyond them)."""
+    f, e, ref, rk, sw = (r[k] for k in ("forces", "energy", "random_direction", "ranking", "sweep"))
+
+    def per(d: dict[str, Any], key: str, fmt: str = "+.2f") -> str:
+        return ", ".join(_f(d[p][key], fmt) for p in SETS)
+
+    (lk, ek), r0 = (
+        ([_n(d[p]["mean_log_kappa"]) for p in SETS] for d in (f, e)),
+        _n(ref["mean_log_kappa"]),
+    )
+    side = (
+        "below"
+        if all(v < r0 for v in lk)
+        else "above"
+        if all(v > r0 for v in lk)
+        else "on both sides of"
+    )
+    cmp = (
+        "lower than"
+        if all(map(float.__lt__, ek, lk))
+        else "higher than"
+        if all(map(float.__gt__, ek, lk))
+        else "not all below or above"
+    )
+    post = r["posterior"]
+    text = [
+        (
+            f"Sigma (uncalibrated) has eigenvalues from {post['sigma_eig_min']:.3g} to {post['sigma_eig_max']:.4g} "
+            f"(1/lambda = {post['one_over_lambda']:.4g}); its 4 largest hold {post['trace_share_top4']:.0%} of tr Sigma "
+            "= d s2."
+        ),
+        (
+            f"Force rows (train, in-domain, OOD): mean log kappa {per(f, 'mean_log_kappa')}, {side} the {r0:+.2f} of "
+            f"uniformly random directions under the same Sigma (mean kappa {per(f, 'mean_kappa', '.2g')} vs 1; kappa < 1 on "
+            f"{per(f, 'frac_kappa_below_1', '.0%')} of rows vs {_f(ref['frac_kappa_below_1'], '.0%')}); rho_F "
+            f"{per(f, 'rho')}; low-variance fraction {per(f, 'low_variance_fraction', '.2f')} vs 0.25. The energy "
+            f"latents Phi: mean log kappa {per(e, 'mean_log_kappa')}, {cmp} the force rows' on every set."
+        ),
+    ]
+    for step, name in (("train->test", "Train to in-domain"), ("test->ood", "In-domain to OOD")):
+        d = r["decomposition"]["forces"][step]
+        text.append(
+            f"{name}: mean log V of the force rows {_f(d['log_u'], '+.2f')} = {_f(d['log_norm2'], '+.2f')} "
+            f"(log norm2) {_f(d['log_kappa'], '+.2f')} (log kappa), the larger part {PART[d['dominant']]}."
+        )
+    text.append(
+        "Frame scores (in-domain Spearman with the frame force error / partial given max |F_pred| / OOD "
+        "AUROC): "
+        + "; ".join(
+            f"{SCORES[k]} " + " / ".join(_f(rk[k][c], ".2f") for c in RANK_KEYS) for k in rk
+        )
+        + "."
+    )
+    lo, hi = sw[0], sw[-1]
+    ds, dk, dr, dv = (
+        _n(hi[k]) - _n(lo[k])
+        for k in ("log_mean_s2", "mean_log_kappa", "random_mean_log_kappa", "mean_log_V")
+    )
+    text.append(
+        f"Sweep from {lo['fraction']:.0%} to {hi['fraction']:.0%} of the training frames (features fixed): "
+        f"log s2 {ds:+.2f}, mean log kappa of the in-domain rows {dk:+.2f} (random directions {dr:+.2f}), "
+        f"mean log V {dv:+.2f}; the larger part is "
+        f"{'contraction (log s2)' if abs(ds) > abs(dk) else 'alignment (log kappa)'}. These use the stored "
+        f"alpha_F^2; refitted on the validation rows at each fraction it goes from "
+        f"{_f(lo['alpha2_forces_valid_refit'], '.4g')} to {_f(hi['alpha2_forces_valid_refit'], '.4g')} (log "
+        f"{math.log(_n(hi['alpha2_forces_valid_refit']) / _n(lo['alpha2_forces_valid_refit'])):+.2f})."
+    )
+    return " ".join(text)
+
+
+SET_COLS = (
+    "mean_log_V",
+    "median_log_V",
+    "mean_log_norm2",
+    "log_mean_s2",
+    *KAPPA_KEYS,
+    "rho",
+    "low_variance_fraction",
+    "n_rows",
+)
+
+
+def _cell(v: Any, col: str) -> str:
+    if col in ("n_rows", "n_frames"):
+        return str(v)
+    return _f(
+        v,
+        ".4g"
+        if "alpha" in col
+        else ".3g"
+        if col == "mean_kappa"
+        else ".3f"
+        if "frac" in col
+        else "+.3f",
+    )
+
+
+def set_table(r: dict[str, Any]) -> list[str]:
+    lines = ["| rows | set | " + " | ".join(SET_COLS) + " |", "|---" * (len(SET_COLS) + 2) + "|"]
+    for kind, label in (("forces", "force rows g"), ("energy", "energy Phi")):
+        lines += [
+            f"| {label} | {NAMES[p]} | "
+            + " | ".join(_cell(r[kind][p][c], c) for c in SET_COLS)
+            + " |"
+            for p in SETS
+        ]
+    ref = {
+        **r["random_direction"],
+        "low_variance_fraction": 0.25,
+        "n_rows": r["random_direction"]["draws"],
+    }
+    return lines + [
+        "| random direction | any | " + " | ".join(_cell(ref.get(c), c) for c in SET_COLS) + " |"
+    ]
+
+
+def markdown_section(result: dict[str, Any]) -> str:
+    """A compact section (heading, the per-set table, the reading, a link) for another summary."""
+    quick = ["", "QUICK smoke run (EMT Cu, not 3BPA)."] if result.get("quick") else []
+    return "\n".join(
+        [
+            "## Force LPA on 3BPA",
+            *quick,
+            "",
+            *set_table(result),
+            "",
+            reading(result),
+            "",
+            "Details: [force_lpa.md](force_lpa.md)",
+            "",
+        ]
+    )
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(head) + " |",
+        "|---" * len(head) + "|",
+        *("| " + " | ".join(x) + " |" for x in rows),
+    ]
+
+
+def write_markdown(r: dict[str, Any]) -> str:
+    p, rep = r["posterior"], r["reproduction"]
+    sweep_cols = [
+        "n_frames",
+        "log_mean_s2",
+        "mean_log_V",
+        "mean_log_norm2",
+        *KAPPA_KEYS[:2],
+        "frac_kappa_below_1",
+        "random_mean_log_kappa",
+        "alpha2_forces_valid_refit",
+    ]
+    lines = [
+        "# Force LPA on 3BPA: alignment of the force Jacobian rows with the last-layer posterior",
+        "",
+        f"Command: `{r['command']}`",
+        "",
+        *(["QUICK smoke run (EMT Cu, not 3BPA).", ""] if r["quick"] else []),
+        (
+            f"Checkpoint `{r['checkpoint']}`; frames {r['frames']}; sweep and reference seed {r['seed']}; split seed "
+            f"{r['split_seed']}; started {r['started']}, finished {r['finished']}."
+        ),
+        "",
+        (
+            f"Posterior: {p['source']}: alpha_F^2 = {p['alpha2_forces']:.4g} for the force rows, alpha_E^2 = "
+            f"{p['alpha2_energy']:.4g} for Phi (kappa, rho and the fractions do not depend on them); d = {p['latent_dim']}, "
+            f"lambda = {p['lambda']:.4g} ({p['lambda_over_mean_eig']} x mean eig of the precision); Sigma's eigenvalues "
+            f"(uncalibrated) {p['sigma_eig_min']:.3g} to {p['sigma_eig_max']:.4g}, the 4 largest "
+            f"{p['trace_share_top4']:.1%} of its trace. Natural logs; V in "
+            "(eV/A)^2 (force rows) or eV^2 (Phi). norm2 = ||g||^2, s2 = tr Sigma / d, kappa = g^T Sigma g / (norm2 s2), so "
+            "mean log V = mean log norm2 + log s2 + mean log kappa = mean log U_perm + mean log kappa, U_perm = norm2 s2; rho: "
+            "Spearman over Sigma's eigen-directions of (mean over rows of (v_k^T g)^2, lam_k); low-variance fraction: "
+            f"mean over rows of the share of ||g||^2 on the {p['low_variance_directions']} smallest-lam directions. "
+            f"Random direction: {r['random_direction']['draws']} uniformly random unit vectors under the same Sigma (the "
+            "random-rotation reference; E kappa = 1 exactly, E log kappa <= 0 by Jensen). Rows with g = 0 are dropped."
+        ),
+        "",
+        "## Per set",
+        "",
+        *set_table(r),
+        "",
+        "## Decomposition of the change of mean log V",
+        "",
+        *_table(
+            [
+                "rows",
+                "step",
+                "d mean log V",
+                "d mean log norm2",
+                "d log s2",
+                "d mean log kappa",
+                "larger part",
+            ],
+            [
+                [
+                    k,
+                    s,
+                    *(_f(d[c]) for c in ("log_u", "log_norm2", "log_mean_s2", "log_kappa")),
+                    PART[d["dominant"]],
+                ]
+                for k, steps in r["decomposition"].items()
+                for s, d in steps.items()
+            ],
+        ),
+        "",
+        "## Frame scores (in-domain test vs OOD)",
+        "",
+        (
+            "Frame error: mean over atoms of |F_pred - F_true| of this (single) model, for every score, the committee's "
+            "included; partial Spearman given the frame max |F_pred| "
+            "(mlip_unc.uncertainty.diagnostics.frame_ranking). Baselines on the same frames: the frame max |F_pred| "
+            "(its partial Spearman given itself is undefined: n/a), the mean distance to the "
+            f"{r.get('baselines', {}).get('knn_k', KNN_K)} nearest training "
+            "frames in the model's energy latents Phi and in the interatomic-distance descriptor "
+            "(mlip_unc.uncertainty.density), and the max atom force std of the 5-member MAP committee of "
+            "benchmarks/force_uncertainty.py ("
+            + r.get("baselines", {}).get("committee", "")
+            + ")."
+            + (
+                " " + r["baselines"]["committee_note"] + "."
+                if "committee_note" in r.get("baselines", {})
+                else ""
+            )
+        ),
+        "",
+        *_table(
+            ["score", *RANK_KEYS],
+            [[SCORES[k], *(_f(v[c], ".3f") for c in RANK_KEYS)] for k, v in r["ranking"].items()],
+        ),
+        "",
+        "## Training-amount sweep (features fixed, in-domain test rows)",
+        "",
+        (
+            f"Precision refitted on nested random subsets of the {r['frames']['train']} training frames (seed {r['seed']}) "
+            "with the model's noises and lambda, Sigma times the stored alpha_F^2; random_mean_log_kappa: the "
+            "random-direction value under that Sigma; alpha2_forces_valid_refit: alpha_F^2 refitted on the validation "
+            "rows (for reference, not used)."
+        ),
+        "",
+        *_table(
+            ["fraction", *sweep_cols],
+            [[f"{s['fraction']:.0%}", *(_cell(s[c], c) for c in sweep_cols)] for s in r["sweep"]],
+        ),
+        "",
+        (
+            f"Check at 100 %: refit vs the model's stored Sigma (both uncalibrated): relative Frobenius difference "
+            f"{rep['rel_frobenius']:.2e}, trace ratio {rep['trace_ratio']:.6f}; |log V| difference on the in-domain test "
+            f"rows median {rep['median_abs_log_V_diff_test_rows']:.2e}, max {rep['max_abs_log_V_diff_test_rows']:.2e}; "
+            f"mean log kappa difference {rep['mean_log_kappa_diff_test_rows']:.2e}; refitted / stored alpha_F^2 "
+            f"{rep['alpha2_forces_refit_over_stored']:.6f}."
+        ),
+        "",
+        "## Reading",
+        "",
+        reading(r),
+        "",
+        "![force LPA](force_lpa.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(r: dict[str, Any], kappas: dict[str, np.ndarray], path: Path) -> None:
+    """log kappa histograms (force rows per set, random directions); the sweep's changes vs 100 %."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9.0, 3.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax, bx = fig.subplots(1, 2)
+    for (name, kappa), colour in zip(
+        kappas.items(), ("k", "tab:grey", "tab:blue", "tab:orange"), strict=False
+    ):
+        ax.hist(
+            np.log(kappa),
+            bins=60,
+            density=True,
+            histtype="step",
+            color=colour,
+            label=name,
+            ls="--" if name == "random direction" else "-",
+        )
+    ax.set(xlabel="log kappa", ylabel="density", title="force rows: alignment with Sigma")
+    ax.legend(fontsize=8)
+    x = [100 * s["fraction"] for s in r["sweep"]]
+    for key, label in (
+        ("mean_log_V", "mean log V"),
+        ("log_mean_s2", "log s2"),
+        ("mean_log_kappa", "mean log kappa"),
+        ("random_mean_log_kappa", "random-direction log kappa"),
+    ):
+        bx.plot(
+            x, [_n(s[key]) - _n(r["sweep"][-1][key]) for s in r["sweep"]], marker="o", label=label
+        )
+    bx.set(
+        xlabel="training frames (%)", ylabel="change vs 100 %", title="sweep: in-domain test rows"
+    )
+    bx.legend(fontsize=8)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    atomic_write(path, lambda handle: handle.write(buf.getvalue()))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    command = shlex.join(
+        ["python", "-m", "benchmarks.paper.force_lpa", *(sys.argv[1:] if argv is None else argv)]
+    )
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    with tempfile.TemporaryDirectory(prefix="mlip_unc_flpa_") as work:
+        model, meta, sets = load_sets(args, Path(work))
+    numbers, kappas = analyse(model, meta, sets, args.seed)
+    result = clean(
+        {
+            "command": command,
+            "seed": args.seed,
+            "quick": args.quick,
+            "threads": args.threads,
+            "data_root": None if args.quick else str(args.data_root),
+            "checkpoint": meta["checkpoint"],
+            "split_seed": meta["split_seed"],
+            "started": started,
+            **numbers,
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+    )
+    atomic_write_text(args.out / "force_lpa.json", json.dumps(result, indent=1))
+    atomic_write_text(
+        args.out / "force_lpa.md", write_markdown(result)
+    )  # the JSON's numbers, as markdown_section
+    plot(result, kappas, args.out / "force_lpa.png")
+    log.info("results: %s", args.out / "force_lpa.md")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,808 @@
+"""Peer: metatrain's PET with its LLPR uncertainty, on the frames of the force-uncertainty suite.
+
+Per dataset (3BPA, ethanol) and seed, on exactly the suite's frames
+(:func:`benchmarks.force_uncertainty.dataset_split` for train/test/OOD; the validation frames
+are the ones our model of that seed holds out, :func:`mlip_unc.train.potential_data.prepare_data`):
+
+1. ``mtt train`` a PET (metatrain's documented defaults; widths scaled down to our model's
+   parameter budget, :data:`PET_MODEL`) for the wall budget: a two-epoch probe run measures the
+   time per epoch, and the real run gets as many epochs as fit in ``--budget-minutes`` (PET's
+   cosine schedule is laid out over ``num_epochs``, so the run decays to its end in the budget);
+2. ``mtt train`` metatrain's ``llpr`` wrapper on that checkpoint: covariance of the last-layer
+   features on the training frames, calibration on the validation frames, and a last-layer
+   ensemble of ``--ensemble`` members whose energies are differentiated for ensemble forces;
+3. evaluates energies, forces, the energy uncertainty and the ensemble forces through
+   metatomic's ASE calculator (``metatomic_ase.MetatomicCalculator``) on the test and OOD
+   frames, and times plain E+F against E+F with the uncertainties, single frames as the suite;
+4. scores the per-frame values with the suite's own functions
+   (:func:`benchmarks.force_uncertainty.prediction_values`, ``row_metrics``, ``paired_gap``).
+
+Stages 1-3 run in their own virtual environment (``.venv-metatrain``, made by this script with
+pinned ``torch`` and ``metatrain`` when missing), so the default install stays lean; the
+evaluation stage is this file run by that environment's python (``_evaluate``), which imports
+neither mlip_unc nor the suite. Rows: ``metatrain_pet_llpr`` (frame score = max over atoms of
+the ensemble force std), ``metatrain_pet_llpr_energy`` (LLPR energy std) and
+``metatrain_pet_force_magnitude`` (PET's max |F_pred|); beside them our default and committee5
+of the same seed on the same frames, read from our committed results (:data:`REFERENCES`).
+Finished runs are appended to ``OUT/metatrain.jsonl`` and skipped when the command runs again;
+a run that fails records the command and the error. Pages: ``OUT/metatrain.{md,json}``.
+
+    python -m benchmarks.peers.metatrain --datasets 3bpa,ethanol --seeds 0,1 --budget-minutes 8 --threads 1
+    python -m benchmarks.peers.metatrain --quick --out /tmp/peer_quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("peers.metatrain")
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results" / "peers"
+WORK = REPO / "runs" / "peers" / "metatrain"
+VENV = REPO / ".venv-metatrain"
+PINS = ("torch==2.13.0", "metatrain==2026.4.1")  # torch first: pip keeps the CPU wheel
+DATASETS = ("3bpa", "ethanol")
+PROBE_EPOCHS = 2
+# PET's documented model defaults but for the widths: d_pet = d_head = 12 and d_node =
+# d_feedforward = 24 (the defaults' 1:2 ratio, 128/256 there), 4 heads, 2 attention layers in
+# each of 2 GNN layers (defaults): 27,194 parameters on H, C, N, O, against 27,410 of our 3BPA
+# model (the counts of both are in each run's record).
+PET_MODEL = {
+    "d_pet": 12,
+    "d_head": 12,
+    "d_node": 24,
+    "d_feedforward": 24,
+    "num_heads": 4,
+    "num_attention_layers": 2,
+    "num_gnn_layers": 2,
+}
+ROWS = ("metatrain_pet_llpr", "metatrain_pet_llpr_energy", "metatrain_pet_force_magnitude")
+# Our committed force_uncertainty runs whose test frames these seeds reproduce: the folder's
+# force_uncertainty.{json,jsonl} at REFERENCE_COMMIT (the 3BPA runs use the config with angles).
+REFERENCE_COMMIT = "5d97bda787e72e7e3189c03a61b09915a9980ff3"
+REFERENCES = {
+    ("3bpa", 0): "benchmarks/results/force_uncertainty_angular",
+    ("3bpa", 1): "benchmarks/results/force_uncertainty_seeds/seed1",
+    ("3bpa", 2): "benchmarks/results/force_uncertainty_seeds/seed2",
+    ("ethanol", 0): "benchmarks/results",
+}
+LINES = (  # the five lines of the suite, and the accuracy columns
+    "spearman_frame_in_domain",
+    "partial_spearman_given_force",
+    "auroc_ood",
+    "std_over_rmse",
+    "cost_ratio",
+)
+
+
+# --------------------------------------------------------------------------- metatrain venv side
+
+
+def _evaluate(run: Path, threads: int, timing_frames: int) -> None:
+    """Stage 3, run by the metatrain venv's python: predictions of ``run/llpr.pt`` through
+    metatomic's ASE calculator on ``run/{test,ood}.xyz`` -> ``run/pred_{part}.npz``, and the
+    single-frame timings and package versions -> ``run/eval.json``."""
+    from importlib.metadata import version
+
+    import ase.io
+    import torch
+    from ase.calculators.calculator import all_changes
+    from metatomic.torch import ModelOutput
+    from metatomic_ase import MetatomicCalculator
+
+    torch.set_num_threads(threads)
+    model = str(run / "llpr.pt")
+
+    def calculator(outputs: dict[str, Any]) -> Any:
+        return MetatomicCalculator(model, additional_outputs=outputs, uncertainty_threshold=None)
+
+    ensemble = ModelOutput(sample_kind="system", explicit_gradients=["positions"])
+    uncertainty = ModelOutput(sample_kind="system")
+    calcs = {
+        "plain": calculator({}),
+        "energy_uncertainty": calculator({"energy_uncertainty": uncertainty}),
+        "ensemble": calculator({"energy_uncertainty": uncertainty, "energy_ensemble": ensemble}),
+    }
+    full = calcs["ensemble"]
+    for part in ("test", "ood"):
+        path = run / f"{part}.xyz"
+        if not path.is_file():
+            continue
+        cols: dict[str, list] = {k: [] for k in ("e_true", "e_pred", "e_unc", "e_ens_std", "n")}
+        atoms_cols: dict[str, list] = {k: [] for k in ("f_true", "f_pred", "f_var", "frame")}
+        for k, atoms in enumerate(ase.io.read(path, index=":")):
+            e_true, f_true = atoms.get_potential_energy(), atoms.get_forces()  # file labels
+            full.calculate(atoms, ["energy", "forces"], all_changes)
+            out = full.additional_outputs
+            members = out["energy_ensemble"].block()  # values (1, members)
+            f_members = -members.gradient("positions").values.detach().double().numpy()
+            cols["e_true"].append(e_true)
+            cols["e_pred"].append(float(full.results["energy"]))
+            cols["e_unc"].append(float(out["energy_uncertainty"].block().values.detach()[0, 0]))
+            cols["e_ens_std"].append(float(members.values.detach().double().std(1, False)[0]))
+            cols["n"].append(len(atoms))
+            atoms_cols["f_true"].append(f_true)  # (n_atoms, 3)
+            atoms_cols["f_pred"].append(np.asarray(full.results["forces"]))  # (n_atoms, 3)
+            atoms_cols["f_var"].append(
+                f_members.var(axis=-1)
+            )  # (n_atoms, 3, members) -> (n_atoms, 3)
+            atoms_cols["frame"].append(np.full(len(atoms), k))
+        np.savez(
+            run / f"pred_{part}.npz",
+            **{k: np.asarray(v, float) for k, v in cols.items()},
+            **{k: np.concatenate(v) for k, v in atoms_cols.items()},
+        )
+    frames = ase.io.read(run / "test.xyz", index=f":{timing_frames}")
+    for calc in calcs.values():  # warm-up (TorchScript's first calls are slow)
+        for _ in range(3):
+            calc.calculate(frames[0], ["energy", "forces"], all_changes)
+    times: dict[str, list[float]] = {name: [] for name in calcs}
+    for atoms in frames:  # interleaved; best of 3 per frame
+        for name, calc in calcs.items():
+            best = math.inf
+            for _ in range(3):
+                start = time.perf_counter()
+                calc.calculate(atoms, ["energy", "forces"], all_changes)
+                best = min(best, time.perf_counter() - start)
+            times[name].append(1e3 * best)
+    packages = ("metatrain", "torch", "metatensor-torch", "metatomic-torch", "metatomic-ase", "ase")
+    (run / "eval.json").write_text(
+        json.dumps(
+            {
+                "ms": {name: statistics.median(v) for name, v in times.items()},
+                "timing_frames": len(frames),
+                "versions": {p: version(p) for p in packages},
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
+
+
+# --------------------------------------------------------------------------------- driver side
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--seeds", default="0,1", help="comma-separated; the suite's split seeds")
+    p.add_argument("--budget-minutes", type=float, default=None, help="PET's training (8)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ensemble", type=int, default=8, help="LLPR last-layer ensemble members")
+    p.add_argument("--learning-rate", type=float, default=None, help="PET's (default: its 1e-4)")
+    p.add_argument("--batch-size", type=int, default=None, help="PET's (default: its 16)")
+    p.add_argument("--timing-frames", type=int, default=20)
+    p.add_argument("--max-frames", type=int, default=None, help="cap every part (checks only)")
+    p.add_argument("--data-root", type=Path, default=None, help="default $MLIP_UNC_DATA")
+    p.add_argument("--venv", type=Path, default=VENV, help="metatrain's venv (made if missing)")
+    p.add_argument("--work", type=Path, default=None, help=f"run folders (default {WORK})")
+    p.add_argument("--quick", action="store_true", help="3BPA, 20 frames a part, 6 s; needs --out")
+    p.add_argument("--out", type=Path, default=None, help=f"results folder (default {RESULTS})")
+    args = p.parse_args(argv)
+    if args.quick and args.out is None:
+        p.error("--quick writes to the folder given by --out")
+    if args.quick:
+        args.datasets, args.seeds = "3bpa", "0"
+        args.max_frames = args.max_frames or 20
+        args.budget_minutes = args.budget_minutes or 0.1
+        args.ensemble = min(args.ensemble, 4)
+        args.timing_frames = min(args.timing_frames, 3)
+    args.budget_minutes = args.budget_minutes or 8.0
+    args.datasets = [d.strip().lower() for d in args.datasets.split(",") if d.strip()]
+    if bad := [d for d in args.datasets if d not in DATASETS]:
+        p.error(f"unknown dataset(s) {bad}; choose from {DATASETS}")
+    args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    given = {"learning_rate": args.learning_rate, "batch_size": args.batch_size}
+    args.training = {k: v for k, v in given.items() if v is not None}  # PET trainer overrides
+    args.variant = "defaults" if not args.training else variant_name(args.training)
+    args.out = args.out or RESULTS
+    args.work = args.work or (args.out / "metatrain_runs" if args.quick else WORK)
+    args.data_root = args.data_root or Path(
+        os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data"
+    )
+    return args
+
+
+def variant_name(training: dict[str, Any]) -> str:
+    """``defaults``, or the PET trainer's overrides as ``key=value`` joined by commas."""
+    return ",".join(f"{k}={v:g}" for k, v in sorted(training.items())) or "defaults"
+
+
+def ensure_venv(venv: Path) -> Path:
+    """The venv's bin folder; the venv is made with :data:`PINS` when it has no ``mtt``."""
+    bin_dir = venv / "bin"
+    if not (bin_dir / "mtt").is_file():
+        log.info("[venv] creating %s with %s", venv, " ".join(PINS))
+        subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
+        for pin in PINS:  # one at a time: torch's CPU wheel first
+            subprocess.run([str(bin_dir / "pip"), "install", "-q", pin], check=True)
+    return bin_dir
+
+
+def _dataset_options(path: str) -> dict[str, Any]:
+    return {
+        "systems": {"read_from": path, "reader": "ase", "length_unit": "angstrom"},
+        "targets": {"energy": {"key": "energy", "unit": "eV", "forces": {"key": "forces"}}},
+    }
+
+
+def pet_options(seed: int, epochs: int, training: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``mtt train`` options of the PET: documented defaults but :data:`PET_MODEL`, the epochs
+    and ``training`` (trainer overrides, e.g. learning_rate; JSON is YAML)."""
+    return {
+        "seed": seed,
+        "device": "cpu",
+        "final_eval": False,
+        "architecture": {
+            "name": "pet",
+            "model": PET_MODEL,
+            "training": {"num_epochs": epochs, "num_workers": 0, **(training or {})},
+        },
+        "training_set": _dataset_options("train.xyz"),
+        "validation_set": _dataset_options("valid.xyz"),
+        "test_set": 0.0,
+    }
+
+
+def llpr_options(seed: int, members: int) -> dict[str, Any]:
+    """``mtt train`` options of the LLPR wrapper around ``model.ckpt``: its defaults (covariance
+    on the training set, calibration on the validation set, no ensemble-weight training)."""
+    return {
+        "seed": seed,
+        "device": "cpu",
+        "architecture": {
+            "name": "llpr",
+            "model": {"num_ensemble_members": {"energy": members}},
+            "training": {"model_checkpoint": "model.ckpt", "num_workers": 0},
+        },
+        "training_set": _dataset_options("train.xyz"),
+        "validation_set": _dataset_options("valid.xyz"),
+        "test_set": 0.0,
+    }
+
+
+class StageError(RuntimeError):
+    """A metatrain command failed: its command line and the tail of its output."""
+
+    def __init__(self, stage: str, command: list[str], output: str) -> None:
+        super().__init__(f"{stage}: {shlex.join(command)}")
+        self.stage, self.command, self.output = stage, shlex.join(command), output
+
+
+def run_command(
+    stage: str, command: list[str], cwd: Path, threads: int, timeout: float
+) -> tuple[str, float]:
+    """Run ``command`` in ``cwd`` with ``threads`` threads; its output (also in
+    ``cwd/<stage>.log``) and wall seconds. Raises :class:`StageError` on failure or timeout."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as err:
+        text = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else err.stdout or ""
+        raise StageError(
+            stage, command, f"timed out after {timeout:.0f} s\n{_errors(text)[-3000:]}"
+        ) from err
+    output = done.stdout + done.stderr
+    (cwd / f"{stage}.log").write_text(output)
+    if done.returncode != 0:
+        raise StageError(stage, command, f"exit {done.returncode}\n{_errors(output)[-3000:]}")
+    return output, time.perf_counter() - start
+
+
+_NOISE = re.compile(
+    r"Warning|warnings\.warn|register_new_resolver|register_resolver|^See https|^\s*$"
+)
+
+
+def _errors(output: str) -> str:
+    """``output`` without its warnings and blank lines: what a failure report shows."""
+    return "\n".join(line for line in output.splitlines() if not _NOISE.search(line))
+
+
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]\[\w+\] - (.*)$", re.M)
+
+
+def log_events(output: str) -> list[tuple[float, str]]:
+    """(POSIX seconds, message) of each timestamped line of an ``mtt`` log."""
+    return [
+        (datetime.strptime(t, "%Y-%m-%d %H:%M:%S").timestamp(), msg)
+        for t, msg in _STAMP.findall(output)
+    ]
+
+
+def training_seconds(output: str) -> tuple[float, int]:
+    """Seconds from 'Starting training' to the last epoch line, and the epochs logged."""
+    events = log_events(output)
+    start = next(t for t, m in events if m.startswith("Starting training"))
+    epochs = [t for t, m in events if m.startswith("Epoch:")]
+    return (epochs[-1] - start if epochs else math.nan), len(epochs)
+
+
+def prepare(name: str, seed: int, args: argparse.Namespace, run: Path) -> dict[str, Any]:
+    """Write the suite's frames of ``name`` and ``seed`` to ``run/{train,valid,test,ood}.xyz``;
+    the frame counts and our model's parameter count on this data."""
+    import ase.io
+
+    from benchmarks import force_uncertainty as fu
+    from mlip_unc import keys
+    from mlip_unc.train.potential import build_model
+    from mlip_unc.train.potential_data import prepare_data
+
+    suite_args = argparse.Namespace(data_root=args.data_root, seed=seed, overrides=[])
+    with tempfile.TemporaryDirectory(prefix="peer_mtt_") as tmp:
+        split = fu.dataset_split(name, suite_args, Path(tmp))
+        suite_args.budget_minutes = args.budget_minutes
+        config = fu.train_config(split, suite_args, Path(tmp) / "model", 1)
+        data = prepare_data(config)  # our model's train/valid frames of this seed
+        ours = sum(p.numel() for p in build_model(config, data, seed=seed).parameters())
+        source = ase.io.read(split["train"], index=":")
+        parts = {
+            "train": [source[int(g[keys.FRAME_INDEX])] for g in data.train.graphs],
+            "valid": [source[int(g[keys.FRAME_INDEX])] for g in data.valid.graphs],
+            "test": ase.io.read(split["test"], index=":"),
+            "ood": ase.io.read(split["ood"], index=":") if split["ood"] else [],
+        }
+    counts = {}
+    for part, frames in parts.items():
+        frames = frames[: args.max_frames] if args.max_frames else frames
+        if frames:
+            ase.io.write(run / f"{part}.xyz", frames, format="extxyz")
+        counts[part] = len(frames)
+    return {"frames": counts, "our_parameters": int(ours)}
+
+
+def probe_epoch_seconds(seed: int, args: argparse.Namespace, run: Path, mtt: str) -> float:
+    """Seconds per PET epoch on ``run``'s frames, from a two-epoch ``mtt train`` run made just
+    before the real one (the machine's load changes: every run measures its own)."""
+    probe = run / "probe"
+    probe.mkdir(exist_ok=True)
+    for part in ("train", "valid"):
+        (probe / f"{part}.xyz").write_text((run / f"{part}.xyz").read_text())
+    (probe / "options.yaml").write_text(
+        json.dumps(pet_options(seed, PROBE_EPOCHS, args.training), indent=1)
+    )
+    out, _ = run_command(
+        "probe", [mtt, "train", "options.yaml", "-o", "model.pt"], probe, args.threads, 1800
+    )
+    seconds, logged = training_seconds(out)
+    return seconds / logged
+
+
+def train_and_wrap(seed: int, args: argparse.Namespace, run: Path, bin_dir: Path) -> dict[str, Any]:
+    """Stages 1-2 (probe, PET, LLPR) in ``run``; their settings, times and log facts."""
+    budget = 60.0 * args.budget_minutes
+    mtt = str(bin_dir / "mtt")
+    epoch_s = probe_epoch_seconds(seed, args, run, mtt)
+    epochs = max(1, int(budget // epoch_s))
+    log.info("[probe] %.1f s per epoch -> %d epochs in %.0f s", epoch_s, epochs, budget)
+    options = pet_options(seed, epochs, args.training)
+    (run / "options.yaml").write_text(json.dumps(options, indent=1))
+    out, wall = run_command(
+        "train",
+        [mtt, "train", "options.yaml", "-o", "model.pt"],
+        run,
+        args.threads,
+        2 * budget + 600,
+    )
+    train_s, logged = training_seconds(out)
+    params = re.search(r"actual number: (\d+)", out)
+    (run / "llpr.yaml").write_text(json.dumps(llpr_options(seed, args.ensemble), indent=1))
+    llpr_out, llpr_wall = run_command(
+        "llpr", [mtt, "train", "llpr.yaml", "-o", "llpr.pt"], run, args.threads, 1800
+    )
+    facts = [m for _, m in log_events(llpr_out) if "regularization" in m or "LLPR" in m]
+    return {
+        "probe_epoch_seconds": epoch_s,
+        "num_epochs": epochs,
+        "epochs_logged": logged,
+        "train_minutes": train_s / 60.0,
+        "train_process_minutes": wall / 60.0,
+        "pet_parameters": int(params.group(1)) if params else None,
+        "pet_options": options,
+        "llpr_options": llpr_options(seed, args.ensemble),
+        "llpr_minutes": llpr_wall / 60.0,
+        "llpr_log": facts,
+    }
+
+
+def predictions(npz: Path, row: str) -> Any:
+    """``mlip_unc`` Predictions of one part for ``row``: the ensemble force variance as the
+    epistemic force variance (``metatrain_pet_llpr``), or the LLPR energy variance as the
+    epistemic energy variance (``..._energy``), or neither (``..._force_magnitude``)."""
+    from mlip_unc.train.predictions import Predictions
+
+    z = np.load(npz)
+    n, n_atoms = len(z["e_true"]), len(z["frame"])
+    ones, zeros = np.ones(n, bool), np.zeros(n)
+    return Predictions(
+        frame_index=np.arange(n),
+        num_atoms=z["n"].astype(int),
+        has_energy=ones,
+        has_forces=ones,
+        energy_true=z["e_true"],
+        energy_pred=z["e_pred"],
+        energy_noise_var=zeros,
+        atom_frame=z["frame"].astype(int),
+        forces_true=z["f_true"],
+        forces_pred=z["f_pred"],
+        forces_noise_var=np.zeros((n_atoms, 3)),
+        energy_epistemic_var=z["e_unc"] ** 2 if row.endswith("_energy") else None,
+        forces_epistemic_var=z["f_var"] if row == "metatrain_pet_llpr" else None,
+    )
+
+
+def score(run: Path) -> dict[str, Any]:
+    """Stage 4: per-frame values (the suite's :func:`prediction_values`) of each row and part,
+    the accuracy of PET's E and F, and the cost ratios."""
+    from benchmarks import force_uncertainty as fu
+    from benchmarks.common.format import clean
+
+    mode = {
+        "metatrain_pet_llpr_energy": "energy",
+        "metatrain_pet_force_magnitude": "force_magnitude",
+    }
+    frames: dict[str, Any] = {}
+    accuracy: dict[str, Any] = {}
+    for part in ("in", "ood"):
+        npz = run / f"pred_{'test' if part == 'in' else 'ood'}.npz"
+        if not npz.is_file():
+            continue
+        for row in ROWS:
+            values = fu.prediction_values(predictions(npz, row), mode.get(row, row))
+            frames.setdefault(row, {})[part] = values
+        z = np.load(npz)
+        e_err, f_err = z["e_pred"] - z["e_true"], z["f_pred"] - z["f_true"]  # (n,), (n_atoms, 3)
+        frames["energy_error_eV"] = {**frames.get("energy_error_eV", {}), part: e_err}
+        accuracy[part] = {
+            "energy_mae_meV": 1e3 * float(np.mean(np.abs(e_err))),
+            "energy_mae_meV_atom": 1e3 * float(np.mean(np.abs(e_err) / z["n"])),
+            "force_mae_meV_A": 1e3 * float(np.mean(np.abs(f_err))),
+            "force_rmse_meV_A": 1e3 * float(np.sqrt(np.mean(f_err**2))),
+            "n_frames": len(e_err),
+        }
+    timing = json.loads((run / "eval.json").read_text())
+    ms = timing["ms"]
+    cost = {
+        "metatrain_pet_llpr": ms["ensemble"] / ms["plain"],
+        "metatrain_pet_llpr_energy": ms["energy_uncertainty"] / ms["plain"],
+        "metatrain_pet_force_magnitude": 1.0,
+    }
+    rows = {
+        row: fu.row_metrics(frames[row]["in"], frames[row].get("ood"), cost[row]) for row in ROWS
+    }
+    return clean(
+        {
+            "rows": rows,
+            "accuracy": accuracy,
+            "cost_ms": ms,
+            "timing_frames": timing["timing_frames"],
+            "versions": timing["versions"],
+            "frames_values": frames,
+        }
+    )
+
+
+def run_one(
+    name: str, seed: int, args: argparse.Namespace, bin_dir: Path, command: str
+) -> dict[str, Any]:
+    """One (dataset, seed): stages 1-4; the record (status 'complete' or 'failed')."""
+    suffix = "" if args.variant == "defaults" else "_" + re.sub(r"[^\w.-]+", "_", args.variant)
+    run = args.work / f"{name}_seed{seed}{suffix}"
+    run.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {
+        "dataset": name,
+        "seed": seed,
+        "command": command,
+        "budget_minutes": args.budget_minutes,
+        "threads": args.threads,
+        "ensemble_members": args.ensemble,
+        "max_frames": args.max_frames,
+        "variant": args.variant,
+        "run_folder": str(run),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    try:
+        record.update(prepare(name, seed, args, run))
+        record.update(train_and_wrap(seed, args, run, bin_dir))
+        evaluate = [
+            str(bin_dir / "python"),
+            str(Path(__file__).resolve()),
+            "_evaluate",
+            str(run),
+            str(args.threads),
+            str(args.timing_frames),
+        ]
+        run_command("evaluate", evaluate, run, args.threads, 3600)
+        record.update(score(run), status="complete")
+    except StageError as err:
+        record.update(
+            status="failed", stage=err.stage, failed_command=err.command, error=err.output
+        )
+        log.error("[%s seed %d] %s failed:\n%s", name, seed, err.stage, err.output[-2000:])
+    record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    return record
+
+
+# ------------------------------------------------------------------------------ results pages
+
+
+def reference(name: str, seed: int) -> dict[str, Any] | None:
+    """Our default and committee5 rows of (name, seed), and their in-domain frame values, from
+    the committed results at :data:`REFERENCE_COMMIT` (None where there is no such run)."""
+    folder = REFERENCES.get((name, seed))
+    if folder is None:
+        return None
+
+    def show(path: str) -> str:
+        return subprocess.run(
+            ["git", "show", f"{REFERENCE_COMMIT}:{folder}/{path}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    try:
+        entry = json.loads(show("force_uncertainty.json"))[name]
+        steps: dict[str, Any] = {}
+        for line in show("force_uncertainty.jsonl").splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                steps[rec["step"]] = rec  # later lines (a refit) win
+    except (subprocess.CalledProcessError, KeyError, json.JSONDecodeError):
+        return None
+    default = entry["default"]
+    return {
+        "source": f"{folder} @ {REFERENCE_COMMIT[:7]}",
+        "default": default,
+        "rows": {"default": entry[default], "committee5": entry["committee5"]},
+        "in": {
+            r: (steps.get(f"eval:{name}:{m}") or {}).get("in")
+            for r, m in (("default", default), ("committee5", "committee5"))
+        },
+    }
+
+
+def assemble(records: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The results JSON: the latest record of each requested (dataset, seed) with its rows, our
+    rows on the same frames, and the paired bootstrap of ours - peer (suite's paired_gap)."""
+    from benchmarks import force_uncertainty as fu
+
+    latest = {
+        (r["dataset"], r["seed"], r.get("variant", "defaults")): r
+        for r in records
+        if "dataset" in r
+    }
+    wanted = [(d, s, args.variant) for d in args.datasets for s in args.seeds]
+    runs = []
+    for key in sorted(latest):
+        rec = {k: v for k, v in latest[key].items() if k != "frames_values"}
+        ok = rec["status"] == "complete" and not rec.get("max_frames")
+        ref = reference(*key[:2]) if ok else None
+        if ref:
+            peer = latest[key]["frames_values"]["metatrain_pet_llpr"]["in"]
+            rec["ours"] = {"source": ref["source"], "default_mode": ref["default"], **ref["rows"]}
+            rec["ours_minus_peer"] = {
+                r: fu.paired_gap(ref["in"][r], peer, seed=key[1])
+                for r in ("default", "committee5")
+                if ref["in"][r] and len(ref["in"][r]["score"]) == len(peer["score"])
+            }
+        runs.append(rec)
+    done = {
+        (r["dataset"], r["seed"], r.get("variant", "defaults"))
+        for r in runs
+        if r["status"] == "complete"
+    }
+    return {
+        "meta": {
+            "commands": list(dict.fromkeys(r["command"] for r in records if "command" in r)),
+            "updated": time.strftime("%Y-%m-%d %H:%M"),
+            "status": "complete" if all(k in done for k in wanted) else "partial",
+            "missing": [":".join(map(str, k)) for k in wanted if k not in done],
+            "pet_model": PET_MODEL,
+            "reference_commit": REFERENCE_COMMIT,
+        },
+        "runs": runs,
+    }
+
+
+def _summary(runs: list[dict[str, Any]], row: str, key: str) -> str:
+    values = [r["rows"][row][key] for r in runs if r["rows"][row].get(key) is not None]
+    if not values:
+        return "n/a"
+    spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
+    return f"{statistics.mean(values):.3f}{spread}"
+
+
+def write_markdown(results: dict[str, Any], path: Path) -> None:
+    from benchmarks.common.format import fmt2, fmt3
+
+    meta, runs = results["meta"], results["runs"]
+    ok = [r for r in runs if r["status"] == "complete"]
+    versions = ok[0]["versions"] if ok else {}
+    lines = [
+        "# Peer: metatrain's PET with LLPR on the force-uncertainty frames",
+        "",
+        "Commands:",
+        "",
+        "```bash",
+        *meta["commands"],
+        "```",
+        "",
+        f"Status: {meta['status']} (missing: {', '.join(meta['missing']) or 'none'}); "
+        f"updated {meta['updated']}. Versions: "
+        + ", ".join(f"{k} {v}" for k, v in versions.items())
+        + ".",
+        "",
+        "PET: metatrain's documented defaults but the widths, scaled to our model's parameter "
+        f"budget: {json.dumps(meta['pet_model'])}; training: documented defaults (batch 16, lr "
+        "1e-4, cosine with 1 % warm-up, loss mse on E and F, weights 1) but num_epochs, set from "
+        "a two-epoch probe so that the schedule ends within the budget, and, in a section not named "
+        "'defaults', the trainer options its title names; float32; one thread. "
+        "LLPR: metatrain's `llpr` wrapper, defaults (covariance on the training frames, "
+        "calibration `absolute_residuals` on the validation frames, no ensemble-weight training), "
+        "a last-layer ensemble of the energy whose members' position gradients give ensemble "
+        "forces. Evaluation: `metatomic_ase.MetatomicCalculator` on the suite's test and OOD "
+        "frames, one frame per call.",
+        "",
+        "Rows: metatrain_pet_llpr = max over atoms of the ensemble force std "
+        "sqrt(sum_c Var_members F_ac); metatrain_pet_llpr_energy = LLPR energy std; "
+        "metatrain_pet_force_magnitude = PET's max |F_pred|; ours: default and committee5 of the "
+        "same seed, same frames, from the committed run named in the source column. Lines and "
+        "definitions as in force_uncertainty.md (the suite's functions score the peer); "
+        "cost_ratio: median over the first test frames of the best of 3 single-frame calculator "
+        "calls with the uncertainty outputs / plain E+F of the same model, interleaved.",
+        "",
+    ]
+    groups = dict.fromkeys((r["dataset"], r.get("variant", "defaults")) for r in runs)
+    for name, variant in groups:
+        these = [r for r in runs if (r["dataset"], r.get("variant", "defaults")) == (name, variant)]
+        lines += [
+            f"## {name}, PET trainer: {variant}",
+            "",
+            "| seed | row | " + " | ".join(LINES) + " | force_mae_meV_A | source |",
+            "|---" * (len(LINES) + 4) + "|",
+        ]
+        for r in these:
+            if r["status"] != "complete":
+                continue
+            table = [(row, r["rows"][row], "this run") for row in ROWS]
+            if "ours" in r:
+                table += [
+                    (
+                        f"ours: {r['ours']['default_mode']}",
+                        r["ours"]["default"],
+                        r["ours"]["source"],
+                    ),
+                    ("ours: committee5", r["ours"]["committee5"], r["ours"]["source"]),
+                ]
+            lines += [
+                f"| {r['seed']} | {row} | "
+                + " | ".join(fmt3(v.get(k)) for k in LINES)
+                + f" | {fmt2(v.get('force_mae_meV_A'))} | {src} |"
+                for row, v, src in table
+            ]
+        done = [r for r in these if r["status"] == "complete"]
+        lines += [
+            "",
+            "Peer, mean ± std over seeds (" + ", ".join(str(r["seed"]) for r in done) + "):",
+        ]
+        lines += [
+            f"- {row}: " + "; ".join(f"{k} {_summary(done, row, k)}" for k in LINES) for row in ROWS
+        ]
+        lines += [
+            "",
+            "| seed | energy MAE meV (meV/atom) | force MAE meV/A | force RMSE meV/A | "
+            "PET params (ours) | epochs | train min | LLPR min | frames train/valid/test/ood |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in done:
+            a = r["accuracy"]["in"]
+            f = r["frames"]
+            lines.append(
+                f"| {r['seed']} | {a['energy_mae_meV']:.1f} ({a['energy_mae_meV_atom']:.2f}) | "
+                f"{a['force_mae_meV_A']:.1f} | {a['force_rmse_meV_A']:.1f} | "
+                f"{r['pet_parameters']} ({r['our_parameters']}) | {r['num_epochs']} | "
+                f"{r['train_minutes']:.2f} | {r['llpr_minutes']:.2f} | "
+                f"{f['train']}/{f['valid']}/{f['test']}/{f['ood']} |"
+            )
+        for r in done:
+            for ours, gaps in r.get("ours_minus_peer", {}).items():
+                lines.append(
+                    f"- seed {r['seed']}, ours ({ours}) - metatrain_pet_llpr, paired bootstrap over "
+                    "the in-domain frames: "
+                    + "; ".join(f"{k} {g['gap']:+.3f} ± {g['std']:.3f}" for k, g in gaps.items())
+                )
+        for r in these:
+            if r["status"] != "complete":
+                lines += [
+                    "",
+                    f"Seed {r['seed']} failed at {r['stage']}: `{r['failed_command']}`",
+                    "",
+                    "```",
+                    r["error"][-1500:],
+                    "```",
+                ]
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def save(records: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    results = assemble(records, args)
+    (args.out / "metatrain.json").write_text(json.dumps(results, indent=1))
+    write_markdown(results, args.out / "metatrain.md")
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from benchmarks.common.records import take_lock
+
+    args = parse_args(argv)
+    args.argv = argv
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    lock = args.out / ".metatrain.lock"
+    take_lock(lock, "peers.metatrain")
+    try:
+        return run_all(args)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Every requested (dataset, seed) not yet in ``OUT/metatrain.jsonl``, then the pages."""
+    from benchmarks.common.format import clean
+    from benchmarks.common.records import append_jsonl, read_jsonl
+
+    command = shlex.join(
+        ["python", "-m", "benchmarks.peers.metatrain", *sys.argv[1:]]
+        if args.argv is None
+        else ["python", "-m", "benchmarks.peers.metatrain", *args.argv]
+    )
+    jsonl = args.out / "metatrain.jsonl"
+    bin_dir = ensure_venv(args.venv)
+    for name in args.datasets:
+        for seed in args.seeds:
+            done = [
+                r
+                for r in read_jsonl(jsonl)
+                if (r.get("dataset"), r.get("seed"), r.get("status")) == (name, seed, "complete")
+                and r.get("budget_minutes") == args.budget_minutes
+                and r.get("max_frames") == args.max_frames
+                and r.get("variant", "defaults") == args.variant
+            ]
+            if done:
+                log.info("[skip] %s seed %d: done", name, seed)
+                continue
+            log.info("[run] %s seed %d", name, seed)
+            append_jsonl(jsonl, clean(run_one(name, seed, args, bin_dir, command)))
+            save(read_jsonl(jsonl), args)
+    results = save(read_jsonl(jsonl), args)
+    log.info("results: %s (%s)", args.out / "metatrain.md", results["meta"]["status"])
+    return results
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "_evaluate":  # stage 3, in metatrain's venv
+        _evaluate(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        main()

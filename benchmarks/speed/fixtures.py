@@ -1,0 +1,463 @@
+"""The pieces of the speed suite: systems, models, calculator calls, trainers and the report.
+
+Models are built from the model sections of the shipped configs with untrained weights (the cost
+of a call does not depend on the weights' values) and a random full posterior, so that the
+``exact`` and ``lowrank`` modes run what a trained checkpoint runs (d + 1 and rank + 1
+vector-Jacobian products).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ase.io
+import numpy as np
+import torch
+from ase import Atoms
+from ase.build import bulk, molecule
+from ase.calculators.calculator import all_changes
+from ase.calculators.emt import EMT
+
+from benchmarks.common.format import fmt
+from benchmarks.paper.study import QUICK_SMILES as SMILES  # the same tiny molecules
+from mlip_unc import UncertaintyCalculator
+from mlip_unc.config import PropertyConfig, load_potential_config
+from mlip_unc.config import PropertyModelConfig as ModelConfig
+from mlip_unc.config import PropertyTrainConfig as TrainConfig
+from mlip_unc.models.backbones import build_backbone
+from mlip_unc.models.committee import Committee
+from mlip_unc.models.potential import BayesianPotential
+
+REPO = Path(__file__).resolve().parents[2]
+TYPE_MAP = [1, 6, 7, 8, 29]  # H C N O Cu: one model covers every system
+CONFIGS = {"equivariant": "3bpa_equivariant.yaml", "gin": "ethanol_gin.yaml"}
+QUICK_MODEL = [
+    "model.backbone_kwargs={hidden: 16, num_layers: 2, num_basis: 4}",
+    "model.latent_dim=8",
+]
+MACE_SIZES = {
+    "num_channels": 32,
+    "max_L": 1,
+    "max_ell": 3,
+    "correlation": 3,
+    "num_interactions": 2,
+    "num_radial_basis": 8,
+}  # benchmarks/accuracy.py MACE_MODEL
+THREE_BPA = "Nc1ncccc1OCc1ccccc1"  # 3-(benzyloxy)pyridin-2-amine, C12H12N2O, 27 atoms
+UNC_ROWS = {
+    "E+F+energy_var": ("energy", "energy_std"),
+    "E+F+exact": ("exact", "forces_std"),
+    "E+F+lowrank": ("lowrank", "forces_std"),
+    "E+F+sampled4": ("sampled", "forces_std"),
+}
+
+
+# ================================================================ systems
+def mace_available() -> bool:
+    return importlib.util.find_spec("mace") is not None
+
+
+def _three_bpa(data_root: Path) -> tuple[Atoms, str]:
+    path = Path(data_root) / "structures" / "3BPA" / "train_300K.xyz"
+    if path.is_file():
+        atoms = ase.io.read(path, index=0)
+        atoms.calc = None
+        return atoms, f"first frame of {path.name} (--data-root)"
+    from rdkit import Chem
+    from rdkit.Chem import AllChem
+
+    mol = Chem.AddHs(Chem.MolFromSmiles(THREE_BPA))
+    AllChem.EmbedMolecule(mol, randomSeed=0)
+    return Atoms(
+        [a.GetSymbol() for a in mol.GetAtoms()], mol.GetConformer().GetPositions()
+    ), "RDKit-embedded 3BPA"
+
+
+@functools.lru_cache(maxsize=4)
+def _systems(data_root: str, quick: bool) -> tuple[tuple[str, Atoms, str], ...]:
+    ethanol = molecule("CH3CH2OH")
+    cells = (2, 1, 1) if quick else (3, 3, 3)
+    cu = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(cells)
+    cu.rattle(0.05, seed=0)
+    out = [("ethanol_9", ethanol, "ase.build.molecule('CH3CH2OH')")]
+    if not quick:
+        bpa, source = _three_bpa(Path(data_root))
+        out.append(("3bpa_27", bpa, source))
+    out.append(
+        (f"cu_{len(cu)}", cu, f"fcc Cu a = 3.61 A, cubic cell x {cells}, rattled 0.05 A, periodic")
+    )
+    return tuple(out)
+
+
+def systems(data_root: Path, *, quick: bool) -> dict[str, Atoms]:
+    """name -> Atoms (copies): ethanol_9, 3bpa_27, cu_108 (quick: ethanol_9, cu_8)."""
+    return {name: atoms.copy() for name, atoms, _ in _systems(str(data_root), quick)}
+
+
+def describe(name: str, atoms: Atoms, data_root: Path, quick: bool) -> dict[str, Any]:
+    source = next(s for n, _, s in _systems(str(data_root), quick) if n == name)
+    return {
+        "n_atoms": len(atoms),
+        "formula": atoms.get_chemical_formula(),
+        "periodic": bool(atoms.pbc.all()),
+        "source": source,
+    }
+
+
+# ================================================================ models
+def config_of(model: str, quick: bool, overrides: list[str] = ()) -> Any:
+    extra = list(QUICK_MODEL) if quick and model == "gin" else []
+    return load_potential_config(
+        REPO / "configs" / CONFIGS[model], ["data_root=/nonexistent", *extra, *overrides]
+    )
+
+
+def potential(
+    model: str, *, quick: bool, seed: int = 0, full_posterior: bool = True
+) -> BayesianPotential:
+    """An untrained potential of the config's model section over H C N O Cu (+ random full posterior)."""
+    cfg = config_of(model, quick)
+    kwargs = {
+        "num_types": len(TYPE_MAP),
+        "r_max": cfg.data.r_max,
+        "latent_dim": cfg.model.latent_dim,
+        "avg_num_neighbors": 10.0,
+        **cfg.model.backbone_kwargs,
+    }
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        pot = BayesianPotential(
+            build_backbone(cfg.model.backbone.value, **kwargs),
+            TYPE_MAP,
+            cfg.data.r_max,
+            posterior_rank=cfg.model.posterior_rank,
+        )
+        if full_posterior:
+            d = pot.latent_dim
+            factor = (
+                torch.linalg.qr(torch.randn(d, d, dtype=torch.float64))[0]
+                * torch.logspace(-1, -3, d)[:, None]
+            )
+            pot.set_full_posterior(
+                factor, torch.tensor([1.0, 1.0, 1e-4, 1e-2], dtype=torch.float64)
+            )
+    return pot.to(cfg.dtype.torch).eval()
+
+
+def mace_calculator() -> Any:
+    """mace-torch's MACECalculator on an untrained ScaleShiftMACE (accuracy benchmark sizes, float32)."""
+    from e3nn import o3
+    from mace import modules
+    from mace.calculators import MACECalculator
+
+    s = MACE_SIZES
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = modules.ScaleShiftMACE(
+            r_max=5.0,
+            num_bessel=s["num_radial_basis"],
+            num_polynomial_cutoff=5,
+            max_ell=s["max_ell"],
+            interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+            interaction_cls_first=modules.interaction_classes[
+                "RealAgnosticResidualInteractionBlock"
+            ],
+            num_interactions=s["num_interactions"],
+            num_elements=len(TYPE_MAP),
+            hidden_irreps=o3.Irreps(f"{s['num_channels']}x0e + {s['num_channels']}x1o"),
+            MLP_irreps=o3.Irreps("16x0e"),
+            atomic_energies=np.zeros(len(TYPE_MAP)),
+            avg_num_neighbors=10.0,
+            atomic_numbers=TYPE_MAP,
+            correlation=s["correlation"],
+            gate=torch.nn.functional.silu,
+            radial_MLP=[64, 64, 64],
+            atomic_inter_scale=1.0,
+            atomic_inter_shift=0.0,
+        ).float()
+    return MACECalculator(models=[model], device="cpu", default_dtype="float32")
+
+
+def models_for(quick: bool, *, mace_only: bool) -> list[str]:
+    if mace_only:
+        return ["equivariant", "mace"]
+    names = ["gin"] if quick else ["equivariant", "gin"]
+    return names + (["mace"] if mace_available() and not quick else [])
+
+
+def _call(calc: Any, atoms: Atoms, properties: list[str]) -> Callable[[], Any]:
+    def run() -> Any:
+        calc.calculate(
+            atoms, properties, all_changes
+        )  # what get_forces() etc. run on a new geometry
+        return calc.results
+
+    return run
+
+
+def calls(
+    model: str, atoms: Atoms, *, quick: bool, only: str | None = None, mace_only: bool = False
+) -> dict[str, Callable[[], Any]]:
+    """Row name -> one calculator call on ``atoms`` (``only``: build just that row)."""
+    periodic = bool(atoms.pbc.all())
+    if model == "mace":
+        return {
+            "E+F": _call(mace_calculator(), atoms, ["energy", "forces"])
+        }  # MACECalculator also computes stress
+    pot = potential(model, quick=quick)
+
+    def calc(mode: str, model_: Any = pot) -> UncertaintyCalculator:
+        return UncertaintyCalculator(model_, uncertainty=mode, domain=False, n_samples=4)
+
+    wanted = ["energy", "E+F", *UNC_ROWS, "E+F+stress", "committee5"]
+    if mace_only:
+        wanted = ["E+F", "E+F+stress"]
+    if not periodic:
+        wanted.remove("E+F+stress")
+    if only is not None:
+        wanted = [only]
+    plain = calc("none") if {"energy", "E+F", "E+F+stress"} & set(wanted) else None
+    out: dict[str, Callable[[], Any]] = {}
+    for row in wanted:
+        if row == "energy":
+            out[row] = _call(plain, atoms, ["energy"])
+        elif row == "E+F":
+            out[row] = _call(plain, atoms, ["energy", "forces"])
+        elif row == "E+F+stress":
+            out[row] = _call(plain, atoms, ["energy", "forces", "stress"])
+        elif row == "committee5":
+            members = [
+                potential(model, quick=quick, seed=k, full_posterior=False) for k in range(1, 6)
+            ]
+            out[row] = _call(
+                calc("exact", Committee(members).eval()), atoms, ["energy", "forces", "forces_std"]
+            )
+        else:
+            mode, key = UNC_ROWS[row]
+            out[row] = _call(calc(mode), atoms, ["energy", "forces", key])
+    return out
+
+
+# ================================================================ trainers
+def train_cases(quick: bool) -> list[tuple[str, str]]:
+    """(model, system) of the potential-trainer throughput."""
+    if quick:
+        return [("gin", "ethanol_9")]
+    return [
+        ("equivariant", "ethanol_9"),
+        ("equivariant", "3bpa_27"),
+        ("gin", "ethanol_9"),
+        ("gin", "3bpa_27"),
+    ]
+
+
+def train_data_label(system: str, n: int) -> str:
+    return f"{n} rattled {system} frames, EMT labels"
+
+
+def _labelled_frames(atoms: Atoms, n: int) -> list[Atoms]:
+    frames = []
+    for k in range(n):
+        a = atoms.copy()
+        a.rattle(0.05, seed=k)
+        a.calc = EMT()
+        a.get_forces()
+        frames.append(a)
+    return frames
+
+
+def potential_trainer(model: str, atoms: Atoms, work: Path, *, quick: bool) -> tuple[Any, int, int]:
+    """The training core over ``model`` on EMT-labelled rattled copies of ``atoms``: (trainer, n_train, batch)."""
+    from mlip_unc.train.core import Trainer
+    from mlip_unc.train.potential import PotentialTask
+    from mlip_unc.train.potential_data import prepare_data
+
+    path = work / f"{model}_{len(atoms)}.xyz"
+    ase.io.write(path, _labelled_frames(atoms, 10 if quick else 34))
+    cfg = config_of(
+        model,
+        quick,
+        [
+            f"data.train={path}",
+            "data.valid_fraction=0.1",
+            "data.isolated_atoms=null",
+            "data.test=null",
+            f"out={work / model}",
+            "train.progress=false",
+        ],
+    )
+    data = prepare_data(cfg)
+    task = PotentialTask(cfg, data, Path(cfg.out))
+    return Trainer(task, cfg.train, seed=0, out=None), len(data.train), cfg.train.batch_size
+
+
+def property_trainer(*, quick: bool) -> tuple[Any, int, int]:
+    """The property trainer (GIN bgnn, paper-study sizes) on generated SMILES: (trainer, n_train, batch)."""
+    from mlip_unc.data.molecules import smiles_to_graph
+    from mlip_unc.train.property import property_trainer as make
+    from mlip_unc.train.property import seeded_model
+
+    smiles = SMILES if quick else SMILES * 5
+    graphs = [smiles_to_graph(s, y=0.3 * len(s) + 0.1 * (k % 7)) for k, s in enumerate(smiles)]
+    sizes = (
+        {"hidden": 16, "layers": 2, "latent_dim": 8}
+        if quick
+        else {"hidden": 64, "layers": 3, "latent_dim": 32}
+    )
+    config = PropertyConfig(
+        model=ModelConfig(method="bgnn", **sizes),
+        train=TrainConfig(
+            epochs=100, batch_size=32, lr_schedule="cosine", patience=0, progress=False
+        ),
+    )
+    train, val = graphs[: -len(graphs) // 10], graphs[-len(graphs) // 10 :]
+    return make(seeded_model(config, train), config, train, val), len(train), 32
+
+
+def throughput(trainer: Any, n: int, *, epochs: int) -> float:
+    """Items per second of ``epochs`` training epochs after one warm-up epoch (no validation)."""
+    trainer.train_epoch()
+    start = time.perf_counter()
+    for _ in range(epochs):
+        trainer.train_epoch()
+    return n * epochs / (time.perf_counter() - start)
+
+
+# ================================================================ report
+def versions() -> dict[str, str]:
+    out = {"torch": torch.__version__}
+    for name in ("e3nn", "torch_geometric", "ase", "mace"):
+        if importlib.util.find_spec(name) is not None:
+            module = __import__(name)
+            out[name] = getattr(module, "__version__", "?")
+    return out
+
+
+def _calls_table(entry: dict[str, Any]) -> list[str]:
+    calls = entry["calls"]
+    native = {
+        c["system"]: c["ms_median"]
+        for c in calls
+        if c["model"] == "equivariant" and c["row"] == "E+F"
+    }
+    lines = [
+        "| model | system | atoms | row | ms (median) | IQR ms | x E+F | x E+F paired |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in calls:
+        ratio = fmt(c["ratio"])
+        if c["model"] == "mace" and c["system"] in native:
+            ratio += f" (x native equivariant E+F: {c['ms_median'] / native[c['system']]:.2f})"
+        lines.append(
+            f"| {c['model']} | {c['system']} | {c['n_atoms']} | {c['row']} | {c['ms_median']:.2f} | "
+            f"{c['ms_q25']:.2f}-{c['ms_q75']:.2f} | {ratio} | {fmt(c['ratio_paired'])} |"
+        )
+    return lines
+
+
+def render(results: dict[str, Any]) -> str:
+    parts = results["parts"]
+    lines = ["# Speed: the ASE calculator, the trainers, peak memory", ""]
+    for name, entry in parts.items():
+        m = entry["meta"]
+        lines += [
+            f"## Calculator: per-call time (part `{name}`)",
+            "",
+            *_calls_table(entry),
+            "",
+            f"{m['threads']} torch thread(s); {m['repeats']} timed rounds after {m['warmup']} warm-up calls per row; "
+            "in each round every row is called once (order rotated between rounds), so load drifts hit all rows "
+            f"alike; weights: {m['weights']}"
+            + ("; QUICK mode (tiny models and systems)" if m["quick"] else "")
+            + ".",
+            "",
+            "Systems: "
+            + "; ".join(f"{k}: {v['formula']} ({v['source']})" for k, v in m["systems"].items())
+            + ".",
+            "",
+        ]
+        done = {
+            "mace": "mace" in parts,
+            "memory": bool(entry.get("memory")),
+        }  # a later invocation filled it in
+        skipped = {k: v for k, v in m.get("skipped", {}).items() if not done.get(k)}
+        if skipped:
+            lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), ""]
+    train = [(n, t) for n, e in parts.items() for t in e.get("training", [])]
+    lines += ["## Training throughput", ""]
+    if train:
+        lines += [
+            (
+                "Training-core epochs (`Trainer.train_epoch`: step, loss with forces, backward, Adam, EMA; no "
+                "validation) after one warm-up epoch, untrained models of the configs' sizes."
+            ),
+            "",
+            "| part | trainer | model | data | batch | throughput |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {n} | {t['trainer']} | {t['model']} | {t['data']} | {t['batch_size']} | "
+            f"{t['per_s']:.1f} {t['unit']} |"
+            for n, t in train
+        ]
+    else:
+        lines.append("(not measured)")
+    mem = [(n, r) for n, e in parts.items() for r in e.get("memory", [])]
+    lines += ["", "## Peak memory", ""]
+    if mem:
+        lines += [
+            (
+                "`resource.getrusage(RUSAGE_SELF).ru_maxrss` of a fresh subprocess per section (a selection: a probe costs a process start): after its set-up "
+                "(imports, model, structure or data) and after 3 calls of the section (training: one epoch); the "
+                "increase is what the section added to the process's high-water mark."
+            ),
+            "",
+            "| part | section | peak RSS MiB | after set-up MiB | increase MiB |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {n} | {r['section']} | {r['peak_mib']:.0f} | {r['setup_mib']:.0f} | {r['increase_mib']:.0f} |"
+            for n, r in mem
+        ]
+    else:
+        lines.append("(not measured)")
+    lines += [
+        "",
+        (
+            "Rows: energy = energy only (one forward pass); E+F = energy and forces (one backward pass); "
+            "+energy_var = the closed-form energy variance (same passes); +exact / +lowrank / +sampled4 = force "
+            "variances of those modes (d + 1, rank + 1 and 4 + 1 vector-Jacobian products); +stress = E, F and "
+            "stress; committee5 = 5 members, E+F with the members' force variance; mace = mace-torch's "
+            "MACECalculator (which always computes the stress too). x E+F = median / median of E+F of the same "
+            "model and system; paired = median over rounds of the per-round ratio."
+        ),
+        "",
+        "## Run",
+        "",
+    ]
+    for name, entry in parts.items():
+        m = entry["meta"]
+        runs = m.get("invocations") or [{**m, "stages": ["calls"]}]
+        commands = list(dict.fromkeys(inv["command"] for inv in runs))
+        shown = f"`{commands[0]}`" + (
+            f" (+{len(commands) - 1} resumed command(s) for later stages)"
+            if len(commands) > 1
+            else ""
+        )
+        lines += [
+            f"- Part `{name}` (status: {m.get('status', 'complete')}): {shown}, with `{m['python']}`",
+            f"  - Date: calculator timing {m['started']} - {m['finished']}",
+            f"  - Machine: {m.get('cpu', 'n/a')}; load average (1, 5, 15 min) "
+            f"{m['load_avg_start']} at the start of the timing, {m['load_avg_end']} at its end",
+            "  - Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
+        ]
+    lines += [
+        "- Full provenance (every invocation with its stages, dates and load): `speed.json`",
+        "",
+    ]
+    return "\n".join(lines)

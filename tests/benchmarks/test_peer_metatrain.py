@@ -1,0 +1,73 @@
+"""benchmarks/peers/metatrain.py: the mtt log parsing, the options it writes, and (slow tier) the
+whole peer on a tiny 3BPA split: PET trained by ``mtt train``, metatrain's LLPR, metatomic's
+ASE calculator, the suite's scoring, and the resume."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks.common.records import read_jsonl
+from benchmarks.force_uncertainty import ROW_KEYS
+from benchmarks.peers import metatrain
+
+REPO = Path(__file__).resolve().parents[2]
+LOG = """\
+[2026-12-06 00:53:13][INFO] - Base learning rate: 0.0001
+[2026-12-06 00:53:13][INFO] - Starting training
+[2026-12-06 00:53:15][INFO] - Epoch:    0 | learning rate: 7.500e-05 | training loss: 4.990e+04
+[2026-12-06 00:53:17][INFO] - Epoch:    1 | learning rate: 2.500e-05 | training loss: 4.990e+04
+/x/omegaconf.py:127: UserWarning: register_new_resolver() is deprecated
+[2026-12-06 00:53:21][INFO] - Epoch:    2 | learning rate: 0.000e+00 | training loss: 4.990e+04
+[2026-12-06 00:53:21][INFO] - Training finished!
+"""
+
+
+def test_training_seconds_from_the_log():
+    seconds, epochs = metatrain.training_seconds(LOG)
+    assert (seconds, epochs) == (8.0, 3)
+
+
+def test_errors_drop_warnings_only():
+    text = "a.py:1: UserWarning: x\n\nValueError: batch size (16) too large\n"
+    assert metatrain._errors(text) == "ValueError: batch size (16) too large"
+
+
+def test_options_train_pet_then_wrap_it():
+    pet = metatrain.pet_options(seed=3, epochs=7)
+    assert pet["architecture"]["name"] == "pet"
+    assert pet["architecture"]["model"] == metatrain.PET_MODEL
+    assert pet["architecture"]["training"]["num_epochs"] == 7
+    assert pet["seed"] == 3 and pet["validation_set"]["systems"]["read_from"] == "valid.xyz"
+    llpr = metatrain.llpr_options(seed=3, members=5)
+    assert llpr["architecture"]["name"] == "llpr"
+    assert llpr["architecture"]["training"]["model_checkpoint"] == "model.ckpt"
+    assert llpr["architecture"]["model"]["num_ensemble_members"] == {"energy": 5}
+    json.dumps([pet, llpr])  # written as JSON (= YAML)
+
+
+@pytest.mark.slow
+def test_quick_peer_end_to_end(tmp_path):
+    data = Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
+    if not (data / "structures" / "3BPA" / "train_300K.xyz").is_file():
+        pytest.skip(f"no 3BPA data under {data}")
+    results = metatrain.main(["--quick", "--out", str(tmp_path)])
+    assert results["meta"]["status"] == "complete"
+    (run,) = results["runs"]
+    assert run["status"] == "complete", run.get("error")
+    assert 0.8 < run["pet_parameters"] / run["our_parameters"] < 1.25  # the same budget
+    assert run["frames"] == {"train": 20, "valid": 20, "test": 20, "ood": 20}
+    for row in metatrain.ROWS:
+        assert set(run["rows"][row]) == set(ROW_KEYS)
+        assert -1.0 <= run["rows"][row]["spearman_frame_in_domain"] <= 1.0
+        assert 0.0 <= run["rows"][row]["auroc_ood"] <= 1.0
+    assert run["rows"]["metatrain_pet_llpr"]["std_over_rmse"] > 0.0  # ensemble forces spread
+    assert run["rows"]["metatrain_pet_llpr"]["cost_ratio"] > 1.0  # one backward per member
+    assert run["accuracy"]["in"]["force_mae_meV_A"] > 0.0
+    (record,) = read_jsonl(tmp_path / "metatrain.jsonl")
+    values = record["frames_values"]["metatrain_pet_llpr"]
+    assert len(values["in"]["score"]) == len(values["ood"]["score"]) == 20
+    assert "metatrain_pet_llpr" in (tmp_path / "metatrain.md").read_text()
+    metatrain.main(["--quick", "--out", str(tmp_path)])  # resumed: nothing to do
+    assert len(read_jsonl(tmp_path / "metatrain.jsonl")) == 1
