@@ -40,7 +40,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -164,7 +164,7 @@ class Thresholds:
                     f"metadata['{LEVELS_KEY}']['{name}'] in the checkpoint, which it lacks "
                     f"(found: {sorted(levels or {})}); give an absolute threshold instead"
                 )
-            out[name] = None if factor is None else factor * float(levels[name])
+            out[name] = None if factor is None or not levels else factor * float(levels[name])
         return Thresholds(**out, relative=False)
 
     def exceeded(self, values: Mapping[str, float]) -> bool:
@@ -178,8 +178,9 @@ class Thresholds:
         return any(limit is not None and float(values[name]) > limit for name, limit in limits)
 
 
-def _load_model(model: Any, device: torch.device) -> tuple[torch.nn.Module, dict]:
-    """(model, metadata) from a model instance, a checkpoint path or a checkpoint payload."""
+def _load_model(model: Any, device: torch.device) -> tuple[Any, dict]:
+    """(model, metadata) from a model instance (a BayesianPotential or a Committee), a
+    checkpoint path or a checkpoint payload."""
     if isinstance(model, torch.nn.Module):
         return model, dict(getattr(model, "metadata", None) or {})
     if isinstance(model, (str, os.PathLike)):
@@ -188,7 +189,7 @@ def _load_model(model: Any, device: torch.device) -> tuple[torch.nn.Module, dict
         raise TypeError(
             f"expected a BayesianPotential, a checkpoint path or payload, got {type(model).__name__}"
         )
-    return BayesianPotential.from_checkpoint(model), dict(model.get("metadata") or {})
+    return BayesianPotential.from_checkpoint(dict(model)), dict(model.get("metadata") or {})
 
 
 def _domain_guard(domain: Any, metadata: Mapping[str, Any]) -> DomainGuard | None:
@@ -264,10 +265,9 @@ class UncertaintyCalculator(Calculator):
             raise ValueError(f"this model version does not support uncertainty={uncertainty!r}")
         if uncertainty == "sampled" and n_samples < 2:
             raise ValueError(f"the sampled mode needs n_samples >= 2, got {n_samples}")
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
+        resolved = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         first = next(self.model.parameters())
-        self.dtype = dtype or first.dtype
+        self.dtype: torch.dtype = resolved or first.dtype
         if (first.dtype, first.device) != (self.dtype, self.device):
             self.model = copy.deepcopy(self.model)  # never convert the caller's model in place
         self.model = self.model.to(device=self.device, dtype=self.dtype).eval()
@@ -312,7 +312,10 @@ class UncertaintyCalculator(Calculator):
         Raises CoincidentAtomsError (before the model runs) and NonFiniteResultError.
         """
         Calculator.calculate(self, atoms, properties, system_changes)
-        periodic = bool(self.atoms.pbc.all())
+        structure = self.atoms
+        if structure is None:
+            raise ValueError("UncertaintyCalculator.calculate: no structure given")
+        periodic = bool(structure.pbc.all())
         if properties is None:  # everything this structure allows
             properties = [
                 p for p in self.implemented_properties if p not in _NEEDS_STRESS or periodic
@@ -333,7 +336,7 @@ class UncertaintyCalculator(Calculator):
         want_stress = periodic
         want_forces = True
         mode = self.uncertainty
-        batch = self._graph_batch(self.atoms)
+        batch = self._graph_batch(structure)
         domain = self._check_domain(batch)  # raises on coincident atoms before the model runs
         out = self._run(batch, mode, forces=want_forces, stress=want_stress)
         res = self._convert(out, forces=want_forces, stress=want_stress, force_unc=force_unc)
@@ -400,7 +403,7 @@ class UncertaintyCalculator(Calculator):
         def scalar(key: str) -> float:
             return float(arr(key).reshape(-1)[0])
 
-        n_atoms = len(self.atoms)
+        n_atoms = len(cast(Atoms, self.atoms))  # set by calculate
         res: dict[str, Any] = {}
         res["energy"] = res["free_energy"] = scalar(keys.ENERGY)
         if keys.ATOMIC_ENERGIES in out:
@@ -457,9 +460,10 @@ class UncertaintyCalculator(Calculator):
             if not isinstance(v, (str, bool)) and not np.all(np.isfinite(v))
         ]
         if bad:
+            atoms = cast(Atoms, self.atoms)  # set by calculate
             raise NonFiniteResultError(
-                f"the model gave non-finite {', '.join(bad)} for a structure of {len(self.atoms)} atoms "
-                f"({self.atoms.get_chemical_formula()}); nothing was stored. Check the geometry "
+                f"the model gave non-finite {', '.join(bad)} for a structure of {len(atoms)} atoms "
+                f"({atoms.get_chemical_formula()}); nothing was stored. Check the geometry "
                 "(exploded MD, overlapping atoms) and the checkpoint"
             )
 

@@ -1,7 +1,12 @@
-"""Resumable results files: JSONL records appended one per finished run, and a per-folder lock."""
+"""Resumable results files: JSONL records appended one per finished run, and a per-folder lock.
+
+A path ending in ``.gz`` is read and appended gzip-compressed (one gzip member per record), for
+records of per-frame values that would be large as text.
+"""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
@@ -18,7 +23,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    text = (
+        gzip.decompress(path.read_bytes()).decode("utf-8")
+        if path.suffix == ".gz"
+        else path.read_text(encoding="utf-8")
+    )
+    for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
                 out.append(json.loads(line))
@@ -29,8 +39,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one record as one line and fsync it, so a finished run survives a kill."""
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, allow_nan=True) + "\n")
+    line = json.dumps(record, allow_nan=True) + "\n"
+    with path.open("ab") as handle:
+        handle.write(
+            gzip.compress(line.encode("utf-8")) if path.suffix == ".gz" else line.encode("utf-8")
+        )
         handle.flush()
         os.fsync(handle.fileno())
 

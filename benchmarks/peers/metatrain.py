@@ -24,7 +24,7 @@ neither mlip_unc nor the suite. Rows: ``metatrain_pet_llpr`` (frame score = max 
 the ensemble force std), ``metatrain_pet_llpr_energy`` (LLPR energy std) and
 ``metatrain_pet_force_magnitude`` (PET's max |F_pred|); beside them our default and committee5
 of the same seed on the same frames, read from our committed results (:data:`REFERENCES`).
-Finished runs are appended to ``OUT/metatrain.jsonl`` and skipped when the command runs again;
+Finished runs are appended to ``OUT/metatrain.jsonl.gz`` (gzip: per-frame values) and skipped when the command runs again;
 a run that fails records the command and the error. Pages: ``OUT/metatrain.{md,json}``.
 
     python -m benchmarks.peers.metatrain --datasets 3bpa,ethanol --seeds 0,1 --budget-minutes 8 --threads 1
@@ -724,6 +724,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                 f"{r['train_minutes']:.2f} | {r['llpr_minutes']:.2f} | "
                 f"{f['train']}/{f['valid']}/{f['test']}/{f['ood']} |"
             )
+        lines.append("")
         for r in done:
             for ours, gaps in r.get("ours_minus_peer", {}).items():
                 lines.append(
@@ -769,7 +770,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
-    """Every requested (dataset, seed) not yet in ``OUT/metatrain.jsonl``, then the pages."""
+    """Every requested (dataset, seed) not yet in ``OUT/metatrain.jsonl.gz``, then the pages."""
     from benchmarks.common.format import clean
     from benchmarks.common.records import append_jsonl, read_jsonl
 
@@ -778,7 +779,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         if args.argv is None
         else ["python", "-m", "benchmarks.peers.metatrain", *args.argv]
     )
-    jsonl = args.out / "metatrain.jsonl"
+    jsonl = args.out / "metatrain.jsonl.gz"
     bin_dir = ensure_venv(args.venv)
     for name in args.datasets:
         for seed in args.seeds:

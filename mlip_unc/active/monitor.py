@@ -41,7 +41,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 from ase import Atoms, units
@@ -298,6 +298,8 @@ class UncertaintyMonitor:
         self.stop_requested = True
 
     def _write_flagged(self, row: dict[str, Any], unc: dict[str, Any]) -> None:
+        if self.flagged_path is None:  # called only with a flagged file
+            return
         calc = self.atoms.calc
         frame = self.atoms.copy()  # copy() drops the calculator: no model values pass as labels
         keys = (
@@ -389,6 +391,7 @@ def run_md(
     thermalize_momenta(atoms, temperature_K=settings.temperature, rng=rng)
     Stationary(atoms)
     dt = settings.timestep * units.fs
+    dyn: VelocityVerlet | Langevin
     if settings.ensemble == "nve":
         dyn = VelocityVerlet(atoms, dt)
     else:
@@ -437,7 +440,11 @@ def run_md(
         failed = atoms.copy()  # no calculator: nothing passes as a label
         failed.info.update(step=int(monitor.rows[-1]["step"]), error=failure)
         write(out_dir / "failed.xyz", failed, format="extxyz")
-    flagged = read(paths["flagged_path"], ":", format="extxyz") if monitor.n_flags else []
+    flagged = (
+        cast(list[Atoms], read(paths["flagged_path"], ":", format="extxyz"))  # ":": a list
+        if monitor.n_flags
+        else []
+    )
     result = MDResult(
         out_dir=out_dir,
         log=md_log,

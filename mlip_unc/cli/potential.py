@@ -18,6 +18,7 @@ import math
 import sys
 from enum import Enum
 from pathlib import Path
+from typing import cast
 
 import typer
 
@@ -195,8 +196,9 @@ def evaluate(
 
     from mlip_unc.data import TypeMap
     from mlip_unc.data.open import select_frames
-    from mlip_unc.models.committee import load_potential
+    from mlip_unc.models.committee import Committee, load_potential
     from mlip_unc.models.full_posterior import default_uncertainty_mode
+    from mlip_unc.models.potential import BayesianPotential
     from mlip_unc.train.evaluate import (
         evaluate_potential,
         write_frame_csv,
@@ -207,7 +209,11 @@ def evaluate(
     set_threads(threads)
     try:
         potential = load_potential(model)
-        first = potential.members[0] if hasattr(potential, "members") else potential
+        first = (
+            cast(BayesianPotential, potential.members[0])
+            if isinstance(potential, Committee)
+            else potential
+        )
         label_keys = {"energy": energy_key, "forces": forces_key, "stress": stress_key}
         # a structure file, or an on-disk set whose graphs are read lazily (mlip-unc convert)
         frames = select_frames(data, r_max=first.r_max, index=index, label_keys=label_keys)

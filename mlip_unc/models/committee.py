@@ -110,7 +110,9 @@ class Committee(nn.Module):
         return result
 
 
-def load_potential(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> nn.Module:
+def load_potential(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+) -> BayesianPotential | Committee:
     """A potential from checkpoint path(s); several paths (or an ensemble folder) -> Committee.
 
     A folder is read as its ``model.pt``, or, for an ensemble run, its ``member_*/model.pt``.

@@ -50,6 +50,7 @@ def build_model(
     """The model for ``config.model.method`` (parameters drawn from torch's global RNG)."""
     m, dtype = config.model, config.train.dtype.torch
     common = {"n_targets": n_targets, "y_mean": y_mean, "y_std": y_std, "dtype": dtype}
+    head: BayesianLinear | BayesianMLP
     if m.method in (Method.BGNN, Method.AGL):
         head = BayesianLinear(
             m.latent_dim,

@@ -68,7 +68,9 @@ def _uvu_tensor_product(
 
 def _scalar_slice(irreps: o3.Irreps) -> tuple[int, int]:
     """``(start, stop)`` of the ``0e`` block of ``irreps`` (one block: ``_natural_irreps``)."""
-    blocks = [sl for (_, ir), sl in zip(irreps, irreps.slices(), strict=False) if ir == o3.Irrep("0e")]
+    blocks = [
+        sl for (_, ir), sl in zip(irreps, irreps.slices(), strict=False) if ir == o3.Irrep("0e")
+    ]
     if len(blocks) != 1:
         raise ValueError(f"expected exactly one 0e block in {irreps}")
     return blocks[0].start, blocks[0].stop

@@ -205,7 +205,8 @@ def property_trainer(
 ) -> Trainer:
     """The training core set up for a property model (``.fit(resume=, stop_after=, callbacks=)``)."""
     task = PropertyTask(model, config, train, val)
-    return Trainer(task, config.train, seed=config.train.seed, out=out_dir)
+    out = None if out_dir is None else Path(out_dir)
+    return Trainer(task, config.train, seed=config.train.seed, out=out)
 
 
 def prediction_metrics(pred: dict[str, Any], y_true: Any, names: Sequence[str]) -> dict[str, Any]:

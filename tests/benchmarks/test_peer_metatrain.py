@@ -65,9 +65,9 @@ def test_quick_peer_end_to_end(tmp_path):
     assert run["rows"]["metatrain_pet_llpr"]["std_over_rmse"] > 0.0  # ensemble forces spread
     assert run["rows"]["metatrain_pet_llpr"]["cost_ratio"] > 1.0  # one backward per member
     assert run["accuracy"]["in"]["force_mae_meV_A"] > 0.0
-    (record,) = read_jsonl(tmp_path / "metatrain.jsonl")
+    (record,) = read_jsonl(tmp_path / "metatrain.jsonl.gz")
     values = record["frames_values"]["metatrain_pet_llpr"]
     assert len(values["in"]["score"]) == len(values["ood"]["score"]) == 20
     assert "metatrain_pet_llpr" in (tmp_path / "metatrain.md").read_text()
     metatrain.main(["--quick", "--out", str(tmp_path)])  # resumed: nothing to do
-    assert len(read_jsonl(tmp_path / "metatrain.jsonl")) == 1
+    assert len(read_jsonl(tmp_path / "metatrain.jsonl.gz")) == 1

@@ -65,7 +65,10 @@ def _our_pairs(atoms: ase.Atoms, r_max: float) -> dict[tuple, float]:
     edge_index, shift = neighbour_list(atoms.positions, atoms.cell.array, atoms.pbc, r_max)
     j, i = edge_index
     vec = atoms.positions[j] - atoms.positions[i] + shift @ atoms.cell.array
-    return {(a, b, *s): d for a, b, s, d in zip(i, j, shift.tolist(), np.linalg.norm(vec, axis=1), strict=False)}
+    return {
+        (a, b, *s): d
+        for a, b, s, d in zip(i, j, shift.tolist(), np.linalg.norm(vec, axis=1), strict=False)
+    }
 
 
 def _ase_pairs(atoms: ase.Atoms, r_max: float) -> dict[tuple, float]:

@@ -8,10 +8,12 @@ named on a results page, while every model a results page names must exist. A mi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,19 @@ from mlip_unc.data import TypeMap, atoms_to_graph
 from mlip_unc.models.checkpoint import load_checkpoint
 from mlip_unc.models.committee import Committee, load_potential
 from mlip_unc.models.potential import BayesianPotential
-from tests.data.make_fixtures import probe_cell
+
+
+def _fixture_script() -> ModuleType:
+    """tests/data/make_fixtures.py by its path (a site-packages ``tests`` package may shadow ours)."""
+    path = Path(__file__).resolve().parents[1] / "data" / "make_fixtures.py"
+    spec = importlib.util.spec_from_file_location("make_fixtures", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+probe_cell = _fixture_script().probe_cell
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "data" / "fixtures"

@@ -128,7 +128,11 @@ def test_config_rebuilds_the_backbone(variant):
     torch.testing.assert_close(other(batch), backbone(batch), rtol=0, atol=0)
     before = [p.detach().clone() for p in other.parameters()]
     other.reset_parameters()
-    assert all(not torch.equal(a, b) for a, b in zip(before, other.parameters(), strict=False) if a.numel() > 1)
+    assert all(
+        not torch.equal(a, b)
+        for a, b in zip(before, other.parameters(), strict=False)
+        if a.numel() > 1
+    )
 
 
 def test_equivariant_hidden_features_rotate_with_their_irreps():
