@@ -61,7 +61,7 @@ from mlip_unc.config import PropertyConfig
 from mlip_unc.config import PropertyModelConfig as ModelConfig
 from mlip_unc.config import PropertyTrainConfig as TrainConfig
 from mlip_unc.data import load_dataset, load_split, training_subset
-from mlip_unc.data.molecules import smiles_to_graph
+from mlip_unc.data.molecules import TOY_SMILES, smiles_to_graph
 from mlip_unc.data.splits import Split, random_split
 from mlip_unc.models.checkpoint import save_checkpoint
 from mlip_unc.train.io import write_json
@@ -75,48 +75,7 @@ CPU_S_PER_EPOCH = {"esol": 0.30, "lipo": 1.7, "freesolv": 0.15, "synthetic": 0.0
 """CPU seconds per epoch on the full training set, measured here (one thread, width 64, 3 layers)."""
 Task = dict[str, Any]
 QUICK_DATASET = "synthetic"
-QUICK_SMILES = [
-    "C",
-    "CC",
-    "CCC",
-    "CCCC",
-    "CCCCC",
-    "CCCCCC",
-    "CO",
-    "CCO",
-    "CCCO",
-    "CCCCO",
-    "CC(C)O",
-    "CC(=O)O",
-    "CC(=O)C",
-    "CCOC",
-    "c1ccccc1",
-    "Cc1ccccc1",
-    "CCc1ccccc1",
-    "Oc1ccccc1",
-    "c1ccncc1",
-    "C1CCCCC1",
-    "C1CCCC1",
-    "CN",
-    "CCN",
-    "CCCN",
-    "CC#N",
-    "C=C",
-    "C=CC",
-    "CC=CC",
-    "ClC",
-    "CCCl",
-    "FC(F)F",
-    "CS",
-    "CCS",
-    "O=C=O",
-    "CC(C)C",
-    "CC(C)(C)C",
-    "OCCO",
-    "NCCN",
-    "c1ccoc1",
-    "c1ccsc1",
-]
+QUICK_SMILES = list(TOY_SMILES)
 QUICK_DEFAULTS = {
     "fractions": [50.0, 100.0],
     "seeds": [0],

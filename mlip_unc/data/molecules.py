@@ -35,6 +35,7 @@ from mlip_unc import keys
 from mlip_unc.data.errors import DataError
 
 __all__ = [
+    "TOY_SMILES",
     "MOLECULENET_NAMES",
     "DATASET_NAMES",
     "default_data_root",
@@ -46,6 +47,50 @@ __all__ = [
     "bemis_murcko_scaffold",
 ]
 
+#: Forty small organic molecules (alkanes, alcohols, amines, acids, aromatics, heterocycles), no
+#: labels: the molecules of quick runs (``--quick``) and of the tests, which attach toy targets.
+TOY_SMILES: tuple[str, ...] = (
+    "C",
+    "CC",
+    "CCC",
+    "CCCC",
+    "CCCCC",
+    "CCCCCC",
+    "CO",
+    "CCO",
+    "CCCO",
+    "CCCCO",
+    "CC(C)O",
+    "CC(=O)O",
+    "CC(=O)C",
+    "CCOC",
+    "c1ccccc1",
+    "Cc1ccccc1",
+    "CCc1ccccc1",
+    "Oc1ccccc1",
+    "c1ccncc1",
+    "C1CCCCC1",
+    "C1CCCC1",
+    "CN",
+    "CCN",
+    "CCCN",
+    "CC#N",
+    "C=C",
+    "C=CC",
+    "CC=CC",
+    "ClC",
+    "CCCl",
+    "FC(F)F",
+    "CS",
+    "CCS",
+    "O=C=O",
+    "CC(C)C",
+    "CC(C)(C)C",
+    "OCCO",
+    "NCCN",
+    "c1ccoc1",
+    "c1ccsc1",
+)
 MOLECULENET_NAMES: tuple[str, ...] = ("esol", "freesolv", "lipo", "bace")
 _EXTRA: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # name: (path under <data root>, smiles column, target columns)

@@ -7,6 +7,7 @@ from torch_geometric.utils import from_smiles
 
 from mlip_unc import keys
 from mlip_unc.config import Method, PropertyConfig
+from mlip_unc.data.molecules import TOY_SMILES
 from mlip_unc.models.baselines import LaplaceHead
 from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
 from mlip_unc.models.factory import PropertyPredictor, build_model
@@ -14,48 +15,7 @@ from mlip_unc.models.property import predict_graphs
 from mlip_unc.nn.gin import MolecularGIN
 from mlip_unc.train.property import model_payload, property_trainer, target_statistics
 
-SMILES = [
-    "C",
-    "CC",
-    "CCC",
-    "CCCC",
-    "CCCCC",
-    "CCCCCC",
-    "CO",
-    "CCO",
-    "CCCO",
-    "CCCCO",
-    "CC(C)O",
-    "CC(=O)O",
-    "CC(=O)C",
-    "CCOC",
-    "c1ccccc1",
-    "Cc1ccccc1",
-    "CCc1ccccc1",
-    "Oc1ccccc1",
-    "c1ccncc1",
-    "C1CCCCC1",
-    "C1CCCC1",
-    "CN",
-    "CCN",
-    "CCCN",
-    "CC#N",
-    "C=C",
-    "C=CC",
-    "CC=CC",
-    "ClC",
-    "CCCl",
-    "FC(F)F",
-    "CS",
-    "CCS",
-    "O=C=O",
-    "CC(C)C",
-    "CC(C)(C)C",
-    "OCCO",
-    "NCCN",
-    "c1ccoc1",
-    "c1ccsc1",
-]
+SMILES = list(TOY_SMILES)
 
 
 def tiny_graphs(n=40, seed=0):

@@ -11,53 +11,13 @@ from typer.testing import CliRunner
 
 from mlip_unc.cli import app
 from mlip_unc.config import PropertyConfig
+from mlip_unc.data.molecules import TOY_SMILES
 from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
 from mlip_unc.models.factory import PropertyPredictor
 from mlip_unc.uncertainty.calibration import nll
 from mlip_unc.uncertainty.recalibration import ZScaling
 
-SMILES = [
-    "C",
-    "CC",
-    "CCC",
-    "CCCC",
-    "CCCCC",
-    "CCCCCC",
-    "CO",
-    "CCO",
-    "CCCO",
-    "CCCCO",
-    "CC(C)O",
-    "CC(=O)O",
-    "CC(=O)C",
-    "CCOC",
-    "c1ccccc1",
-    "Cc1ccccc1",
-    "CCc1ccccc1",
-    "Oc1ccccc1",
-    "c1ccncc1",
-    "C1CCCCC1",
-    "C1CCCC1",
-    "CN",
-    "CCN",
-    "CCCN",
-    "CC#N",
-    "C=C",
-    "C=CC",
-    "CC=CC",
-    "ClC",
-    "CCCl",
-    "FC(F)F",
-    "CS",
-    "CCS",
-    "O=C=O",
-    "CC(C)C",
-    "CC(C)(C)C",
-    "OCCO",
-    "NCCN",
-    "c1ccoc1",
-    "c1ccsc1",
-]
+SMILES = list(TOY_SMILES)
 SMALL = [
     "--set",
     "model.hidden=16",

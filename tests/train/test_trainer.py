@@ -9,6 +9,7 @@ from torch_geometric.utils import from_smiles
 from mlip_unc.config import PropertyConfig
 from mlip_unc.config import PropertyTrainConfig as TrainConfig
 from mlip_unc.config import load_property_config as load_config
+from mlip_unc.data.molecules import TOY_SMILES
 from mlip_unc.models.checkpoint import CheckpointError, save_checkpoint
 from mlip_unc.models.factory import build_model
 from mlip_unc.train.losses import gaussian_nll, kl_weight, negative_elbo
@@ -19,48 +20,7 @@ from mlip_unc.train.property import (
     train_property_model,
 )
 
-SMILES = [
-    "C",
-    "CC",
-    "CCC",
-    "CCCC",
-    "CCCCC",
-    "CCCCCC",
-    "CO",
-    "CCO",
-    "CCCO",
-    "CCCCO",
-    "CC(C)O",
-    "CC(=O)O",
-    "CC(=O)C",
-    "CCOC",
-    "c1ccccc1",
-    "Cc1ccccc1",
-    "CCc1ccccc1",
-    "Oc1ccccc1",
-    "c1ccncc1",
-    "C1CCCCC1",
-    "C1CCCC1",
-    "CN",
-    "CCN",
-    "CCCN",
-    "CC#N",
-    "C=C",
-    "C=CC",
-    "CC=CC",
-    "ClC",
-    "CCCl",
-    "FC(F)F",
-    "CS",
-    "CCS",
-    "O=C=O",
-    "CC(C)C",
-    "CC(C)(C)C",
-    "OCCO",
-    "NCCN",
-    "c1ccoc1",
-    "c1ccsc1",
-]
+SMILES = list(TOY_SMILES)
 
 
 @pytest.fixture(scope="module")
