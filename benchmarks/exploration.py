@@ -356,6 +356,9 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Uncertainty-driven exploration: EMT Cu active learning, with and without the bias",
         "",
+        "A toy: the active-learning job on a real oracle (3BPA with GFN2-xTB; random, |F|, our "
+        "σ, biased MD and a committee) is measured in [active_learning.md](active_learning.md).",
+        "",
         (
             "| bias | round | oracle calls | force MAE, meV/Å (mean ± std over seeds) | mean σ_E visited, meV "
             "| max label force, eV/Å |"

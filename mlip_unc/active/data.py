@@ -26,10 +26,24 @@ __all__ = ["build_structure", "oracle_md", "initial_data", "split_labelled", "wr
 
 
 def build_structure(spec: Any) -> list[Atoms]:
-    """Starting structures from a file path or ``{bulk: El, ..., repeat: [a, b, c]}``
-    (the other keys go to ``ase.build.bulk``); ``{surface: ...}`` is not built in: use a file."""
+    """Starting structures from a file path, ``{file: path, index: k}`` (frame ``k`` of the
+    file only) or ``{bulk: El, ..., repeat: [a, b, c]}`` (the other keys go to
+    ``ase.build.bulk``); ``{surface: ...}`` is not built in: use a file."""
     if isinstance(spec, Atoms):
         return [spec.copy()]
+    if isinstance(spec, Mapping) and "file" in spec:
+        unknown = sorted(set(spec) - {"file", "index"})
+        if unknown:
+            raise ValueError(f"structures: unknown keys {unknown} beside 'file' (use 'index')")
+        frames = build_structure(str(spec["file"]))
+        if "index" not in spec:
+            return frames
+        k = int(spec["index"])
+        if not -len(frames) <= k < len(frames):
+            raise ValueError(
+                f"structures: index {k} is out of range: {spec['file']} has {len(frames)} frames"
+            )
+        return [frames[k]]
     if isinstance(spec, (str, Path)):
         from mlip_unc.data.readers import read_structures
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +28,14 @@ from ase import Atoms
 from tqdm.auto import tqdm
 
 from mlip_unc.active.biased_md import biased_calculator
+from mlip_unc.active.candidates import audit_flags, candidate_scores, visited_frames
 from mlip_unc.active.data import build_structure, initial_data, split_labelled, write_frames
 from mlip_unc.active.evaluation import evaluate_structures
 from mlip_unc.active.monitor import run_md
 from mlip_unc.active.oracles import label_structures, make_oracle
 from mlip_unc.active.selection import distance_histograms, select
 from mlip_unc.active.state import CachedLabels, RunState
-from mlip_unc.active.training import train_model
+from mlip_unc.active.training import committee_model, train_members
 from mlip_unc.atomic import remove_stale_temps
 from mlip_unc.config import ActiveLearningConfig, SelectionSettings
 
@@ -42,12 +44,23 @@ __all__ = ["select_flagged", "label_selected", "run_active_learning", "round_sum
 log = logging.getLogger(__name__)
 
 
-def select_flagged(flagged: list[Atoms], selection: SelectionSettings) -> list[Atoms]:
-    """The ``top_k`` flagged frames by ``selection.metric`` (from their info), FPS-diversified."""
+def select_flagged(
+    flagged: list[Atoms],
+    selection: SelectionSettings,
+    *,
+    calc: Any = None,
+    rng: np.random.Generator | None = None,
+) -> list[Atoms]:
+    """The ``top_k`` candidate frames by ``selection.metric``, FPS-diversified when
+    ``selection.diverse``: scores from the frames' info (the monitor's) where present, else
+    computed with ``calc`` (:func:`~mlip_unc.active.candidates.candidate_scores`; ``rng`` for
+    ``random``)."""
     if not flagged:
         return []
-    scores = np.asarray(
-        [a.info.get(selection.metric, np.nan) for a in flagged], dtype=float
+    if calc is None and not all(selection.metric in a.info for a in flagged):
+        raise ValueError(f"selection.metric {selection.metric}: the frames need a calculator")
+    scores = candidate_scores(
+        calc, flagged, selection.metric, rng if rng is not None else np.random.default_rng(0)
     )  # (n,)
     scores = np.nan_to_num(scores, nan=-np.inf)
     features = distance_histograms(flagged) if selection.diverse else None  # (n, n_bins)
@@ -63,19 +76,38 @@ def label_selected(
     progress: bool = False,
 ) -> tuple[list[Atoms], int]:
     """Label ``chosen`` with ``oracle`` (through ``cache`` when given); returns (kept frames,
-    number dropped by ``max_label_force``). ``progress``: a bar of the oracle calls."""
+    number dropped: the oracle failed on them, or their forces exceed ``max_label_force``).
+    ``progress``: a bar of the oracle calls."""
     bar = tqdm(chosen, desc="oracle", unit="structure", disable=not progress, leave=False)
-    labelled = label_structures(bar, oracle, cache=cache)
+    labelled = label_structures(bar, oracle, cache=cache, skip_failed=True)
     if selection.max_label_force is None:
-        return labelled, 0
+        return labelled, len(chosen) - len(labelled)
     kept = [a for a in labelled if np.abs(a.get_forces()).max() <= selection.max_label_force]
-    return kept, len(labelled) - len(kept)
+    return kept, len(chosen) - len(kept)
+
+
+_TEST_KEYS = (
+    "force_rmse",
+    "force_mae",
+    "energy_mae",
+    "energy_mae_per_atom",
+    "mean_max_force_std",
+    "mean_energy_std_per_atom",
+)
 
 
 def _model_row(
-    calc: Any, r: int, model: Path, train: list, valid: list, test: list
+    calc: Any,
+    r: int,
+    model: Path,
+    train: list,
+    valid: list,
+    test: list,
+    test_sets: dict[str, list[Atoms]] | None = None,
 ) -> dict[str, Any]:
-    """Report row of one model: data sizes, levels, thresholds, held-out metrics."""
+    """Report row of one model: data sizes, levels, thresholds, held-out metrics (``test_*``
+    on the test set, ``<name>_*`` on each of ``test_sets``) and ``cpu_eval_s``."""
+    cpu = time.process_time()
     levels = calc.uncertainty_levels or {}
     row: dict[str, Any] = {
         "round": r,
@@ -87,19 +119,11 @@ def _model_row(
         "threshold_max_force_std": calc.thresholds.max_force_std,
         "threshold_energy_std_per_atom": calc.thresholds.energy_std_per_atom,
     }
-    if test:
-        metrics = evaluate_structures(calc, test)
-        row.update(
-            {
-                f"test_{k}": metrics[k]
-                for k in (
-                    "force_rmse",
-                    "energy_mae_per_atom",
-                    "mean_max_force_std",
-                    "mean_energy_std_per_atom",
-                )
-            }
-        )
+    for name, frames in {"test": test, **(test_sets or {})}.items():
+        if frames:
+            metrics = evaluate_structures(calc, frames)
+            row.update({f"{name}_{k}": metrics[k] for k in _TEST_KEYS})
+    row["cpu_eval_s"] = time.process_time() - cpu
     return row
 
 
@@ -112,13 +136,14 @@ def _explore(
     level: float | None,
     progress: bool = False,
 ) -> tuple[list[Atoms], int]:
-    """MD from every starting structure; returns (flagged frames, number of logged frames).
-    With ``config.md.bias`` the MD runs on the biased energy (:mod:`mlip_unc.active.biased_md`)."""
+    """MD from every starting structure at the round's temperature; returns (flagged frames,
+    number of logged frames). With ``config.md.bias`` the MD runs on the biased energy
+    (:mod:`mlip_unc.active.biased_md`); the logged frames are ``rdir/md_k/md.traj``."""
     flagged: list[Atoms] = []
     n_frames = 0
     md_calc = biased_calculator(calc, config.md)
     for k, start in enumerate(starts):
-        settings = config.md.updated(seed=config.md.seed + 1000 * r + k)
+        settings = config.md_settings(r, k)
         md = run_md(
             start,
             md_calc,
@@ -173,8 +198,14 @@ def run_active_learning(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = False,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``config.rounds`` rounds; returns one row per model (row k: the model after k rounds).
+
+    Row k: the model's held-out errors, ``oracle_calls`` (labels spent on its training data,
+    dropped ones included), CPU seconds (``cpu_initial_train_s`` in row 0, ``cpu_md_s``,
+    ``cpu_score_s``, ``cpu_retrain_s``, ``cpu_eval_s``), the round's MD and labels and, with
+    ``config.audit``, the flag audit. ``on_round(row)`` is called when a row is final.
 
     Every finished stage is committed to ``out/state.json`` and every oracle result to
     ``out/labels/`` (:mod:`mlip_unc.active.state`): ``resume=True`` continues a killed run
@@ -187,7 +218,6 @@ def run_active_learning(
         FileExistsError: ``out`` holds a run, and neither ``resume`` nor ``overwrite``.
     """
     from mlip_unc.active.report import write_rounds_report
-    from mlip_unc.calculator import UncertaintyCalculator
     from mlip_unc.data.readers import read_structures
 
     _check_thresholds(config)
@@ -199,23 +229,11 @@ def run_active_learning(
     oracle = make_oracle(config.oracle)
     starts = build_structure(config.structures) if config.structures is not None else []
     train, valid, test = _data(config, oracle, starts, out, state, cache)
+    test_sets = {name: read_structures(path) for name, path in config.test_sets.items()}
     starts = starts or [train[0].copy()]
     rng = np.random.default_rng(config.seed)
-    start_model = state.data["initial_model"] or config.model
-    model = Path(start_model) if start_model else None
-    if model is None:
-        log.info("training the initial model on %d structures", len(train))
-        model = train_model(
-            train,
-            valid,
-            config.training,
-            out / "initial",
-            seed=config.seed,
-            refit_offsets=config.refit_offsets,
-            resume=resume,
-        )
-        state.data["initial_model"] = str(model)
-        state.commit()
+    models = _initial_models(config, train, valid, out, state, resume)
+    spent = len(train) + len(valid)  # oracle labels the current model was trained on (or dropped)
     rows: list[dict[str, Any]] = []
     rounds = tqdm(
         range(config.rounds + 1), desc="active learning", unit="round", disable=not progress
@@ -225,26 +243,42 @@ def run_active_learning(
         if r < len(state.data["rounds"]):  # committed by an earlier invocation
             done = state.data["rounds"][r]
             rows.append(done["row"])
+            if on_round is not None:  # again: a kill between the commit and the callback loses none
+                on_round(done["row"])
             if done["model"] is None:
                 break
-            model = Path(done["model"])
-            train = read_structures(rdir / "retrained" / "train.xyz")
-            valid = _read_optional(rdir / "retrained" / "valid.xyz")
+            models = [Path(m) for m in done.get("models") or [done["model"]]]
+            train = read_structures(models[0].parent / "train.xyz")
+            valid = _read_optional(models[0].parent / "valid.xyz")
+            spent = done["row"].get("oracle_calls", spent) + done["row"].get("n_labelled", 0)
+            spent += done["row"].get("n_dropped", 0)
             rng.bit_generator.state = done["rng"]
             continue
         t0 = time.monotonic()
-        calc = UncertaintyCalculator(
-            model, uncertainty=config.uncertainty, thresholds=config.thresholds, seed=config.seed
-        )
-        row = _model_row(calc, r, model, train, valid, test)
+        calc = _calculator(config, models, valid or train)
+        row = _model_row(calc, r, models[0], train, valid, test, test_sets)
+        row.update(oracle_calls=spent, n_models=len(models))
+        if r == 0:
+            row["cpu_initial_train_s"] = state.data.get("initial_cpu_s")
         rows.append(row)
         if r == config.rounds:  # the final model: evaluated, no more MD
             log.info("final model (after %d rounds): %s", r, round_summary(row))
+            if on_round is not None:
+                on_round(row)
             break
+        cpu = time.process_time()
         flagged, n_frames = _explore(
             config, calc, starts, rdir, r, row["level_max_force_std"], progress
         )
-        chosen = select_flagged(flagged, config.selection)
+        row["cpu_md_s"] = time.process_time() - cpu
+        row["md_temperature"] = config.md_settings(r).temperature
+        cpu = time.process_time()
+        visited = visited_frames([rdir / f"md_{k}" for k in range(len(starts))])
+        candidates = visited if config.selection.candidates == "visited" else flagged
+        chosen = select_flagged(
+            candidates, config.selection, calc=calc, rng=np.random.default_rng([config.seed, r, 1])
+        )
+        row["cpu_score_s"] = time.process_time() - cpu
         labelled, n_dropped = label_selected(
             chosen, oracle, config.selection, cache=cache, progress=progress
         )
@@ -256,6 +290,8 @@ def run_active_learning(
                 "n_dropped": n_dropped,
             }
         )
+        if config.audit and visited:
+            row.update(_audit(config, calc, visited, r, oracle, cache))
         if not labelled:
             row["minutes"] = (time.monotonic() - t0) / 60
             log.info(
@@ -267,26 +303,42 @@ def run_active_learning(
                 {"round": r, "row": row, "model": None, "rng": rng.bit_generator.state}
             )
             state.commit()
+            if on_round is not None:
+                on_round(row)
             break
         write_frames(rdir / "labelled.xyz", labelled)
         new_train, new_valid = split_labelled(labelled, config.selection.valid_fraction, rng)
         train, valid = train + new_train, valid + new_valid
-        model = train_model(
+        spent += len(labelled) + n_dropped
+        cpu = time.process_time()
+        models = train_members(
             train,
             valid,
             config.training,
             rdir / "retrained",
-            init_from=model,
+            members=config.committee,
+            init_from=models,
             epochs=config.retrain_epochs,
             seed=config.seed + r + 1,
             refit_offsets=config.refit_offsets,
             resume=resume,
         )
+        row["cpu_retrain_s"] = time.process_time() - cpu
+        train = read_structures(models[0].parent / "train.xyz")  # as a resumed run reads them
+        valid = _read_optional(models[0].parent / "valid.xyz")
         row["minutes"] = (time.monotonic() - t0) / 60
         state.data["rounds"].append(
-            {"round": r, "row": row, "model": str(model), "rng": rng.bit_generator.state}
+            {
+                "round": r,
+                "row": row,
+                "model": str(models[0]),
+                "models": [str(m) for m in models],
+                "rng": rng.bit_generator.state,
+            }
         )
         state.commit()
+        if on_round is not None:
+            on_round(row)
         log.info(
             "round %d: %s; retrained on %d + %d structures",
             r,
@@ -301,6 +353,67 @@ def run_active_learning(
     return rows
 
 
+def _initial_models(
+    config: ActiveLearningConfig,
+    train: list[Atoms],
+    valid: list[Atoms],
+    out: Path,
+    state: RunState,
+    resume: bool,
+) -> list[Path]:
+    """The model(s) of round 0: ``config.model``, the committed ones, or trained now (the CPU
+    seconds are kept in the state as ``initial_cpu_s``)."""
+    done = state.data.get("initial_models") or state.data["initial_model"]
+    if done:
+        return [Path(m) for m in ([done] if isinstance(done, str) else done)]
+    if config.model:
+        return [Path(config.model)]
+    log.info("training the initial model on %d structures", len(train))
+    cpu = time.process_time()
+    models = train_members(
+        train,
+        valid,
+        config.training,
+        out / "initial",
+        members=config.committee,
+        seed=config.seed,
+        refit_offsets=config.refit_offsets,
+        resume=resume,
+    )
+    state.data["initial_model"] = str(models[0])
+    state.data["initial_models"] = [str(m) for m in models]
+    state.data["initial_cpu_s"] = time.process_time() - cpu
+    state.commit()
+    return models
+
+
+def _calculator(config: ActiveLearningConfig, models: list[Path], valid: list[Atoms]) -> Any:
+    """The round's calculator: the model in ``config.uncertainty`` mode, or the committee of
+    the models (its levels measured on ``valid``)."""
+    from mlip_unc.calculator import UncertaintyCalculator
+
+    model: Any = models[0] if len(models) == 1 else committee_model(models, valid)
+    mode = config.uncertainty if len(models) == 1 else "exact"  # every mode: M backward passes
+    return UncertaintyCalculator(
+        model, uncertainty=mode, thresholds=config.thresholds, seed=config.seed
+    )
+
+
+def _audit(
+    config: ActiveLearningConfig,
+    calc: Any,
+    visited: list[Atoms],
+    r: int,
+    oracle: Any,
+    cache: CachedLabels,
+) -> dict[str, Any]:
+    """``config.audit`` random logged frames labelled (not trained on): the monitor's flags
+    against the true force error (:func:`~mlip_unc.active.candidates.audit_flags`)."""
+    pick = np.random.default_rng([config.seed, r, 2]).permutation(len(visited))[: config.audit]
+    labelled = label_structures([visited[k] for k in pick], oracle, cache=cache, skip_failed=True)
+    return {"audit_calls": len(pick), **audit_flags(calc, labelled)}
+
+
 def round_summary(row: dict[str, Any]) -> str:
     """One line of a round's row: the model's data and held-out error, MD flags, labels, time."""
     parts = [f"model on {row['n_train']} + {row['n_valid']} structures"]
@@ -308,7 +421,9 @@ def round_summary(row: dict[str, Any]) -> str:
         parts.append(f"test force RMSE {row['test_force_rmse']:.4g} eV/A")
     if "n_flagged" in row:
         dropped = (
-            f" ({row['n_dropped']} dropped by max_label_force)" if row.get("n_dropped") else ""
+            f" ({row['n_dropped']} dropped: oracle failed or max_label_force)"
+            if row.get("n_dropped")
+            else ""
         )
         parts.append(
             f"{row['n_flagged']} of {row['n_md_frames']} MD frames flagged, {row['n_labelled']} labelled"

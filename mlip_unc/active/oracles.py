@@ -17,12 +17,14 @@ which is what the training reader takes by default.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 import numpy as np
 from ase import Atoms
 from ase.calculators.calculator import (
+    CalculationFailed,
     Calculator,
     Parameters,
     PropertyNotImplementedError,
@@ -30,6 +32,8 @@ from ase.calculators.calculator import (
 )
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.units import Bohr, Hartree
+
+log = logging.getLogger(__name__)
 
 __all__ = ["OracleError", "PySCFCalculator", "make_oracle", "label_structures", "ORACLE_NAMES"]
 
@@ -183,6 +187,7 @@ def label_structures(
     *,
     stress: bool | None = None,
     cache: Any = None,
+    skip_failed: bool = False,
 ) -> list[Atoms]:
     """Label copies of ``structures`` with ``oracle``: energy, forces and (periodic) stress.
 
@@ -195,6 +200,9 @@ def label_structures(
             implements it.
         cache: a :class:`~mlip_unc.active.state.CachedLabels`: results already on disk are
             reused and new ones stored as soon as the oracle returns.
+        skip_failed: a structure the oracle fails on (e.g. an SCF that does not converge on a
+            torn-apart MD frame: ASE's ``CalculationFailed``) is left out with a warning that
+            names it, instead of stopping the run (:class:`OracleError`).
     """
 
     def one(atoms: Atoms, calc: Calculator, k: int = 0) -> Atoms:
@@ -216,9 +224,23 @@ def label_structures(
             raise OracleError(
                 f"oracle {type(calc).__name__} cannot label structure {k}: {err}"
             ) from err
+        except CalculationFailed as err:
+            raise OracleError(
+                f"oracle {type(calc).__name__} failed on structure {k} "
+                f"({atoms.get_chemical_formula()}): {err}"
+            ) from err
         atoms.calc = SinglePointCalculator(atoms, **results)
         return atoms
 
-    if cache is not None:
-        return cache.label_all(structures, oracle, one)
-    return [one(atoms, oracle, k) for k, atoms in enumerate(structures)]
+    out: list[Atoms] = []
+    for k, atoms in enumerate(structures):
+        try:
+            if cache is not None:
+                out.append(cache.label(atoms, oracle, lambda a, c, k=k: one(a, c, k)))
+            else:
+                out.append(one(atoms, oracle, k))
+        except OracleError as err:
+            if not skip_failed or not isinstance(err.__cause__, CalculationFailed):
+                raise
+            log.warning("%s: left out", err)
+    return out

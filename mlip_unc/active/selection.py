@@ -156,7 +156,7 @@ def score_one(calc: Any, atoms: Atoms, props: Sequence[str]) -> dict[str, float 
         "max_force_std": float(res.get("max_force_std", np.nan)),
         "energy_std_per_atom": float(calc.energy_std_per_atom(res)),
         "energy_std": float(res["energy_std"]),
-        "alignment": float(res["alignment"]),
+        "alignment": float(res.get("alignment", np.nan)),  # a committee has none
         "flag": bool(res.get("flag", False)),
     }
 

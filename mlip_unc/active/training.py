@@ -23,7 +23,13 @@ from ase import Atoms
 
 from mlip_unc.active.data import write_frames
 
-__all__ = ["train_model", "refit_energy_offsets", "ensure_uncertainty_levels"]
+__all__ = [
+    "train_model",
+    "train_members",
+    "committee_model",
+    "refit_energy_offsets",
+    "ensure_uncertainty_levels",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +122,67 @@ def train_model(
         result.model_path, list(valid) or list(train), batch_size=config.train.valid_batch_size
     )
     return result.model_path
+
+
+def train_members(
+    train: Sequence[Atoms],
+    valid: Sequence[Atoms],
+    training: Mapping[str, Any],
+    out_dir: str | Path,
+    *,
+    members: int = 1,
+    init_from: Sequence[str | Path] | None = None,
+    epochs: int | None = None,
+    seed: int = 0,
+    refit_offsets: bool = False,
+    resume: bool = False,
+) -> list[Path]:
+    """:func:`train_model` for each of ``members`` models on the same data: one model in
+    ``out_dir`` (seed ``seed``), or ``out_dir/member_m`` with seed ``seed + 1000 m``, member
+    ``m`` fine-tuned from ``init_from[m]`` when given."""
+    out_dir = Path(out_dir)
+    paths = []
+    for m in range(members):
+        paths.append(
+            train_model(
+                train,
+                valid,
+                training,
+                out_dir if members == 1 else out_dir / f"member_{m}",
+                init_from=None if init_from is None else init_from[m],
+                epochs=epochs,
+                seed=seed + 1000 * m,
+                refit_offsets=refit_offsets,
+                resume=resume,
+            )
+        )
+    return paths
+
+
+def committee_model(paths: Sequence[str | Path], structures: Sequence[Atoms]) -> Any:
+    """The :class:`~mlip_unc.models.committee.Committee` of the checkpoints ``paths`` with
+    ``metadata["uncertainty_levels"]`` of the committee itself (its force std across members)
+    on ``structures`` (the validation frames), so relative thresholds mean the same as for one
+    model."""
+    from mlip_unc.calculator import LEVELS_KEY
+    from mlip_unc.data.graphs import StructureDataset
+    from mlip_unc.data.typemap import TypeMap
+    from mlip_unc.models.committee import load_potential
+    from mlip_unc.train.evaluate import uncertainty_levels
+
+    committee = load_potential([Path(p) for p in paths])
+    r_max, type_map = committee.r_max, committee.type_map
+    if r_max is None or type_map is None:
+        raise ValueError(f"checkpoints {list(paths)} lack r_max or the type map")
+    dataset = StructureDataset.from_atoms(
+        list(structures),
+        r_max,
+        TypeMap.from_list(type_map),
+        dtype=next(committee.parameters()).dtype,
+    )
+    # read by UncertaintyCalculator as a model's metadata
+    object.__setattr__(committee, "metadata", {LEVELS_KEY: uncertainty_levels(committee, dataset)})
+    return committee
 
 
 def ensure_uncertainty_levels(

@@ -103,7 +103,12 @@ class SelectionSettings(Section):
     """Which flagged frames go to the oracle.
 
     Attributes:
-        metric: ``max_force_std`` or ``energy_std_per_atom`` (ranking score).
+        metric: ranking score: ``max_force_std`` or ``energy_std_per_atom`` (the model's
+            uncertainty), or the baselines ``max_force`` (largest predicted ``|F_i|``) and
+            ``random`` (uniform, seeded by the run's seed and the round).
+        candidates: ``flagged`` (the frames the MD monitor flagged over ``thresholds``) or
+            ``visited`` (every logged MD frame: ``top_k`` labels each round whatever the
+            thresholds, a fixed reference budget).
         top_k: label at most this many per round.
         diverse: farthest-point sampling among the ``4 * top_k`` most uncertain flagged frames
             (in the distance-histogram descriptor), so one excursion is not labelled k times.
@@ -113,7 +118,8 @@ class SelectionSettings(Section):
             nothing about the region of interest while dominating the loss (``None``: keep all).
     """
 
-    metric: Literal["max_force_std", "energy_std_per_atom"] = "max_force_std"
+    metric: Literal["max_force_std", "energy_std_per_atom", "max_force", "random"] = "max_force_std"
+    candidates: Literal["flagged", "visited"] = "flagged"
     top_k: int = Field(10, gt=0)
     diverse: bool = True
     valid_fraction: float = Field(0.2, ge=0, lt=1)
@@ -159,6 +165,13 @@ class ActiveLearningConfig(Section):
         refit_offsets: refit the per-element energy offsets after each training, for small
             energy weights.
         seed: seed of the MD and of the calculator.
+        temperatures: MD temperature (K) of each round, overriding ``md.temperature``; the last
+            value holds for any later round.
+        committee: models trained on the same data with seeds ``seed + m``; more than 1 runs
+            the MD and the scoring with their committee (force std across members).
+        test_sets: named labelled files (extxyz) evaluated after every round besides the test set.
+        audit: per round, this many random logged MD frames are labelled (not trained on) to
+            measure the monitor's flags against the true force error (precision, recall).
     """
 
     out: str = "runs/active_learning"
@@ -181,6 +194,18 @@ class ActiveLearningConfig(Section):
     selection: SelectionSettings = SelectionSettings()
     refit_offsets: bool = False
     seed: int = 0
+    temperatures: list[float] | None = None
+    committee: int = Field(1, ge=1)
+    test_sets: dict[str, str] = Field(default_factory=dict)
+    audit: int = Field(0, ge=0)
+
+    def md_settings(self, round_index: int, k: int = 0) -> MDSettings:
+        """The MD settings of round ``round_index`` from starting structure ``k``: the round's
+        temperature (``temperatures``) and seed ``md.seed + 1000 round + k``."""
+        changes: dict[str, Any] = {"seed": self.md.seed + 1000 * round_index + k}
+        if self.temperatures:
+            changes["temperature"] = self.temperatures[min(round_index, len(self.temperatures) - 1)]
+        return self.md.updated(**changes)
 
     @model_validator(mode="after")
     def _check(self) -> ActiveLearningConfig:

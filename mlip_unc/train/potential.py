@@ -20,6 +20,7 @@ model, e.g. one member of the committee baseline (``train.ensemble: M``).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -363,7 +364,9 @@ def finalize_checkpoint(
         best.posterior_rank = config.model.posterior_rank
         best.posterior_basis = config.model.posterior_basis.value
         fit_on = random_subset(data.train.graphs, config.model.posterior_max_frames, config.seed)
+        fit_start = time.perf_counter()
         metadata["posterior"] = fit_full_posterior(best, fit_on, data.valid, batch_size=batch_size)
+        metadata["posterior"]["fit_seconds"] = time.perf_counter() - fit_start  # wall, this process
     metadata["domain"] = DomainGuard.fit(data.train).to_dict()
     levels_data = data.valid if data.valid is not None and len(data.valid) else data.train
     if bayesian:

@@ -218,7 +218,7 @@ def test_a_bootstrap_killed_half_way_is_read_back_not_recomputed(
         raise _DataDone
 
     monkeypatch.setattr(loop, "make_oracle", lambda spec: CountingEMT())
-    monkeypatch.setattr(loop, "train_model", stop)
+    monkeypatch.setattr(loop, "train_members", stop)
     config = _al_config(tmp_path / "a", tiny_training, "emt")
     kill_at = [0]
     with pytest.raises(_DataDone):

@@ -48,3 +48,32 @@ def test_xtb_oracle_labels_h2():
     forces = lab.get_forces()
     assert forces[1, 2] < 0 < forces[0, 2]  # stretched bond pulls the atoms together
     assert np.allclose(forces.sum(axis=0), 0.0, atol=1e-6)
+
+
+def test_a_failed_oracle_call_is_left_out_or_named(tmp_path, caplog):
+    """An SCF that does not converge (ASE's CalculationFailed) on one structure: left out with a
+    warning naming it under ``skip_failed`` (through the label cache too), else an OracleError."""
+    from ase.build import bulk
+    from ase.calculators.calculator import CalculationFailed
+    from ase.calculators.emt import EMT
+
+    from mlip_unc.active.oracles import OracleError, label_structures
+    from mlip_unc.active.state import CachedLabels
+
+    class Flaky(EMT):
+        def calculate(self, atoms=None, properties=("energy",), system_changes=None):
+            if atoms is not None and atoms.positions[0, 0] > 0.5:
+                raise CalculationFailed("SCF not converged in 250 cycles")
+            super().calculate(atoms, properties, system_changes or [])
+
+    good = bulk("Cu", cubic=True, a=3.61)
+    bad = good.copy()
+    bad.positions[0, 0] = 1.0
+    with pytest.raises(OracleError, match=r"failed on structure 1 \(Cu4\): SCF not converged"):
+        label_structures([good, bad], Flaky())
+    with caplog.at_level("WARNING", logger="mlip_unc.active.oracles"):
+        out = label_structures([good, bad, good], Flaky(), skip_failed=True)
+    assert len(out) == 2 and "structure 1 (Cu4)" in caplog.text
+    cache = CachedLabels(tmp_path / "labels")
+    out = label_structures([bad, good], Flaky(), cache=cache, skip_failed=True)
+    assert len(out) == 1 and cache.calls == 1 and len(list((tmp_path / "labels").iterdir())) == 1

@@ -72,6 +72,7 @@ def test_training_attaches_a_calibrated_full_posterior(trained):
     payload = torch.load(result.model_path, weights_only=True)
     summary = payload["metadata"]["posterior"]
     assert summary["alpha2_forces"] > 0 and summary["lambda"] > 0
+    assert 0 < summary["fit_seconds"] < 60  # recorded, for the fit-time table of docs/guides
     assert (
         "domain" in payload["metadata"]
         and payload["metadata"]["uncertainty_levels"]["max_force_std"] > 0

@@ -1,0 +1,323 @@
+"""The active-learning page: ``active_learning.{md,json,png}`` from the benchmark's JSONL records.
+
+Definitions (stated on the page):
+
+- error of a model: force MAE (meV/A) averaged over the four oracle reference sets (MD at 300,
+  600 and 1200 K, torsion scan), each set's MAE weighted equally;
+- target: the mean over seeds of ``random``'s final error; labels to target: the oracle calls
+  at which a run's learning curve first reaches the target, interpolated linearly between
+  rounds (a run that never reaches it is reported as ``> its final calls``, censored);
+- model CPU: the CPU seconds of training (the initial model included), MD and scoring up to the
+  final model, all members of a committee counted; the oracle's own time is not included;
+- flags: the monitor's flags (``max_force_std`` over its relative threshold) on randomly picked,
+  separately labelled MD frames against ``max_i |F_i - F_i^ref|`` over the same threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common.pages import run_section
+from benchmarks.common.records import read_jsonl
+
+STRATEGIES = ("random", "force_magnitude", "ours", "ours_biased", "committee5")
+SETS = ("md_300K", "md_600K", "md_1200K", "torsion_scan")
+
+
+def error(row: dict[str, Any]) -> float:
+    """Force MAE (meV/A) averaged over the reference sets of a round's record."""
+    values = [row.get(f"{name}_force_mae") for name in SETS]
+    values = [v for v in values if v is not None]
+    return 1000 * float(np.mean(values)) if values else float("nan")
+
+
+def curves(records: list[dict[str, Any]]) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """``{strategy: {seed: rows sorted by round}}`` (the last record of a round wins)."""
+    out: dict[str, dict[int, dict[int, dict[str, Any]]]] = {}
+    for r in records:
+        out.setdefault(r["strategy"], {}).setdefault(r["seed"], {})[r["round"]] = r
+    return {
+        s: {seed: [rows[k] for k in sorted(rows)] for seed, rows in by_seed.items()}
+        for s, by_seed in out.items()
+    }
+
+
+def calls_to_reach(rows: list[dict[str, Any]], target: float) -> tuple[float, bool]:
+    """(oracle calls at which the curve first reaches ``target``, reached?)."""
+    calls = [float(r["oracle_calls"]) for r in rows]
+    errs = [error(r) for r in rows]
+    for k, e in enumerate(errs):
+        if e <= target:
+            if k == 0:
+                return calls[0], True
+            frac = (errs[k - 1] - target) / (errs[k - 1] - e)
+            return calls[k - 1] + frac * (calls[k] - calls[k - 1]), True
+    return calls[-1], False
+
+
+def model_cpu(rows: list[dict[str, Any]]) -> float:
+    """Training (initial included), MD and scoring CPU seconds up to the final model."""
+    total = float(rows[0].get("cpu_initial_train_s") or 0.0)
+    for r in rows[:-1]:
+        total += sum(float(r.get(k) or 0.0) for k in ("cpu_md_s", "cpu_score_s", "cpu_retrain_s"))
+    return total
+
+
+def summarise(records: list[dict[str, Any]], stab: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every number of the page, from the records."""
+    by = curves(records)
+    complete = {
+        s: {seed: rows for seed, rows in seeds.items() if "cpu_retrain_s" not in rows[-1]}
+        for s, seeds in by.items()
+    }  # a finished run's last row is the final model's (no retraining after it)
+    finals = {
+        s: [error(rows[-1]) for rows in seeds.values()] for s, seeds in complete.items() if seeds
+    }
+    target = float(np.mean(finals["random"])) if finals.get("random") else float("nan")
+    out: dict[str, Any] = {"target_meV_A": target, "strategies": {}}
+    for s in STRATEGIES:
+        seeds = complete.get(s) or {}
+        if not seeds:
+            continue
+        reach = {seed: calls_to_reach(rows, target) for seed, rows in seeds.items()}
+        flags = {k: 0 for k in ("audit_tp", "audit_fp", "audit_fn", "audit_tn")}
+        for rows in seeds.values():
+            for r in rows:
+                for k in flags:
+                    flags[k] += int(r.get(k) or 0)
+        tp, fp, fn = flags["audit_tp"], flags["audit_fp"], flags["audit_fn"]
+        final_rows = [rows[-1] for rows in seeds.values()]
+        out["strategies"][s] = {
+            "seeds": sorted(seeds),
+            "final_error": _stat([error(r) for r in final_rows]),
+            "final_calls": _stat([float(r["oracle_calls"]) for r in final_rows]),
+            "final_sets": {
+                name: {
+                    key: _stat([1000 * float(r.get(f"{name}_{key}") or np.nan) for r in final_rows])
+                    for key in ("force_mae", "force_rmse", "energy_mae")
+                }
+                for name in SETS
+            },
+            "calls_to_target": {
+                str(seed): {"calls": c, "reached": ok} for seed, (c, ok) in reach.items()
+            },
+            "calls_to_target_mean": float(np.mean([c for c, _ in reach.values()])),
+            "all_reached": all(ok for _, ok in reach.values()),
+            "model_cpu_s": _stat([model_cpu(rows) for rows in seeds.values()]),
+            "flags": {
+                **flags,
+                "precision": tp / (tp + fp) if tp + fp else None,
+                "recall": tp / (tp + fn) if tp + fn else None,
+            },
+            "curve": _mean_curve(list(seeds.values())),
+            "stability": _stability([r for r in stab if r["strategy"] == s]),
+        }
+    out["verdicts"] = verdicts(out["strategies"])
+    return out
+
+
+def _stat(values: list[float]) -> dict[str, float]:
+    a = np.asarray(values, dtype=float)
+    return {"mean": float(np.nanmean(a)), "std": float(np.nanstd(a)), "n": int(a.size)}
+
+
+def _mean_curve(runs: list[list[dict[str, Any]]]) -> list[dict[str, float]]:
+    n = min(len(rows) for rows in runs)
+    return [
+        {
+            "round": k,
+            "calls": float(np.mean([rows[k]["oracle_calls"] for rows in runs])),
+            "error": float(np.mean([error(rows[k]) for rows in runs])),
+            "error_min": float(np.min([error(rows[k]) for rows in runs])),
+            "error_max": float(np.max([error(rows[k]) for rows in runs])),
+        }
+        for k in range(n)
+    ]
+
+
+def _stability(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out = {}
+    for t in sorted({r["temperature"] for r in rows}):
+        sel = [r for r in rows if r["temperature"] == t]
+        out[f"{t:g}"] = {
+            "runs": len(sel),
+            "failed": sum(bool(r["failed"]) for r in sel),
+            "mean_survived_ps": float(np.mean([r["survived_ps"] for r in sel])),
+            "length_ps": float(sel[0]["length_ps"]),
+        }
+    return out
+
+
+def verdicts(st: dict[str, Any]) -> list[str]:
+    """The issue's targets, each as one sentence with the measured ratio."""
+    if not {"ours", "random", "committee5"} <= set(st):
+        return ["Targets not evaluated: ours, random and committee5 are not all finished."]
+    ours, rnd, com = st["ours"], st["random"], st["committee5"]
+    lines = []
+    r1 = ours["calls_to_target_mean"] / rnd["calls_to_target_mean"]
+    censored = "" if ours["all_reached"] else " (censored: not every ours seed reached the target)"
+    lines.append(
+        f"ours reaches random's final error with {r1:.2f}x random's oracle calls "
+        f"(target <= 0.6x): {'met' if r1 <= 0.6 and ours['all_reached'] else 'missed'}{censored}."
+    )
+    r2 = ours["calls_to_target_mean"] / com["calls_to_target_mean"]
+    lines.append(
+        f"ours needs {r2:.2f}x the committee's oracle calls to that error (target <= 1.1x): "
+        f"{'met' if r2 <= 1.1 and ours['all_reached'] else 'missed'}."
+    )
+    r3 = ours["model_cpu_s"]["mean"] / com["model_cpu_s"]["mean"]
+    lines.append(
+        f"ours spends {r3:.2f}x the committee's model CPU time (target <= 0.4x): "
+        f"{'met' if r3 <= 0.4 else 'missed'}."
+    )
+    hot_o, hot_c = ours["stability"].get("1200"), com["stability"].get("1200")
+    if hot_o and hot_c:
+        ok = hot_o["mean_survived_ps"] >= hot_c["mean_survived_ps"]
+        lines.append(
+            f"At 1200 K the final ours model survives {hot_o['mean_survived_ps']:.2f} ps on "
+            f"average ({hot_o['failed']}/{hot_o['runs']} runs failed) against the committee-trained "
+            f"model's {hot_c['mean_survived_ps']:.2f} ps ({hot_c['failed']}/{hot_c['runs']}): "
+            f"{'met' if ok else 'missed'}."
+        )
+    return lines
+
+
+def _pm(stat: dict[str, float], spec: str = "{:.0f}") -> str:
+    if stat is None or not math.isfinite(stat["mean"]):
+        return "n/a"
+    return f"{spec.format(stat['mean'])} ± {spec.format(stat['std'])}"
+
+
+def markdown(summary: dict[str, Any], runs: list[dict[str, Any]], png: str) -> str:
+    st = summary["strategies"]
+    lines = [
+        "# Active learning on 3BPA with GFN2-xTB as the oracle",
+        "",
+        "Does the uncertainty save reference calculations? Five strategies at the same label "
+        "budget and the same MD protocol (`benchmarks/active_learning/benchmark.py` says how "
+        "each is made; `configs/al_xtb_3bpa.yaml` is the `ours` run). Error = force MAE (meV/Å) "
+        "averaged over the four xTB reference sets (MD at 300/600/1200 K, torsion scan); "
+        f"target = random's final error, {summary['target_meV_A']:.1f} meV/Å.",
+        "",
+        "| strategy | seeds | final error | oracle calls | calls to target | model CPU s | "
+        "flag precision | flag recall |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s, v in st.items():
+        reach = ", ".join(
+            f"{c['calls']:.0f}" + ("" if c["reached"] else " (not reached)")
+            for c in v["calls_to_target"].values()
+        )
+        f = v["flags"]
+        prec = "n/a" if f["precision"] is None else f"{f['precision']:.2f}"
+        rec = "n/a" if f["recall"] is None else f"{f['recall']:.2f}"
+        lines.append(
+            f"| {s} | {len(v['seeds'])} | {_pm(v['final_error'], '{:.1f}')} | "
+            f"{_pm(v['final_calls'])} | {reach} | {_pm(v['model_cpu_s'])} | {prec} "
+            f"({f['audit_tp']}/{f['audit_tp'] + f['audit_fp']}) | {rec} "
+            f"({f['audit_tp']}/{f['audit_tp'] + f['audit_fn']}) |"
+        )
+    lines += ["", "Targets of the issue:", ""] + [f"- {v}" for v in summary["verdicts"]]
+    lines += ["", f"![learning curves]({png})", "", "## Final models per reference set", ""]
+    lines += [
+        "| strategy | " + " | ".join(f"{n} F MAE / RMSE, E MAE" for n in SETS) + " |",
+        "|---|" + "---|" * len(SETS),
+    ]
+    for s, v in st.items():
+        cells = [
+            f"{_pm(v['final_sets'][n]['force_mae'])} / {_pm(v['final_sets'][n]['force_rmse'])}, "
+            f"{_pm(v['final_sets'][n]['energy_mae'])}"
+            for n in SETS
+        ]
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    lines += ["", "Forces meV/Å, energies meV, mean ± std over seeds.", ""]
+    lines += [
+        "## Learning curves (mean over seeds)",
+        "",
+        "| strategy | "
+        + " | ".join(
+            f"round {k}" for k in range(max(len(v["curve"]) for v in st.values()) if st else 0)
+        )
+        + " |",
+    ]
+    lines.append("|---|" + "---|" * (max(len(v["curve"]) for v in st.values()) if st else 0))
+    for s, v in st.items():
+        lines.append(
+            f"| {s} | "
+            + " | ".join(f"{p['error']:.1f} @ {p['calls']:.0f}" for p in v["curve"])
+            + " |"
+        )
+    lines += [
+        "",
+        "Cells: error (meV/Å) @ oracle calls.",
+        "",
+        "## MD stability of the final models",
+        "",
+    ]
+    lines += [
+        "| strategy | T (K) | runs | failed | mean time to failure or end (ps) |",
+        "|---|---|---|---|---|",
+    ]
+    for s, v in st.items():
+        for t, x in v["stability"].items():
+            lines.append(
+                f"| {s} | {t} | {x['runs']} | {x['failed']} | {x['mean_survived_ps']:.3f} of {x['length_ps']:.3g} |"
+            )
+    lines += [
+        "",
+        "A run fails at the first frame (checked every 10 steps) with a bond of the start "
+        "geometry stretched beyond 1.5x or compressed below 0.7x, two atoms closer than 0.7 Å, "
+        "or a frame the calculator refuses. Langevin NVT, 0.5 fs, friction 0.02/fs, from the "
+        "seed set's first frame; the committee's model is its member 0 (one model's cost).",
+        "",
+    ]
+    last = runs[-1] if runs else {}
+    lines += run_section(
+        [r["command"] for r in runs],
+        date=last.get("started"),
+        json_name="active_learning.json",
+        machine=last.get("machine"),
+        load_avg=last.get("load_avg"),
+        versions=last.get("versions"),
+    )
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.5, 4), layout="constrained")
+    ax = fig.subplots()
+    for s, v in summary["strategies"].items():
+        c = v["curve"]
+        x = [p["calls"] for p in c]
+        ax.plot(x, [p["error"] for p in c], "o-", label=s)
+        ax.fill_between(x, [p["error_min"] for p in c], [p["error_max"] for p in c], alpha=0.15)
+    ax.axhline(summary["target_meV_A"], color="grey", ls="--", lw=0.8, label="target")
+    ax.set_xlabel("oracle calls (GFN2-xTB)")
+    ax.set_ylabel("force MAE, mean of 4 sets (meV/Å)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=100)
+
+
+def write_report(out: Path, tag: str) -> Path:
+    """Rewrite ``out/active_learning.{md,json,png}`` from the records of ``tag``."""
+    records = [r for r in read_jsonl(out / "active_learning.jsonl.gz") if r.get("tag") == tag]
+    stab = [r for r in read_jsonl(out / "active_learning_stability.jsonl") if r.get("tag") == tag]
+    runs = [r for r in read_jsonl(out / "active_learning_runs.jsonl") if r.get("tag") == tag]
+    summary = summarise(records, stab)
+    summary["written"] = time.strftime("%Y-%m-%d %H:%M")
+    summary["commands"] = [r["command"] for r in runs]
+    (out / "active_learning.json").write_text(json.dumps(summary, indent=1))
+    if summary["strategies"]:
+        plot(summary, out / "active_learning.png")
+    page = out / "active_learning.md"
+    page.write_text(markdown(summary, runs, "active_learning.png"))
+    return page

@@ -1,0 +1,514 @@
+"""The active-learning benchmark (``benchmarks.active_learning``): each strategy's overrides of
+the shipped config, the JSONL records, the stability trajectories, and the page's numbers and
+verdicts from hand-made records (fast: no xTB, no data sets)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ase import Atoms
+from ase.calculators.calculator import Calculator, all_changes
+from ase.calculators.emt import EMT
+from ase.calculators.singlepoint import SinglePointCalculator
+from ase.io import write
+
+from benchmarks.active_learning import benchmark, report
+from benchmarks.common.records import append_jsonl, read_jsonl
+from mlip_unc.config import load_active_config
+
+# --- strategies and overrides ----------------------------------------------------------------------
+
+
+def test_strategy_overrides():
+    assert benchmark.strategy_overrides("ours") == []
+    assert benchmark.strategy_overrides("random") == [
+        "selection.metric=random",
+        "selection.diverse=false",
+    ]
+    assert benchmark.strategy_overrides("force_magnitude") == ["selection.metric=max_force"]
+    assert benchmark.strategy_overrides("committee5") == ["committee=5"]
+    assert benchmark.strategy_overrides("ours_biased", 0.0123456789) == [
+        "md.bias=udd",
+        "md.bias_strength=0.9",
+        "md.bias_width=0.0123457",
+    ]
+    with pytest.raises(ValueError, match="ours_biased needs the bias width"):
+        benchmark.strategy_overrides("ours_biased")
+    with pytest.raises(ValueError, match=r"unknown strategy 'ensemble': use one of random, "):
+        benchmark.strategy_overrides("ensemble")
+
+
+def test_run_overrides_share_the_initial_model_except_for_the_committee(tmp_path):
+    model = tmp_path / "initial" / "model.pt"
+    settings = {"overrides": ["rounds=2", "audit=2"]}
+    items = benchmark.run_overrides("ours", 3, tmp_path, model, settings)
+    assert items[:4] == ["rounds=2", "audit=2", "seed=3", f"out={tmp_path / 'ours'}"]
+    assert f"train_data={tmp_path / 'seed_train.xyz'}" in items
+    assert f"valid_data={tmp_path / 'seed_valid.xyz'}" in items
+    for name in benchmark.REFERENCE_SETS:
+        assert f"test_sets.{name}={tmp_path / f'test_{name}.xyz'}" in items
+    assert items[-1] == f"model={model}"
+    committee = benchmark.run_overrides("committee5", 3, tmp_path, model, settings)
+    assert not any(item.startswith("model=") for item in committee)
+    assert not any(
+        i.startswith("model=") for i in benchmark.run_overrides("ours", 0, tmp_path, None, settings)
+    )
+
+
+@pytest.mark.parametrize("strategy", benchmark.STRATEGIES)
+def test_every_strategy_makes_a_valid_config_from_the_shipped_one(tmp_path, strategy):
+    """The shipped config with the quick size, the run's and the strategy's overrides validates
+    (no oracle is made, no file is read)."""
+    model = tmp_path / "initial" / "model.pt"
+    items = benchmark.run_overrides(strategy, 1, tmp_path, model, benchmark.QUICK)
+    items += benchmark.strategy_overrides(strategy, 0.05)
+    config = load_active_config(benchmark.CONFIG, items)
+    assert (config.seed, config.out, config.rounds, config.audit) == (
+        1,
+        str(tmp_path / strategy),
+        2,
+        2,
+    )
+    assert config.train_data == str(tmp_path / "seed_train.xyz")
+    assert set(config.test_sets) == set(benchmark.REFERENCE_SETS)
+    assert config.test_sets["md_600K"] == str(tmp_path / "test_md_600K.xyz")
+    assert config.selection.candidates == "visited"  # every strategy labels top_k per round
+    assert config.selection.top_k == 2 and config.training["model"]["latent_dim"] == 4
+    shared = str(model)  # every single-model strategy starts from the shared initial model
+    expected = {
+        "random": ("random", False, 1, shared, "none"),
+        "force_magnitude": ("max_force", True, 1, shared, "none"),
+        "ours": ("max_force_std", True, 1, shared, "none"),
+        "ours_biased": ("max_force_std", True, 1, shared, "udd"),
+        "committee5": ("max_force_std", True, 5, None, "none"),
+    }[strategy]
+    got = (
+        config.selection.metric,
+        config.selection.diverse,
+        config.committee,
+        config.model,
+        config.md.bias,
+    )
+    assert got == expected
+    if strategy == "ours_biased":
+        assert (config.md.bias_strength, config.md.bias_width) == (0.9, 0.05)
+    # the round temperatures of the shipped config: 300 K rising to 1200 K, the last one held
+    assert [config.md_settings(r).temperature for r in (0, 5, 9)] == [300, 1200, 1200]
+
+
+# --- records -----------------------------------------------------------------------------------------
+
+
+def _row(round_index: int, **extra) -> dict:
+    return {
+        "round": round_index,
+        "model": "/runs/x/model.pt",
+        "n_train": 16,
+        "oracle_calls": 20,
+        "md_300K_force_mae": 0.0123456789,
+        "md_300K_energy_mae_per_atom": 0.001,
+        "md_300K_mean_energy_std_per_atom": 0.002,
+        "level_energy_std_per_atom": 0.000123456789,
+        "audit_tp": 1,
+        "audit_max_force_error": [0.123456789, 1.0],
+        "audit_max_force_std": [0.5, 0.987654321],
+        "some_list": [1, 2, 3],
+        "flag": True,
+        "cpu_initial_train_s": 99.0,
+        **extra,
+    }
+
+
+def test_record_of_a_round():
+    out = benchmark.record("ours", 2, _row(0), initial_cpu=12.5)
+    assert out["strategy"] == "ours" and out["seed"] == 2 and out["round"] == 0
+    assert "model" not in out and "some_list" not in out
+    assert "md_300K_energy_mae_per_atom" not in out
+    assert "md_300K_mean_energy_std_per_atom" not in out
+    assert out["md_300K_force_mae"] == 0.0123457  # 6 significant digits
+    assert out["level_energy_std_per_atom"] == 0.000123457
+    assert out["audit_max_force_error"] == [0.12346, 1.0]
+    assert out["audit_max_force_std"] == [0.5, 0.98765]
+    assert out["flag"] is True and out["audit_tp"] == 1 and out["n_train"] == 16
+    assert out["cpu_initial_train_s"] == 12.5  # the shared initial model's CPU
+    json.dumps(out)  # a JSON record
+    # the committee trains its own initial models: the loop's number stays
+    assert benchmark.record("committee5", 2, _row(0), 12.5)["cpu_initial_train_s"] == 99.0
+    later = benchmark.record("ours", 2, _row(1, cpu_initial_train_s=None), 12.5)
+    assert later["cpu_initial_train_s"] is None
+    plain = _row(1)
+    del plain["cpu_initial_train_s"], plain["audit_max_force_error"], plain["audit_max_force_std"]
+    later = benchmark.record("random", 0, plain, 12.5)
+    assert "cpu_initial_train_s" not in later and "audit_max_force_std" not in later
+
+
+def test_final_model_is_the_last_committed_model(tmp_path):
+    assert benchmark.final_model("ours", tmp_path) is None
+    (tmp_path / "ours").mkdir()
+    state = {"rounds": [{"model": "/a/model.pt"}, {"model": "/b/model.pt"}, {"model": None}]}
+    (tmp_path / "ours" / "state.json").write_text(json.dumps(state))
+    assert benchmark.final_model("ours", tmp_path) == Path("/b/model.pt")
+    (tmp_path / "ours" / "state.json").write_text(json.dumps({"rounds": []}))
+    assert benchmark.final_model("ours", tmp_path) is None
+
+
+# --- stability ---------------------------------------------------------------------------------------
+
+
+def _cluster() -> Atoms:
+    """A Cu4 tetrahedron, bonds 2.55 A (the 6 pairs are bonds by the natural cutoffs)."""
+    d = 2.55
+    positions = [
+        [0, 0, 0],
+        [d, 0, 0],
+        [d / 2, d * math.sqrt(3) / 2, 0],
+        [d / 2, d * math.sqrt(3) / 6, d * math.sqrt(2 / 3)],
+    ]
+    atoms = Atoms("Cu4", positions=positions)
+    atoms.center(vacuum=5.0)
+    return atoms
+
+
+class _Exploding(Calculator):
+    """Strong radial forces away from the centre: the cluster flies apart."""
+
+    implemented_properties = ["energy", "forces"]
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+        super().calculate(atoms, properties, system_changes)
+        r = self.atoms.positions - self.atoms.positions.mean(0)
+        self.results = {"energy": 0.0, "forces": 200.0 * r / np.linalg.norm(r, axis=1)[:, None]}
+
+
+class _Refusing(Calculator):
+    implemented_properties = ["energy", "forces"]
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+        raise FloatingPointError("NaN in the forces")
+
+
+def _patch_calculator(monkeypatch, make):
+    import mlip_unc.calculator
+
+    made = []
+
+    def factory(model, **kwargs):
+        made.append((model, kwargs))
+        return make()
+
+    monkeypatch.setattr(mlip_unc.calculator, "UncertaintyCalculator", factory)
+    return made
+
+
+SETTINGS = {"stability": {"temperatures": (600.0,), "runs": 2, "steps": 40, "timestep": 0.5}}
+
+
+def test_stability_of_a_bonded_cluster_survives(monkeypatch):
+    made = _patch_calculator(monkeypatch, EMT)
+    row = benchmark.stability(Path("m.pt"), 600.0, 1, SETTINGS, _cluster())
+    assert made == [(Path("m.pt"), {"uncertainty": "none"})]
+    assert row["length_ps"] == pytest.approx(0.02) and row["survived_ps"] == row["length_ps"]
+    assert (row["failed"], row["reason"], row["temperature"], row["run"]) == (False, "", 600.0, 1)
+    assert row["cpu_s"] >= 0
+
+
+def test_stability_detects_a_broken_molecule_and_a_refused_frame(monkeypatch):
+    _patch_calculator(monkeypatch, _Exploding)
+    row = benchmark.stability(Path("m.pt"), 600.0, 0, SETTINGS, _cluster())
+    assert row["failed"] is True and row["reason"].startswith("bond ratio")
+    assert 0 < row["survived_ps"] < row["length_ps"]
+    steps = row["survived_ps"] * 1000 / 0.5
+    assert steps == pytest.approx(round(steps)) and round(steps) % 10 == 0  # checked every 10 steps
+
+    _patch_calculator(monkeypatch, _Refusing)
+    row = benchmark.stability(Path("m.pt"), 1200.0, 0, SETTINGS, _cluster())
+    assert (row["failed"], row["reason"]) == (True, "FloatingPointError")
+    assert row["survived_ps"] == pytest.approx(10 * 0.5 / 1000)
+
+
+def test_stability_with_a_tiny_model_is_seeded(tmp_path):
+    """A real (untrained, tiny) potential: a consistent record, the same twice for the same run."""
+    import torch
+
+    from mlip_unc.models.potential import BayesianPotential, build_backbone
+
+    torch.manual_seed(0)
+    backbone = build_backbone(
+        "gin", num_types=1, r_max=4.0, hidden=8, latent_dim=4, num_layers=1, num_basis=4
+    )
+    model = BayesianPotential(backbone, [29], 4.0, torch.tensor([-0.01]), init_std=0.3).double()
+    path = tmp_path / "tiny.pt"
+    model.save(path)
+    settings = {"stability": {"steps": 20, "timestep": 0.5}}
+    first = benchmark.stability(path, 300.0, 0, settings, _cluster())
+    second = benchmark.stability(path, 300.0, 0, settings, _cluster())
+    assert first["length_ps"] == pytest.approx(0.01)
+    assert first["failed"] == (first["survived_ps"] < first["length_ps"])
+    assert first["failed"] == bool(first["reason"])
+    drop_cpu = lambda r: {k: v for k, v in r.items() if k != "cpu_s"}  # noqa: E731
+    assert drop_cpu(first) == drop_cpu(second)
+
+
+def test_run_stability_records_only_the_missing_trajectories(tmp_path, monkeypatch):
+    made = _patch_calculator(monkeypatch, EMT)
+    folder, out = tmp_path / "seed_0", tmp_path / "results"
+    (folder / "ours").mkdir(parents=True)
+    out.mkdir()
+    start = _cluster()
+    start.calc = SinglePointCalculator(start, energy=-1.0, forces=np.zeros((4, 3)))
+    write(folder / "seed_train.xyz", [start], format="extxyz")
+    path = out / benchmark.STABILITY_RECORDS
+    # nothing to run without a finished model
+    benchmark.run_stability("ours", 0, folder, SETTINGS, out, "full")
+    assert not path.exists()
+    (folder / "ours" / "state.json").write_text(json.dumps({"rounds": [{"model": "/m/r0.pt"}]}))
+    done = {"temperature": 600.0, "run": 0, "strategy": "ours", "seed": 0, "tag": "full"}
+    append_jsonl(path, done)
+    append_jsonl(path, {**done, "run": 1, "tag": "quick"})  # another tag: not this run's
+    benchmark.run_stability("ours", 0, folder, SETTINGS, out, "full")
+    rows = read_jsonl(path)
+    assert len(rows) == 3 and [m for m, _ in made] == [Path("/m/r0.pt")]
+    new = rows[-1]
+    assert (new["temperature"], new["run"], new["strategy"], new["seed"], new["tag"]) == (
+        600.0,
+        1,
+        "ours",
+        0,
+        "full",
+    )
+    assert new["failed"] is False
+    benchmark.run_stability("ours", 0, folder, SETTINGS, out, "full")  # all done: nothing new
+    assert len(read_jsonl(path)) == 3
+
+
+# --- report: the page's numbers ---------------------------------------------------------------------
+
+
+def _sets(err_meV: float) -> dict:
+    """Per-set force MAEs (eV/A) whose mean is ``err_meV`` meV/A, spread over the four sets."""
+    out = {}
+    for name, f in zip(report.SETS, (0.75, 1.25, 0.875, 1.125), strict=True):
+        out[f"{name}_force_mae"] = f * err_meV / 1000
+        out[f"{name}_force_rmse"] = 1.5 * f * err_meV / 1000
+        out[f"{name}_energy_mae"] = 0.002
+    return out
+
+
+def _run(strategy, seed, calls, errors, *, initial, md, score, retrain, audit=None, tag="full"):
+    """The records of a finished run: one per round, the last one the final model's."""
+    rows = []
+    for k, (c, e) in enumerate(zip(calls, errors, strict=True)):
+        row = {"strategy": strategy, "seed": seed, "round": k, "oracle_calls": c, "tag": tag}
+        row.update(_sets(e), cpu_eval_s=1000.0)  # evaluation CPU is not model CPU
+        if k == 0:
+            row["cpu_initial_train_s"] = initial
+        if k < len(calls) - 1:
+            row.update(cpu_md_s=md, cpu_score_s=score, cpu_retrain_s=retrain)
+            row.update(audit or {})
+        rows.append(row)
+    return rows
+
+
+AUDIT = {"audit_tp": 3, "audit_fp": 1, "audit_fn": 2, "audit_tn": 4}
+
+
+def _records(ours_seed1=(80.0, 20.0, 10.0)) -> list[dict]:
+    records = []
+    for seed in (0, 1):
+        records += _run("random", seed, [20, 30, 40], [100.0, 60.0, 40.0], initial=2.0, md=1.0,
+                        score=0.5, retrain=1.5)  # fmt: skip
+        ours = (80.0, 20.0, 10.0) if seed == 0 else ours_seed1
+        records += _run("ours", seed, [10, 25, 40], list(ours), initial=2.0, md=1.0, score=0.5,
+                        retrain=1.5, audit=AUDIT)  # fmt: skip
+        records += _run("committee5", seed, [20, 30, 40], [60.0, 20.0, 10.0], initial=20.0,
+                        md=5.0, score=1.0, retrain=14.0)  # fmt: skip
+    # an unfinished run (its last row still retrains): not on the page
+    records += _run("force_magnitude", 0, [20, 30], [90.0, 50.0], initial=2.0, md=1.0, score=0.5,
+                    retrain=1.5)[:1]  # fmt: skip
+    # a stale record of a round recorded again later: the later one counts
+    stale = {**records[1], **_sets(500.0)}
+    return [stale, *records]
+
+
+def _stab() -> list[dict]:
+    rows = []
+    for strategy, survived in (("ours", (2.0, 2.0)), ("committee5", (1.0, 2.0))):
+        for run, s in enumerate(survived):
+            rows.append({"strategy": strategy, "seed": 0, "temperature": 1200.0, "run": run,
+                         "length_ps": 2.0, "survived_ps": s, "failed": s < 2.0})  # fmt: skip
+        rows.append({"strategy": strategy, "seed": 0, "temperature": 600.0, "run": 0,
+                     "length_ps": 2.0, "survived_ps": 2.0, "failed": False})  # fmt: skip
+    return rows
+
+
+def test_error_is_the_mean_force_mae_over_the_sets_in_meV():
+    assert report.error(_sets(40.0)) == pytest.approx(40.0)
+    assert report.error({"md_300K_force_mae": 0.01, "torsion_scan_force_mae": 0.03}) == (
+        pytest.approx(20.0)
+    )
+    assert math.isnan(report.error({"test_force_mae": 0.01}))
+
+
+def test_curves_sort_rounds_and_the_last_record_wins():
+    records = [
+        {"strategy": "ours", "seed": 1, "round": 1, "oracle_calls": 5, "v": "old"},
+        {"strategy": "ours", "seed": 1, "round": 0, "oracle_calls": 1},
+        {"strategy": "ours", "seed": 1, "round": 1, "oracle_calls": 5, "v": "new"},
+        {"strategy": "random", "seed": 0, "round": 0, "oracle_calls": 1},
+    ]
+    by = report.curves(records)
+    assert set(by) == {"ours", "random"} and list(by["ours"]) == [1]
+    assert [r["round"] for r in by["ours"][1]] == [0, 1] and by["ours"][1][1]["v"] == "new"
+
+
+def _curve(calls, errors):
+    return [{"oracle_calls": c, **_sets(e)} for c, e in zip(calls, errors, strict=True)]
+
+
+def test_calls_to_reach_interpolates_the_first_crossing():
+    rows = _curve([10, 20, 30], [100.0, 60.0, 20.0])
+    calls, ok = report.calls_to_reach(rows, 40.0)
+    assert ok and calls == pytest.approx(25.0)
+    # the first crossing counts, not a later one
+    rows = _curve([10, 20, 30, 40], [100.0, 30.0, 80.0, 5.0])
+    calls, ok = report.calls_to_reach(rows, 50.0)
+    assert ok and calls == pytest.approx(10 + 10 * 50 / 70)
+    # reached at once; an exact hit; never reached: censored at the final calls
+    assert report.calls_to_reach(_curve([8, 20], [30.0, 10.0]), 40.0) == (8.0, True)
+    calls, ok = report.calls_to_reach(_curve([10, 20], [60.0, 40.0]), 40.0)
+    assert ok and calls == pytest.approx(20.0)
+    assert report.calls_to_reach(_curve([10, 20, 35], [100.0, 60.0, 41.0]), 40.0) == (35.0, False)
+
+
+def test_model_cpu_counts_training_md_and_scoring_up_to_the_final_model():
+    rows = _run("ours", 0, [10, 25, 40], [80.0, 20.0, 10.0], initial=2.0, md=1.0, score=0.5,
+                retrain=1.5)  # fmt: skip
+    rows[-1].update(cpu_md_s=100.0)  # after the final model: not counted
+    assert report.model_cpu(rows) == pytest.approx(2.0 + 2 * 3.0)
+    rows[0]["cpu_initial_train_s"] = None
+    assert report.model_cpu(rows) == pytest.approx(6.0)
+
+
+def test_summarise_and_verdicts_when_ours_halves_random():
+    summary = report.summarise(_records(), _stab())
+    st = summary["strategies"]
+    assert summary["target_meV_A"] == pytest.approx(40.0)
+    assert list(st) == ["random", "ours", "committee5"]  # unfinished force_magnitude left out
+    ours, rnd, com = st["ours"], st["random"], st["committee5"]
+    assert ours["seeds"] == [0, 1]
+    assert ours["calls_to_target"]["0"]["calls"] == pytest.approx(20.0)
+    assert ours["calls_to_target_mean"] == pytest.approx(20.0) and ours["all_reached"]
+    assert rnd["calls_to_target_mean"] == pytest.approx(40.0) and rnd["all_reached"]
+    assert com["calls_to_target_mean"] == pytest.approx(25.0)
+    assert ours["final_error"]["mean"] == pytest.approx(10.0)
+    assert ours["final_calls"] == {"mean": 40.0, "std": 0.0, "n": 2}
+    assert ours["final_sets"]["md_600K"]["force_mae"]["mean"] == pytest.approx(12.5)
+    assert ours["final_sets"]["md_600K"]["force_rmse"]["mean"] == pytest.approx(18.75)
+    assert ours["final_sets"]["torsion_scan"]["energy_mae"]["mean"] == pytest.approx(2.0)
+    assert ours["model_cpu_s"]["mean"] == pytest.approx(8.0)
+    assert com["model_cpu_s"]["mean"] == pytest.approx(60.0)
+    flags = ours["flags"]
+    assert (flags["audit_tp"], flags["audit_fp"], flags["audit_fn"], flags["audit_tn"]) == (
+        12,
+        4,
+        8,
+        16,
+    )
+    assert flags["precision"] == pytest.approx(0.75) and flags["recall"] == pytest.approx(0.6)
+    assert rnd["flags"]["precision"] is None and rnd["flags"]["recall"] is None
+    assert [p["calls"] for p in ours["curve"]] == [10.0, 25.0, 40.0]
+    assert [p["error"] for p in ours["curve"]] == pytest.approx([80.0, 20.0, 10.0])
+    # the stale round-1 record of random seed 0 (500 meV/A) was replaced
+    assert rnd["curve"][1]["error_max"] == pytest.approx(60.0)
+    assert ours["stability"]["1200"] == {
+        "runs": 2,
+        "failed": 0,
+        "mean_survived_ps": 2.0,
+        "length_ps": 2.0,
+    }
+    assert com["stability"]["1200"]["failed"] == 1
+    assert com["stability"]["1200"]["mean_survived_ps"] == pytest.approx(1.5)
+    assert summary["verdicts"] == [
+        "ours reaches random's final error with 0.50x random's oracle calls (target <= 0.6x): met.",
+        "ours needs 0.80x the committee's oracle calls to that error (target <= 1.1x): met.",
+        "ours spends 0.13x the committee's model CPU time (target <= 0.4x): met.",
+        "At 1200 K the final ours model survives 2.00 ps on average (0/2 runs failed) against "
+        "the committee-trained model's 1.50 ps (1/2): met.",
+    ]
+
+
+def test_verdicts_missed_and_censored():
+    # ours seed 1 never reaches 40 meV/A: censored at its final 40 calls
+    summary = report.summarise(_records(ours_seed1=(100.0, 90.0, 50.0)), [])
+    ours = summary["strategies"]["ours"]
+    assert ours["calls_to_target"]["1"] == {"calls": 40.0, "reached": False}
+    assert not ours["all_reached"] and ours["calls_to_target_mean"] == pytest.approx(30.0)
+    first, second, third = summary["verdicts"]  # no stability records: no fourth line
+    assert first == (
+        "ours reaches random's final error with 0.75x random's oracle calls (target <= 0.6x): "
+        "missed (censored: not every ours seed reached the target)."
+    )
+    assert second.startswith("ours needs 1.20x the committee's") and second.endswith("missed.")
+    assert third.endswith(": met.")
+    # reached by every seed but not fast enough: missed, not censored
+    slow = report.summarise(_records(ours_seed1=(80.0, 60.0, 10.0)), [])
+    assert slow["verdicts"][0].endswith("missed.") and "censored" not in slow["verdicts"][0]
+    # without a finished committee there are no verdicts
+    records = [r for r in _records() if r["strategy"] != "committee5"]
+    assert report.summarise(records, [])["verdicts"] == [
+        "Targets not evaluated: ours, random and committee5 are not all finished."
+    ]
+
+
+def test_write_report_from_jsonl_files(tmp_path):
+    for r in _records():
+        append_jsonl(tmp_path / "active_learning.jsonl.gz", r)
+    # another tag's records are not this page's
+    quick = _run("ours_biased", 0, [2, 4], [500.0, 400.0], initial=1.0, md=1.0, score=1.0,
+                 retrain=1.0, tag="quick")  # fmt: skip
+    for r in quick:
+        append_jsonl(tmp_path / "active_learning.jsonl.gz", r)
+    for r in _stab():
+        append_jsonl(tmp_path / "active_learning_stability.jsonl", {**r, "tag": "full"})
+    runs = tmp_path / "active_learning_runs.jsonl"
+    append_jsonl(runs, {"command": "python -m benchmarks.active_learning --quick", "tag": "quick"})
+    command = "python -m benchmarks.active_learning --seeds 0,1"
+    append_jsonl(
+        runs,
+        {
+            "command": command,
+            "tag": "full",
+            "started": "2026-12-05 10:00",
+            "machine": "Linux x86_64, 2 CPUs",
+            "load_avg": [1.5, 1.0, 0.5],
+            "versions": {"torch": "2.x"},
+        },
+    )
+    page = report.write_report(tmp_path, "full")
+    assert page == tmp_path / "active_learning.md"
+    text = page.read_text()
+    summary = json.loads((tmp_path / "active_learning.json").read_text())
+    assert (tmp_path / "active_learning.png").stat().st_size > 0
+    assert summary["commands"] == [command]
+    assert set(summary["strategies"]) == {"random", "ours", "committee5"}
+    assert summary["target_meV_A"] == pytest.approx(40.0)
+    assert "target = random's final error, 40.0 meV/Å." in text
+    assert (
+        "| ours | 2 | 10.0 ± 0.0 | 40 ± 0 | 20, 20 | 8 ± 0 | 0.75 (12/16) | 0.60 (12/20) |" in text
+    )
+    assert "| random | 2 | 40.0 ± 0.0 | 40 ± 0 | 40, 40 | 8 ± 0 | n/a (0/0) | n/a (0/0) |" in text
+    assert "ours_biased" not in text and "force_magnitude" not in text
+    assert f"- {summary['verdicts'][0]}" in text and summary["verdicts"][0].endswith("met.")
+    assert "| ours | 80.0 @ 10 | 20.0 @ 25 | 10.0 @ 40 |" in text
+    assert "| committee5 | 1200 | 2 | 1 | 1.500 of 2 |" in text
+    assert f"- Command: `{command}`" in text and "- Date: 2026-12-05 10:00" in text
+    assert "- Machine: Linux x86_64, 2 CPUs" in text
+
+    # a tag without records: an empty page, still written
+    empty = report.write_report(tmp_path, "none").read_text()
+    assert "Targets not evaluated" in empty
+    assert np.isnan(json.loads((tmp_path / "active_learning.json").read_text())["target_meV_A"])
