@@ -156,6 +156,7 @@ def initial_model(folder: Path, seed: int, settings: dict[str, Any]) -> tuple[Pa
         config.training,
         folder / "initial",
         seed=seed,
+        refit_offsets=config.refit_offsets,
     )
     cpu = time.process_time() - cpu
     done.write_text(json.dumps({"cpu_s": cpu}))

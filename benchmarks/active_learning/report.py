@@ -27,6 +27,13 @@ from benchmarks.common.pages import run_section
 from benchmarks.common.records import read_jsonl
 
 STRATEGIES = ("random", "force_magnitude", "ours", "ours_biased", "committee5")
+TAG_NOTES = {
+    "v1": "retraining at the first training's peak learning rate (0.01) and no refit of the "
+    "energy offsets; stopped after seed 0 of ours and committee5 (round 6) and random (round 0) "
+    "because every learning curve rose after the first round (the warm start at a high rate "
+    "undid the first training: ours 297 -> 435 -> 297 meV/Å, committee5 296 -> 400 -> 259) and "
+    "the energies were off by about 9 eV",
+}
 SETS = ("md_300K", "md_600K", "md_1200K", "torsion_scan")
 
 
@@ -194,7 +201,12 @@ def _pm(stat: dict[str, float], spec: str = "{:.0f}") -> str:
     return f"{spec.format(stat['mean'])} ± {spec.format(stat['std'])}"
 
 
-def markdown(summary: dict[str, Any], runs: list[dict[str, Any]], png: str) -> str:
+def markdown(
+    summary: dict[str, Any],
+    runs: list[dict[str, Any]],
+    png: str,
+    other_tags: dict[str, int] | None = None,
+) -> str:
     st = summary["strategies"]
     lines = [
         "# Active learning on 3BPA with GFN2-xTB as the oracle",
@@ -277,6 +289,12 @@ def markdown(summary: dict[str, Any], runs: list[dict[str, Any]], png: str) -> s
         "seed set's first frame; the committee's model is its member 0 (one model's cost).",
         "",
     ]
+    if other_tags:
+        lines += ["## Other records in the same files", ""]
+        lines += [
+            f"- tag `{t}` ({n} rounds): {TAG_NOTES.get(t, '')}" for t, n in other_tags.items()
+        ]
+        lines.append("")
     last = runs[-1] if runs else {}
     lines += run_section(
         [r["command"] for r in runs],
@@ -309,7 +327,12 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 def write_report(out: Path, tag: str) -> Path:
     """Rewrite ``out/active_learning.{md,json,png}`` from the records of ``tag``."""
-    records = [r for r in read_jsonl(out / "active_learning.jsonl.gz") if r.get("tag") == tag]
+    every = read_jsonl(out / "active_learning.jsonl.gz")
+    records = [r for r in every if r.get("tag") == tag]
+    other: dict[str, int] = {}
+    for r in every:
+        if r.get("tag") not in (tag, "quick"):
+            other[str(r.get("tag"))] = other.get(str(r.get("tag")), 0) + 1
     stab = [r for r in read_jsonl(out / "active_learning_stability.jsonl") if r.get("tag") == tag]
     runs = [r for r in read_jsonl(out / "active_learning_runs.jsonl") if r.get("tag") == tag]
     summary = summarise(records, stab)
@@ -319,5 +342,5 @@ def write_report(out: Path, tag: str) -> Path:
     if summary["strategies"]:
         plot(summary, out / "active_learning.png")
     page = out / "active_learning.md"
-    page.write_text(markdown(summary, runs, "active_learning.png"))
+    page.write_text(markdown(summary, runs, "active_learning.png", other))
     return page

@@ -322,6 +322,7 @@ def run_active_learning(
             seed=config.seed + r + 1,
             refit_offsets=config.refit_offsets,
             resume=resume,
+            lr=config.retrain_lr,
         )
         row["cpu_retrain_s"] = time.process_time() - cpu
         train = read_structures(models[0].parent / "train.xyz")  # as a resumed run reads them

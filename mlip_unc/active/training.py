@@ -43,6 +43,7 @@ def _training_config(
     init_from: str | Path | None,
     epochs: int | None,
     seed: int,
+    lr: float | None = None,
 ) -> Any:
     """The :class:`~mlip_unc.config.PotentialConfig` of ``training`` with the files, ``out``,
     ``seed`` (unless set), ``train.progress`` off (unless set), ``epochs`` and ``init_from``."""
@@ -60,6 +61,8 @@ def _training_config(
     train_section.setdefault("progress", False)
     if epochs is not None:
         train_section["epochs"] = int(epochs)
+    if lr is not None:
+        train_section["lr"] = float(lr)
     if init_from is not None:
         train_section["init_from"] = str(init_from)
     raw["train"] = train_section
@@ -77,6 +80,7 @@ def train_model(
     seed: int = 0,
     refit_offsets: bool = False,
     resume: bool = False,
+    lr: float | None = None,
 ) -> Path:
     """Train a potential on in-memory labelled structures; returns ``out_dir/model.pt``.
 
@@ -102,7 +106,14 @@ def train_model(
     train_file = write_frames(out_dir / "train.xyz", train)
     valid_file = write_frames(out_dir / "valid.xyz", valid) if valid else None
     config = _training_config(
-        train_file, valid_file, training, out_dir, init_from=init_from, epochs=epochs, seed=seed
+        train_file,
+        valid_file,
+        training,
+        out_dir,
+        init_from=init_from,
+        epochs=epochs,
+        seed=seed,
+        lr=lr,
     )
     # the run's own state guards the folder: a round's training resumes, or starts over
     config = config.updated(train=config.train.updated(resume=resume, overwrite=not resume))
@@ -136,10 +147,11 @@ def train_members(
     seed: int = 0,
     refit_offsets: bool = False,
     resume: bool = False,
+    lr: float | None = None,
 ) -> list[Path]:
     """:func:`train_model` for each of ``members`` models on the same data: one model in
     ``out_dir`` (seed ``seed``), or ``out_dir/member_m`` with seed ``seed + 1000 m``, member
-    ``m`` fine-tuned from ``init_from[m]`` when given."""
+    ``m`` fine-tuned from ``init_from[m]`` when given (peak learning rate ``lr``, when given)."""
     out_dir = Path(out_dir)
     paths = []
     for m in range(members):
@@ -154,6 +166,7 @@ def train_members(
                 seed=seed + 1000 * m,
                 refit_offsets=refit_offsets,
                 resume=resume,
+                lr=lr,
             )
         )
     return paths

@@ -160,6 +160,8 @@ class ActiveLearningConfig(Section):
         model: start from this checkpoint instead of training on the initial data.
         rounds: number of MD -> label -> retrain rounds.
         retrain_epochs: epochs of each retraining (``None``: the training config's).
+        retrain_lr: peak learning rate of each retraining (``None``: the training config's); a
+            warm start at the first training's rate undoes much of what it learned.
         uncertainty: calculator mode during MD (``exact``, ``lowrank`` or ``sampled``).
         thresholds: ``mlip_unc.calculator.Thresholds`` fields (checked when the run starts).
         refit_offsets: refit the per-element energy offsets after each training, for small
@@ -186,6 +188,7 @@ class ActiveLearningConfig(Section):
     model: str | None = None
     rounds: int = Field(1, gt=0)
     retrain_epochs: int | None = None
+    retrain_lr: float | None = Field(None, gt=0)
     uncertainty: Literal["exact", "lowrank", "sampled"] = "exact"
     md: MDSettings = MDSettings()
     thresholds: dict[str, Any] = Field(

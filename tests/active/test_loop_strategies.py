@@ -19,7 +19,7 @@ from mlip_unc.active.oracles import make_oracle
 from mlip_unc.active.selection import select
 from mlip_unc.active.training import committee_model, train_members
 from mlip_unc.calculator import UncertaintyCalculator
-from mlip_unc.config import ActiveLearningConfig, GenerateSettings, validate
+from mlip_unc.config import ActiveLearningConfig, ConfigError, GenerateSettings, validate
 from mlip_unc.models.checkpoint import load_checkpoint
 
 CU = {"bulk": "Cu", "crystalstructure": "fcc", "a": 3.61, "cubic": True}
@@ -225,3 +225,21 @@ def test_nothing_left_to_label_stops_and_reports_the_row_once(tmp_path, tiny_tra
     assert (rows[0]["n_labelled"], rows[0]["n_dropped"], rows[0]["oracle_calls"]) == (0, 2, 8)
     resumed = run_active_learning(config, resume=True, on_round=seen.append)
     assert len(resumed) == 1 and resumed[0]["n_dropped"] == 2 and seen == rows + rows
+
+
+def test_retraining_takes_its_own_learning_rate(tmp_path, tiny_training):
+    """``retrain_lr`` reaches the fine-tuning runs (and only them): a warm start at the first
+    training's rate undoes what it learned."""
+    from mlip_unc.active.training import _training_config
+
+    train = tmp_path / "train.xyz"
+    base = _training_config(train, None, tiny_training, tmp_path, init_from=None, epochs=3, seed=0)
+    tuned = _training_config(
+        train, None, tiny_training, tmp_path, init_from="m.pt", epochs=3, seed=0, lr=2e-3
+    )
+    assert base.train.lr == tiny_training["train"].get("lr", base.train.lr) != 2e-3
+    assert (tuned.train.lr, tuned.train.init_from, tuned.train.epochs) == (2e-3, "m.pt", 3)
+    config = validate(ActiveLearningConfig, {"structures": CU, "bootstrap": {}, "retrain_lr": 1e-3})
+    assert config.retrain_lr == 1e-3
+    with pytest.raises(ConfigError, match=r"^retrain_lr"):
+        validate(ActiveLearningConfig, {"structures": CU, "bootstrap": {}, "retrain_lr": 0})
