@@ -54,6 +54,7 @@ DEFAULT_WORK = (
 )
 RECORDS = "active_learning.jsonl.gz"  # one gzip member per round
 STABILITY_RECORDS = "active_learning_stability.jsonl"
+REFIT_RECORDS = "active_learning_refit.jsonl"
 UDD_DEPTH = 0.9  # eV: 9 x 0.1 eV, the exploration benchmark's kappa (not tuned here)
 
 FULL: dict[str, Any] = {
@@ -316,6 +317,46 @@ def run_stability(
             append_jsonl(path, {**row, "strategy": strategy, "seed": seed, "tag": tag})
 
 
+def refit_final(
+    strategy: str, seed: int, folder: Path, settings: dict[str, Any], out: Path, tag: str
+) -> None:
+    """The data without the training protocol: a model trained from scratch, as the initial
+    one (the shipped config's epochs and rate), on the final training and validation frames of
+    a finished run, evaluated on the reference sets; one record in ``REFIT_RECORDS``."""
+    from mlip_unc.active.evaluation import evaluate_structures
+    from mlip_unc.active.training import train_model
+    from mlip_unc.calculator import UncertaintyCalculator
+    from mlip_unc.config import load_active_config
+    from mlip_unc.data.readers import read_structures
+
+    model = final_model(strategy, folder)
+    path = out / REFIT_RECORDS
+    done = {(r["strategy"], r["seed"], r.get("tag")) for r in read_jsonl(path)}
+    if model is None or (strategy, seed, tag) in done:
+        return
+    config = load_active_config(CONFIG, settings["overrides"])
+    train = read_structures(model.parent / "train.xyz")
+    valid = read_structures(model.parent / "valid.xyz")
+    cpu = time.process_time()
+    scratch = train_model(
+        train,
+        valid,
+        config.training,
+        folder / f"refit_{strategy}",
+        seed=seed,
+        refit_offsets=config.refit_offsets,
+    )
+    row: dict[str, Any] = {"strategy": strategy, "seed": seed, "tag": tag, "n_train": len(train)}
+    row["cpu_train_s"] = time.process_time() - cpu
+    calc = UncertaintyCalculator(scratch)
+    for name in REFERENCE_SETS:
+        metrics = evaluate_structures(calc, read_structures(folder / f"test_{name}.xyz"))
+        row.update(
+            {f"{name}_force_mae": metrics["force_mae"], f"{name}_energy_mae": metrics["energy_mae"]}
+        )
+    append_jsonl(path, row)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="0,1,2")
@@ -326,6 +367,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work", type=Path, default=None, help=f"run folders (default {DEFAULT_WORK})")
     p.add_argument("--references", type=Path, default=None, help="oracle reference sets")
     p.add_argument("--no-stability", action="store_true", help="skip the stability runs")
+    p.add_argument(
+        "--refit-only",
+        action="store_true",
+        help="only train from scratch on the final data of finished runs (refit records)",
+    )
     p.add_argument("--report-only", action="store_true", help="only rewrite the page")
     return p.parse_args(argv)
 
@@ -360,6 +406,9 @@ def main(argv: list[str] | None = None) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             seed_data(folder, seed, settings, references)
             for strategy in args.strategies.split(","):
+                if args.refit_only:
+                    refit_final(strategy, seed, folder, settings, args.out, tag)
+                    continue
                 log.info("seed %d, %s", seed, strategy)
                 run_one(strategy, seed, folder, settings, args.out, tag)
                 if not args.no_stability:

@@ -289,6 +289,23 @@ def markdown(
         "seed set's first frame; the committee's model is its member 0 (one model's cost).",
         "",
     ]
+    refit = summary.get("refit") or {}
+    if refit:
+        lines += [
+            "## The data without the training protocol",
+            "",
+            "A model trained from scratch (the first training's recipe: 200 epochs, rate 0.01) "
+            "on each finished run's final training and validation frames, on the same reference "
+            "sets: how good the labels a strategy chose are, apart from the warm-started "
+            "retraining.",
+            "",
+            "| strategy | runs | error from scratch (meV/Å) | per seed |",
+            "|---|---|---|---|",
+        ]
+        for s, v in refit.items():
+            per = ", ".join(f"{e:.1f} (seed {k})" for k, e in v["per_seed"].items())
+            lines.append(f"| {s} | {v['n']} | {_pm(v['error'], '{:.1f}')} | {per} |")
+        lines.append("")
     if other_tags:
         lines += ["## Other records in the same files", ""]
         lines += [
@@ -336,6 +353,16 @@ def write_report(out: Path, tag: str) -> Path:
     stab = [r for r in read_jsonl(out / "active_learning_stability.jsonl") if r.get("tag") == tag]
     runs = [r for r in read_jsonl(out / "active_learning_runs.jsonl") if r.get("tag") == tag]
     summary = summarise(records, stab)
+    refits = [r for r in read_jsonl(out / "active_learning_refit.jsonl") if r.get("tag") == tag]
+    summary["refit"] = {
+        s: {
+            "n": len(rows),
+            "error": _stat([error(r) for r in rows]),
+            "per_seed": {str(r["seed"]): error(r) for r in rows},
+        }
+        for s in STRATEGIES
+        if (rows := [r for r in refits if r["strategy"] == s])
+    }
     summary["written"] = time.strftime("%Y-%m-%d %H:%M")
     summary["commands"] = [r["command"] for r in runs]
     (out / "active_learning.json").write_text(json.dumps(summary, indent=1))

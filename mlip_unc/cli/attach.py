@@ -69,7 +69,11 @@ def attach(
     ),
     threads: int = threads_option(),
 ) -> None:
-    """Keep the MACE model's energies and forces; fit the last-layer posterior on its features."""
+    """Keep the MACE model's energies and forces; fit the last-layer posterior on its features.
+
+    Calibrated so that the epistemic std/RMSE is 1 on the validation structures in every mode;
+    a model whose features cannot carry a calibrated posterior is refused with the measured
+    reason (docs/guides/attach-calibration.md)."""
     require_files(
         (model, "mace-torch model file"), (data, "structure file"), (valid, "--valid file")
     )

@@ -13,8 +13,12 @@ on a CPU and without touching a MACE weight:
    maps), and the full-covariance last-layer posterior (LLPR,
    :func:`mlip_unc.train.posterior.fit_full_posterior`) is accumulated over (at most
    ``max_train``, 200 by default) training structures with the energy and force noises set to
-   the MACE model's residuals there, its ``lambda`` and calibration scalars fitted on (at most
-   ``max_valid``, 100) validation structures by NLL. Its cost is ``d + 1`` backward passes per
+   the MACE model's residuals there, its ``lambda`` fitted on (at most ``max_valid``, 100)
+   validation structures by NLL and its calibration scalars by moment matching there
+   (``calibration="rmse"``: the mean epistemic variance equals the mean squared error of the
+   MACE model's own predictions, in the exact and low-rank modes and for the energy; a model
+   whose features cannot carry a calibrated posterior is refused with the measured reason,
+   docs/guides/attach-calibration.md). Its cost is ``d + 1`` backward passes per
    structure (``d`` = 48 for a 32-channel two-layer MACE, about 0.6 CPU-seconds per ethanol
    frame in float64), hence the caps; the domain guard sees every training structure;
 3. the domain guard and the validation uncertainty levels are fitted as after training, and the
@@ -58,7 +62,11 @@ from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.nn.mace_backbone import MACEModelFeatures, import_mace
 from mlip_unc.nn.mace_config import plain_mace_config
 from mlip_unc.train.evaluate import uncertainty_levels
-from mlip_unc.train.posterior import fit_full_posterior, random_subset
+from mlip_unc.train.posterior import (
+    PosteriorCalibrationError,
+    fit_full_posterior,
+    random_subset,
+)
 from mlip_unc.train.predictions import predict
 
 __all__ = [
@@ -313,7 +321,14 @@ def attach_uncertainty(
         force_noise=noise_f,
         posterior_rank=posterior_rank,
     )
-    posterior = fit_full_posterior(model, train, valid, batch_size=batch_size)
+    try:
+        posterior = fit_full_posterior(
+            model, train, valid, batch_size=batch_size, calibration="rmse"
+        )
+    except PosteriorCalibrationError as err:
+        raise PosteriorCalibrationError(
+            f"cannot attach an uncertainty to {model_path}: {err}"
+        ) from None
     levels_data = valid if valid is not None else train
     n_valid = 0 if valid is None else len(valid)
     mace_errors = _residual_scales(model, levels_data, batch_size)

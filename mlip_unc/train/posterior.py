@@ -17,8 +17,20 @@ validation NLL wins, and the energies get their own ``alpha_E^2, sigma_e^2`` the
 model (:meth:`BayesianPotential.set_full_posterior`); the mean predictions do not change.
 
 The grid is wide on purpose: the validation NLL picked its lowest values on the native 3BPA and
-ethanol models and its highest on the last-layer features of attached MACE models
-(docs/what-we-tried.md).
+ethanol models. (It picked its highest on attached MACE models only while the force errors fed
+to the fit left out the MACE model's own forces, issue 40; ``_pass`` now adds them.)
+
+``calibration="rmse"`` (``mlip-unc attach``, docs/guides/attach-calibration.md) keeps that
+``lambda`` but sets each epistemic scale by moment matching on the validation set, so that the
+mean predicted epistemic variance equals the mean squared error there:
+``alpha^2 = mean(e^2) / mean(v)`` for the exact forces, the low-rank forces (``alpha_r^2``) and
+the energies, then fits the noises by NLL at those scales. The epistemic std/RMSE is then 1 on
+the validation set in every mode (the sampled mode draws with ``alpha_F^2``: unbiased for the
+exact one), which the NLL fit does not promise: its scale is ``mean(e^2 / v)``-like and blows
+up when ``v`` spans orders of magnitude that the errors do not. Where the features cannot carry
+a calibrated posterior (a force Jacobian of effective rank below :data:`MIN_JACOBIAN_RANK`, no
+variance, low-rank directions the features never move along) it raises
+:class:`PosteriorCalibrationError` naming the measured quantity.
 """
 
 from __future__ import annotations
@@ -36,10 +48,35 @@ from mlip_unc import keys
 from mlip_unc.models.full_posterior import latent_jacobian
 from mlip_unc.train.device import module_device, to_device
 
-__all__ = ["fit_full_posterior", "gaussian_scale_fit", "random_subset"]
+__all__ = [
+    "MIN_JACOBIAN_RANK",
+    "MIN_LOWRANK_SHARE",
+    "PosteriorCalibrationError",
+    "fit_full_posterior",
+    "gaussian_scale_fit",
+    "moment_scale",
+    "random_subset",
+]
 
 log = logging.getLogger(__name__)
 _GRID = tuple(10.0**k for k in range(-14, 5))
+
+MIN_JACOBIAN_RANK = 2.0
+"""Smallest effective rank (:func:`mlip_unc.uncertainty.diagnostics.jacobian_effective_rank`) of
+the features' force Jacobian over the validation components for ``calibration="rmse"``: below
+it every force variance is a multiple of one direction's (sigma_F ~ |one force pattern|)."""
+
+MIN_LOWRANK_SHARE = 1e-10
+"""Smallest share ``mean(v_lowrank) / mean(v_exact)`` of the raw validation force variance that
+the low-rank directions may carry for ``calibration="rmse"``: below it they are directions the
+features never move along (float64 rounding of the raw variances is ~1e-16 of them) and the
+low-rank mode's scale would be a ratio of rounding errors. Small shares above it are normal: on a
+tiny 8-channel MACE model the 4 least constrained directions carried 7.6e-6 of the variance and
+still gave std/RMSE in [0.5, 2] on held-out cells (tests/models/test_mace_attach.py)."""
+
+
+class PosteriorCalibrationError(ValueError):
+    """The features cannot support a calibrated posterior (the message names the measurement)."""
 
 
 def random_subset(items: list, limit: int | None, seed: int) -> list:
@@ -67,6 +104,11 @@ def _pass(model, dataset: Any, batch_size: int, *, keep: bool) -> dict[str, Any]
     for batch in _batches(dataset, batch_size):
         batch = to_device(batch, device)
         state, out, jac = latent_jacobian(model, batch, blocks)
+        if getattr(state, "base_energy", None) is not None:
+            # latent_jacobian's forces are the head's alone (-d(Phi . mu)/dr); a backbone with its
+            # own energies (an attached MACE model, whose head mean is zero) adds theirs: the
+            # errors below must be those of the model's mean prediction (issue 40)
+            out = {**out, keys.FORCES: model(batch, compute_forces=True)[keys.FORCES].detach()}
         jac = jac.double()  # (D, n_atoms, 3)
         phi = state.phi.detach().double()  # (n_graphs, D)
         n_atoms = torch.bincount(state.graph, minlength=state.n_graphs).double()
@@ -131,16 +173,108 @@ def gaussian_scale_fit(
         return float(params[0].exp()), noise, float(nll())
 
 
+def moment_scale(err: Tensor, var: Tensor, what: str) -> float:
+    """``alpha^2 = mean(err^2) / mean(var)``: the scale at which the mean predicted variance
+    equals the mean squared error (std/RMSE = 1 on these entries); PosteriorCalibrationError
+    when ``var`` carries no variance or the scale is not a finite positive number."""
+    err, var = err.double(), var.double()
+    if err.numel() == 0:
+        raise PosteriorCalibrationError(
+            f"no {what} labels on the validation structures to calibrate on"
+        )
+    mean_var, mse = float(var.mean()), float(err.square().mean())
+    alpha2 = mse / mean_var if mean_var > 0 and math.isfinite(mean_var) else math.nan
+    if not (math.isfinite(alpha2) and alpha2 > 0):
+        raise PosteriorCalibrationError(
+            f"the {what} variance cannot be calibrated: mean raw variance {mean_var:.3g} against "
+            f"a mean squared error of {mse:.3g} on the validation structures (the last-layer "
+            "features do not vary there); use a model whose features depend on the structure, "
+            "or other validation structures"
+        )
+    return alpha2
+
+
+def _noise_at_scale(err: Tensor, epistemic: Tensor, weight: Tensor | None = None) -> float:
+    """NLL-optimal noise ``sigma^2`` of ``err ~ N(0, epistemic + weight sigma^2)`` with the
+    epistemic variance fixed (:func:`gaussian_scale_fit` with the roles of the terms swapped)."""
+    weight = torch.ones_like(err, dtype=torch.float64) if weight is None else weight.double()
+    noise2, _, _ = gaussian_scale_fit(err, weight, epistemic.double(), fixed_noise=1.0)
+    return noise2
+
+
+def _rmse_calibration(
+    val: dict[str, Any],
+    f_proj: Tensor,
+    e_proj: Tensor,
+    eig: Tensor,
+    lam: float,
+    rank: int,
+) -> tuple[list[float], dict[str, float]]:
+    """``[alpha_E^2, alpha_F^2, sigma_e^2, sigma_f^2, alpha_r^2]`` by moment matching on the
+    validation set (module docstring), and the measurements behind it; raises
+    PosteriorCalibrationError where the features cannot support a calibrated posterior."""
+    from mlip_unc.uncertainty.diagnostics import jacobian_effective_rank
+
+    if val["f_err"].numel() == 0:
+        raise PosteriorCalibrationError(
+            "no force labels on the validation structures: the force uncertainty cannot be calibrated"
+        )
+    jac_rank = jacobian_effective_rank(val["jac"])
+    if jac_rank < MIN_JACOBIAN_RANK:
+        raise PosteriorCalibrationError(
+            f"the last-layer features' force Jacobian has effective rank {jac_rank:.2f} on the "
+            f"validation structures (< {MIN_JACOBIAN_RANK:g}): every force uncertainty would be a "
+            "multiple of one force pattern, which no posterior on these features can calibrate; "
+            "use a model with more channels or interactions, or more varied validation structures"
+        )
+    v_f = _variances(f_proj, eig, lam)
+    alpha2_f = moment_scale(val["f_err"], v_f, "force")
+    v_low = _variances(f_proj[:rank], eig[:rank], lam)
+    share = float(v_low.mean() / v_f.mean())
+    if not share >= MIN_LOWRANK_SHARE:
+        raise PosteriorCalibrationError(
+            f"the {rank} least constrained posterior directions carry {share:.2e} of the force "
+            f"variance on the validation structures (< {MIN_LOWRANK_SHARE:g}): the features never "
+            "move along them, so the lowrank mode cannot be calibrated; raise --posterior-rank"
+        )
+    alpha2_r = moment_scale(val["f_err"], v_low, "low-rank force")
+    v_e = _variances(e_proj, eig, lam)
+    alpha2_e = moment_scale(val["e_err"], v_e, "energy") if val["e_err"].numel() else alpha2_f
+    noise2_f = _noise_at_scale(val["f_err"], alpha2_f * v_f)
+    noise2_e = (
+        _noise_at_scale(val["e_err"], alpha2_e * v_e, val["n_atoms"])
+        if val["e_err"].numel()
+        else 0.0
+    )
+    return [alpha2_e, alpha2_f, noise2_e, noise2_f, alpha2_r], {
+        "valid_jacobian_effective_rank": jac_rank,
+        "lowrank_variance_share": share,
+    }
+
+
+def _mean_nll(err: Tensor, total: Tensor) -> float:
+    """Mean Gaussian negative log-likelihood of ``err`` under variances ``total``."""
+    if err.numel() == 0:
+        return math.nan
+    total = total.double().clamp_min(1e-300)
+    return float(0.5 * (math.log(2 * math.pi) + total.log() + err.double().square() / total).mean())
+
+
 def _variances(proj: Tensor, eig: Tensor, lam: float) -> Tensor:
     """``sum_k proj_k^2 / (eig_k + lam)``: ``x^T (A + lam I)^-1 x`` from ``proj = V^T x (d, M)``."""
     return (proj.square() / (eig[:, None] + lam)).sum(0)
 
 
 def fit_full_posterior(
-    model, train: Any, valid: Any | None = None, *, batch_size: int = 8
+    model, train: Any, valid: Any | None = None, *, batch_size: int = 8, calibration: str = "nll"
 ) -> dict[str, Any]:
     """Fit and attach the full posterior to ``model`` (module docstring); returns a summary
-    (lambda, calibration scalars, validation NLL per lambda, effective rank of ``A``)."""
+    (lambda, calibration scalars, validation NLL per lambda, effective rank of ``A``).
+
+    ``calibration``: ``"nll"`` (the scales by maximum likelihood; after training) or ``"rmse"``
+    (moment matching, ``mlip-unc attach``; may raise :class:`PosteriorCalibrationError`)."""
+    if calibration not in ("nll", "rmse"):
+        raise ValueError(f"calibration must be 'nll' or 'rmse', got {calibration!r}")
     was_training = model.training
     model.eval()
     has_valid = valid is not None and len(valid) > 0
@@ -166,12 +300,20 @@ def fit_full_posterior(
     rank = min(int(model.posterior_rank), eig.shape[0])  # low rank: the smallest eig of A
     low = _variances(f_proj[:rank], eig[:rank], lam)
     alpha2_r, _, nll_r = gaussian_scale_fit(val["f_err"], low, fixed_noise=noise2_f)
+    checks: dict[str, float] = {}
+    if calibration == "rmse":
+        scales, checks = _rmse_calibration(val, f_proj, e_proj, eig, lam, rank)
+        alpha2_e, alpha2_f, noise2_e, noise2_f, alpha2_r = scales
+        v_f = _variances(f_proj, eig, lam)  # the NLLs reported are those at these scales
+        nll_f = _mean_nll(val["f_err"], alpha2_f * v_f + noise2_f)
+        nll_r = _mean_nll(val["f_err"], alpha2_r * low + noise2_f)
+        nll_e = _mean_nll(
+            val["e_err"], alpha2_e * _variances(e_proj, eig, lam) + noise2_e * val["n_atoms"]
+        )
     sigma = 1.0 / (eig + lam)  # posterior variances along vec, descending with ascending eig
     factor = sigma.sqrt()[:, None] * vec.T  # rows sqrt(sigma_k) v_k, largest variance first
-    calibration = torch.tensor(
-        [alpha2_e, alpha2_f, noise2_e, noise2_f, alpha2_r], dtype=torch.float64
-    )
-    model.set_full_posterior(factor, calibration)
+    scales_t = torch.tensor([alpha2_e, alpha2_f, noise2_e, noise2_f, alpha2_r], dtype=torch.float64)
+    model.set_full_posterior(factor, scales_t)
     model.train(was_training)
     p = eig / eig.sum().clamp_min(1e-300)
     eff_rank = float(torch.exp(-(p[p > 0] * p[p > 0].log()).sum()))
@@ -190,6 +332,8 @@ def fit_full_posterior(
         "precision_effective_rank": eff_rank,
         "valid_nll_forces_by_lambda": {f"{s[1] / scale:.0e}": s[0] for s in scores},
         "n_valid_components": int(val["f_err"].numel()),
+        "calibration": calibration,
+        **checks,
     }
     log.info(
         "full posterior: lambda %.3g (x mean eig %.0e), alpha_F^2 %.3g, sigma_f %.3g, valid force NLL %.4g, "

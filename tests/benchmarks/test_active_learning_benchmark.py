@@ -512,3 +512,29 @@ def test_write_report_from_jsonl_files(tmp_path):
     empty = report.write_report(tmp_path, "none").read_text()
     assert "Targets not evaluated" in empty
     assert np.isnan(json.loads((tmp_path / "active_learning.json").read_text())["target_meV_A"])
+
+
+def test_refit_final_trains_from_scratch_on_the_final_data_once(tmp_path):
+    """The final frames of a finished run -> a model from scratch (quick sizes), evaluated on
+    every reference set; one record per (strategy, seed, tag), not redone."""
+    from mlip_unc.active.data import oracle_md
+    from mlip_unc.config import GenerateSettings
+
+    start = _cluster()
+    frames = oracle_md(start, EMT(), GenerateSettings(frames=6, interval=2, equilibration=0))
+    run = tmp_path / "ours" / "round_0" / "retrained"
+    run.mkdir(parents=True)
+    write(run / "train.xyz", frames[:4])
+    write(run / "valid.xyz", frames[4:])
+    state = {"rounds": [{"model": str(run / "model.pt")}]}
+    (tmp_path / "ours" / "state.json").write_text(json.dumps(state))
+    for name in benchmark.REFERENCE_SETS:
+        write(tmp_path / f"test_{name}.xyz", frames[4:])
+    out = tmp_path / "out"
+    out.mkdir()
+    benchmark.refit_final("ours", 0, tmp_path, benchmark.QUICK, out, "t")
+    benchmark.refit_final("ours", 0, tmp_path, benchmark.QUICK, out, "t")
+    (row,) = read_jsonl(out / benchmark.REFIT_RECORDS)
+    assert (row["strategy"], row["seed"], row["n_train"]) == ("ours", 0, 4)
+    assert all(row[f"{n}_force_mae"] > 0 for n in benchmark.REFERENCE_SETS)
+    assert (tmp_path / "refit_ours" / "model.pt").is_file() and report.error(row) > 0

@@ -363,3 +363,33 @@ def test_std_over_rmse_is_calibrated_on_held_out_cells(trained, attached, mode):
     energy = float(np.sqrt(np.mean(pred.energy_epistemic_var) / np.mean(e_err**2)))
     assert 0.5 <= forces <= 2.0, forces
     assert 0.5 <= energy <= 2.0, energy
+
+
+def test_features_that_cannot_carry_a_posterior_are_refused(trained, tmp_path, monkeypatch):
+    """The refusal names the measured quantity (here the Jacobian's effective rank, with the
+    bar raised above what any model reaches) and writes nothing."""
+    from mlip_unc.train import posterior
+
+    monkeypatch.setattr(posterior, "MIN_JACOBIAN_RANK", 1e9)
+    out = tmp_path / "refused.pt"
+    result = runner.invoke(
+        app,
+        [
+            "attach",
+            "--model",
+            str(trained / "tiny.model"),
+            "--data",
+            str(trained / "train.xyz"),
+            "--out",
+            str(out),
+            "--energy-key",
+            "REF_energy",
+            "--forces-key",
+            "REF_forces",
+            "--valid-fraction",
+            "0.25",
+        ],
+    )
+    assert result.exit_code == 1 and not out.exists()
+    assert "error: cannot attach an uncertainty to" in result.output
+    assert "force Jacobian has effective rank" in result.output and "< 1e+09" in result.output
