@@ -282,15 +282,20 @@ def stability(
 
 
 def final_model(strategy: str, folder: Path) -> Path | None:
-    """The last model of a finished run (member 0 for the committee: one model's cost)."""
+    """The last model of a finished run (member 0 for the committee: one model's cost); None
+    while the run is not finished."""
     import json
 
     state = folder / strategy / "state.json"
     if not state.is_file():
         return None
-    rounds = json.loads(state.read_text())["rounds"]
+    data = json.loads(state.read_text())
+    rounds = data["rounds"]
+    finished = len(rounds) >= data["config"].get("rounds", 0) or any(
+        r.get("model") is None for r in rounds
+    )
     models = [r["model"] for r in rounds if r.get("model")]
-    return Path(models[-1]) if models else None
+    return Path(models[-1]) if models and finished else None
 
 
 def run_stability(

@@ -149,10 +149,17 @@ def test_record_of_a_round():
 def test_final_model_is_the_last_committed_model(tmp_path):
     assert benchmark.final_model("ours", tmp_path) is None
     (tmp_path / "ours").mkdir()
-    state = {"rounds": [{"model": "/a/model.pt"}, {"model": "/b/model.pt"}, {"model": None}]}
+    rounds = [{"model": "/a/model.pt"}, {"model": "/b/model.pt"}, {"model": None}]
+    state = {"config": {"rounds": 6}, "rounds": rounds}
+    (tmp_path / "ours" / "state.json").write_text(json.dumps(state))
+    assert benchmark.final_model("ours", tmp_path) == Path("/b/model.pt")  # stopped early
+    state = {"config": {"rounds": 3}, "rounds": rounds[:2]}
+    (tmp_path / "ours" / "state.json").write_text(json.dumps(state))
+    assert benchmark.final_model("ours", tmp_path) is None  # round 3 of 3 still running
+    state["config"]["rounds"] = 2
     (tmp_path / "ours" / "state.json").write_text(json.dumps(state))
     assert benchmark.final_model("ours", tmp_path) == Path("/b/model.pt")
-    (tmp_path / "ours" / "state.json").write_text(json.dumps({"rounds": []}))
+    (tmp_path / "ours" / "state.json").write_text(json.dumps({"config": {}, "rounds": []}))
     assert benchmark.final_model("ours", tmp_path) is None
 
 
@@ -265,7 +272,9 @@ def test_run_stability_records_only_the_missing_trajectories(tmp_path, monkeypat
     # nothing to run without a finished model
     benchmark.run_stability("ours", 0, folder, SETTINGS, out, "full")
     assert not path.exists()
-    (folder / "ours" / "state.json").write_text(json.dumps({"rounds": [{"model": "/m/r0.pt"}]}))
+    (folder / "ours" / "state.json").write_text(
+        json.dumps({"config": {"rounds": 1}, "rounds": [{"model": "/m/r0.pt"}]})
+    )
     done = {"temperature": 600.0, "run": 0, "strategy": "ours", "seed": 0, "tag": "full"}
     append_jsonl(path, done)
     append_jsonl(path, {**done, "run": 1, "tag": "quick"})  # another tag: not this run's
@@ -526,7 +535,7 @@ def test_refit_final_trains_from_scratch_on_the_final_data_once(tmp_path):
     run.mkdir(parents=True)
     write(run / "train.xyz", frames[:4])
     write(run / "valid.xyz", frames[4:])
-    state = {"rounds": [{"model": str(run / "model.pt")}]}
+    state = {"config": {"rounds": 1}, "rounds": [{"model": str(run / "model.pt")}]}
     (tmp_path / "ours" / "state.json").write_text(json.dumps(state))
     for name in benchmark.REFERENCE_SETS:
         write(tmp_path / f"test_{name}.xyz", frames[4:])
