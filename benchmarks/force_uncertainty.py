@@ -109,6 +109,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "of --datasets",
     )
     p.add_argument(
+        "--no-committee",
+        action="store_true",
+        help="skip the committee (its training, committee5 row and timing): the single model's rows only",
+    )
+    p.add_argument(
         "--report-only",
         action="store_true",
         help="only rewrite OUT/force_uncertainty.md from OUT/force_uncertainty.json",
@@ -562,7 +567,11 @@ def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -
     if name in args.refit:
         refit(name, split, args, steps, single_dir)
     single = load_potential(single_dir / "model.pt")
-    committee = load_potential(train(name, split, args, steps, 5))
+    committee = (
+        None
+        if getattr(args, "no_committee", False)
+        else load_potential(train(name, split, args, steps, 5))
+    )
     test = load_frames(split["test"], single, split, args.max_eval_frames)
     ood = load_frames(split["ood"], single, split, args.max_eval_frames)
     modes, skipped = offered_modes(single, test.graphs[0], args)
@@ -573,7 +582,8 @@ def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -
         )
     refitted = (steps.get(f"refit:{name}") or {}).get("line", -1)
     sets, distances = {p: d for p, d in (("in", test), ("ood", ood)) if d is not None}, None
-    for row in [*modes, "committee5", "force_magnitude", *DISTANCES]:
+    committee_rows = [] if committee is None else ["committee5"]
+    for row in [*modes, *committee_rows, "force_magnitude", *DISTANCES]:
         if (done := steps.get(f"eval:{name}:{row}")) and not (
             row in modes and done["line"] < refitted
         ):
@@ -603,7 +613,8 @@ def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -
             )
             for m in ("none", *modes)
         }
-        calls["committee5"] = lambda g: committee(g, compute_forces=True, uncertainty="exact")
+        if committee is not None:
+            calls["committee5"] = lambda g: committee(g, compute_forces=True, uncertainty="exact")
         graphs = test.graphs[: args.timing_frames]
         ms = {"plain" if k == "none" else k: v for k, v in time_calls(calls, graphs).items()}
         steps.add(
@@ -615,17 +626,18 @@ def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -
 def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
     """The results JSON: ``{"meta": ..., dataset: {"default": name, name: row}}``."""
     settings = steps.get("settings") or {}
+    no_committee = getattr(args, "no_committee", False)
     meta = {k: settings.get(k) for k in ("command", "started", *SETTINGS, "threads", "data_root")}
     meta.update(
         status=status,
         updated=time.strftime("%Y-%m-%d %H:%M"),
         environment=environment(),
         default_mode=args.default_mode,
-        committee_budget_minutes_per_member=args.budget_minutes,
+        committee_budget_minutes_per_member=None if no_committee else args.budget_minutes,
         skipped={},
         train_minutes={},
         cost_ms={},
-        notes=[],
+        notes=["--no-committee: no committee trained, no committee5 row"] if no_committee else [],
         refitted={},
         commands=steps.commands,
     )
@@ -656,7 +668,9 @@ def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, A
         results[name] = {"default": default, **rows}
         meta["skipped"][name] = (steps.get(f"modes:{name}") or {}).get("skipped", {})
         meta["train_minutes"][name] = {
-            t: steps.get(f"train:{name}:{t}")["train_minutes"] for t in ("single", "committee5")
+            t: step["train_minutes"]
+            for t in ("single", "committee5")
+            if (step := steps.get(f"train:{name}:{t}"))
         }
         meta["cost_ms"][name] = cost or None
         if refitted := steps.get(f"refit:{name}"):
@@ -892,6 +906,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "overrides": args.overrides,
         "threads": args.threads,
         "data_root": None if args.quick else str(args.data_root),
+        "committee": not args.no_committee,
     }
     steps = Steps(args.out / "force_uncertainty.jsonl", settings)
     steps.note_command(command)

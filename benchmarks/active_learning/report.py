@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common.figures import save_png
 from benchmarks.common.pages import run_section
 from benchmarks.common.records import read_jsonl
 
@@ -339,7 +340,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("force MAE, mean of 4 sets (meV/Å)")
     ax.set_yscale("log")
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100)
+    save_png(fig, path)
 
 
 def write_report(out: Path, tag: str) -> Path:

@@ -3,6 +3,7 @@ whole peer on a tiny 3BPA split: PET trained by ``mtt train``, metatrain's LLPR,
 ASE calculator, the suite's scoring, and the resume."""
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -71,3 +72,50 @@ def test_quick_peer_end_to_end(tmp_path):
     assert "metatrain_pet_llpr" in (tmp_path / "metatrain.md").read_text()
     metatrain.main(["--quick", "--out", str(tmp_path)])  # resumed: nothing to do
     assert len(read_jsonl(tmp_path / "metatrain.jsonl.gz")) == 1
+
+
+def test_tuned_trainer_is_written_out_and_named():
+    args = metatrain.parse_args(["--trainer", "tuned", "--datasets", "ethanol", "--seeds", "1"])
+    assert args.training == metatrain.TUNED and set(metatrain.TUNED) <= set(metatrain.TUNED_REASONS)
+    assert args.variant == "best_model_metric=loss,learning_rate=0.01,scale_targets=false"
+    pet = metatrain.pet_options(seed=1, epochs=9, training=args.training)
+    assert pet["architecture"]["training"] == {"num_epochs": 9, "num_workers": 0, **metatrain.TUNED}
+    assert metatrain.parse_args([]).variant == "defaults"  # the documented defaults stay reported
+    given = metatrain.parse_args(["--trainer", "tuned", "--learning-rate", "0.01"])
+    assert given.training["learning_rate"] == 0.01 and given.training["scale_targets"] is False
+
+
+def test_compact_rounds_floats_only():
+    values = {"in": {"score": [0.123456789, 2.0, float("nan")], "n": 3, "name": "x"}}
+    out = metatrain.compact(values)
+    assert out["in"]["score"][:2] == [0.1235, 2.0] and math.isnan(out["in"]["score"][2])
+    assert out["in"]["n"] == 3 and out["in"]["name"] == "x"
+
+
+def test_verdict_ahead_level_behind():
+    ahead = metatrain.verdict("spearman_frame_in_domain", [0.6, 0.5], [0.1, 0.2])
+    assert "ours ahead of the peer, difference 0.400" in ahead and "seeds 2/2" in ahead
+    level = metatrain.verdict("auroc_ood", [0.80, 0.70], [0.74, 0.78])
+    assert "level with" in level  # 0.01 apart, seed std 0.07
+    assert "behind" in metatrain.verdict("cost_ratio", [2.0, 2.1], [1.0, 1.1])  # lower is better
+    calib = metatrain.verdict("std_over_rmse", [0.9, 1.1], [0.2, 0.3])  # closer to 1 is better
+    assert "ahead of" in calib and "|ln(std/RMSE)|" in calib
+    one = metatrain.verdict("force_mae_meV_A", [30.0], [300.0])
+    assert "ahead of" in one and "no spread" in one
+    assert "n/a" in metatrain.verdict("auroc_ood", [None], [0.5])
+
+
+def test_write_section_replaces_its_block_only(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\ntable\n")
+    metatrain.write_section(page, ["## Peer", "one"])
+    metatrain.write_section(page, ["## Peer", "two"])
+    text = page.read_text()
+    assert text.startswith("# Page\n\ntable\n") and text.count(metatrain.BEGIN) == 1
+    assert "two" in text and "one" not in text.split(metatrain.BEGIN)[1]
+
+
+def test_under_budget_runs_are_run_again():
+    assert metatrain.used_budget({"train_minutes": 6.0, "budget_minutes": 8.0})
+    assert not metatrain.used_budget({"train_minutes": 3.7, "budget_minutes": 8.0})
+    assert metatrain.used_budget({"train_minutes": 0.01, "budget_minutes": 0.1, "max_frames": 20})

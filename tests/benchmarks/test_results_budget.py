@@ -20,3 +20,16 @@ def test_results_fit_the_budget():
     total = sum(sizes.values())
     largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
     assert total <= BUDGET_BYTES, f"benchmarks/results holds {total:,} bytes; largest: {largest}"
+
+
+def test_save_png_writes_a_small_palette_image(tmp_path):
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    from benchmarks.common.figures import save_png
+
+    fig = Figure(figsize=(4, 3))
+    fig.subplots().plot([0, 1, 2], [0, 1, 4], "o-")
+    path = save_png(fig, tmp_path / "f.png")
+    image = Image.open(path)
+    assert image.mode == "P" and image.size == (400, 300)
