@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common.pages import environment
-from benchmarks.common.records import append_jsonl, read_jsonl
+from benchmarks.common.records import append_jsonl, read_jsonl, take_lock
 
 log = logging.getLogger("active_learning")
 REPO = Path(__file__).resolve().parents[2]
@@ -219,6 +219,8 @@ def run_one(
             extra = {"overrides": items} if row["round"] == 0 else {}
             append_jsonl(path, {**record(strategy, seed, row, cpu), "tag": tag, **extra})
 
+    Path(config.out).mkdir(parents=True, exist_ok=True)
+    take_lock(Path(config.out) / ".lock", "active-learning run")  # one invocation per run
     resume = (Path(config.out) / "state.json").is_file()
     return run_active_learning(config, resume=resume, on_round=on_round)
 

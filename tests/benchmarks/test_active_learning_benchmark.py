@@ -510,7 +510,8 @@ def test_write_report_from_jsonl_files(tmp_path):
         "| ours | 2 | 10.0 ± 0.0 | 40 ± 0 | 20, 20 | 8 ± 0 | 0.75 (12/16) | 0.60 (12/20) |" in text
     )
     assert "| random | 2 | 40.0 ± 0.0 | 40 ± 0 | 40, 40 | 8 ± 0 | n/a (0/0) | n/a (0/0) |" in text
-    assert "ours_biased" not in text and "force_magnitude" not in text
+    assert "| ours_biased |" not in text and "| force_magnitude |" not in text  # no rows
+    assert "Status: partial (3 seeds wanted; finished: random 0, 1; force_magnitude none;" in text
     assert f"- {summary['verdicts'][0]}" in text and summary["verdicts"][0].endswith("met.")
     assert "| ours | 80.0 @ 10 | 20.0 @ 25 | 10.0 @ 40 |" in text
     assert "| committee5 | 1200 | 2 | 1 | 1.500 of 2 |" in text
@@ -547,3 +548,21 @@ def test_refit_final_trains_from_scratch_on_the_final_data_once(tmp_path):
     assert (row["strategy"], row["seed"], row["n_train"]) == ("ours", 0, 4)
     assert all(row[f"{n}_force_mae"] > 0 for n in benchmark.REFERENCE_SETS)
     assert (tmp_path / "refit_ours" / "model.pt").is_file() and report.error(row) > 0
+
+
+def test_run_one_refuses_a_run_another_live_process_holds(tmp_path, monkeypatch):
+    """Two invocations on one run folder would both write it: the second stops at the lock."""
+    import os
+
+    monkeypatch.setattr(benchmark, "initial_model", lambda *a: (tmp_path / "m.pt", 0.0))
+    called = []
+    monkeypatch.setattr(
+        "mlip_unc.active.loop.run_active_learning", lambda *a, **k: called.append(1) or []
+    )
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "ours" / ".lock").write_text(str(os.getppid()))  # a live process, not this one
+    with pytest.raises(SystemExit, match="another active-learning run"):
+        benchmark.run_one("ours", 0, tmp_path, benchmark.QUICK, tmp_path, "t")
+    (tmp_path / "ours" / ".lock").write_text("999999999")  # a dead one: taken over
+    assert benchmark.run_one("ours", 0, tmp_path, benchmark.QUICK, tmp_path, "t") == []
+    assert called == [1]
