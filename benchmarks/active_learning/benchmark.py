@@ -164,13 +164,12 @@ def initial_model(folder: Path, seed: int, settings: dict[str, Any]) -> tuple[Pa
     return path, cpu
 
 
-def bias_width(model: Path) -> float:
+def bias_width(model: Path, n_atoms: int) -> float:
     """``B`` of the udd bias: ``N B^2 = 9 s2_val``, ``s2_val`` the initial model's validation
-    epistemic energy variance (``(N * energy_std_per_atom level)^2``), for 3BPA's 27 atoms."""
+    epistemic energy variance (``(N * energy_std_per_atom level)^2``), ``N = n_atoms``."""
     from mlip_unc.calculator import UncertaintyCalculator
 
     level = UncertaintyCalculator(model, uncertainty="energy").uncertainty_levels
-    n_atoms = 27
     s2_val = (n_atoms * float(level["energy_std_per_atom"])) ** 2
     return float(np.sqrt(9.0 * s2_val / n_atoms))
 
@@ -203,7 +202,11 @@ def run_one(
     from mlip_unc.config import load_active_config
 
     model, cpu = (None, 0.0) if strategy == "committee5" else initial_model(folder, seed, settings)
-    width = bias_width(model) if strategy == "ours_biased" and model is not None else None
+    width = None
+    if strategy == "ours_biased" and model is not None:
+        from ase.io import read
+
+        width = bias_width(model, len(read(folder / "seed_train.xyz", 0)))
     items = run_overrides(strategy, seed, folder, model, settings)
     items += strategy_overrides(strategy, width)
     config = load_active_config(CONFIG, items)

@@ -117,26 +117,31 @@ def trained(tmp_path_factory):
     return root
 
 
+def _attach_args(trained, out) -> list[str]:
+    """``mlip-unc attach`` on the tiny model and its training file, a quarter for validation."""
+    return [
+        "attach",
+        "--model",
+        str(trained / "tiny.model"),
+        "--data",
+        str(trained / "train.xyz"),
+        "--out",
+        str(out),
+        "--energy-key",
+        "REF_energy",
+        "--forces-key",
+        "REF_forces",
+        "--valid-fraction",
+        "0.25",
+    ]
+
+
 @pytest.fixture(scope="module")
 def attached(trained):
     out = trained / "unc.pt"
     result = runner.invoke(
         app,
-        [
-            "attach",
-            "--model",
-            str(trained / "tiny.model"),
-            "--data",
-            str(trained / "train.xyz"),
-            "--out",
-            str(out),
-            "--energy-key",
-            "REF_energy",
-            "--forces-key",
-            "REF_forces",
-            "--valid-fraction",
-            "0.25",
-        ],
+        _attach_args(trained, out),
     )
     assert result.exit_code == 0, result.output
     assert "model: " in result.output and "validation force NLL" in result.output
@@ -374,21 +379,7 @@ def test_features_that_cannot_carry_a_posterior_are_refused(trained, tmp_path, m
     out = tmp_path / "refused.pt"
     result = runner.invoke(
         app,
-        [
-            "attach",
-            "--model",
-            str(trained / "tiny.model"),
-            "--data",
-            str(trained / "train.xyz"),
-            "--out",
-            str(out),
-            "--energy-key",
-            "REF_energy",
-            "--forces-key",
-            "REF_forces",
-            "--valid-fraction",
-            "0.25",
-        ],
+        _attach_args(trained, out),
     )
     assert result.exit_code == 1 and not out.exists()
     assert "error: cannot attach an uncertainty to" in result.output
