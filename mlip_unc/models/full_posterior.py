@@ -32,6 +32,7 @@ How the two bases compare: docs/what-we-tried.md (posterior variants).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,9 @@ __all__ = [
     "diagonal_factor",
     "default_uncertainty_mode",
     "posterior_uncertainty",
+    "resolve_mode",
+    "sketch_rows",
+    "LOWRANK_ATOM_DIRECTIONS",
 ]
 
 
@@ -217,13 +221,22 @@ def full_energy_uncertainty(state: PotentialState, post: FullPosterior) -> dict[
 
 
 def full_derivatives(
-    state: PotentialState, mu: Tensor, post: FullPosterior, *, rank: int | None, method: str
+    state: PotentialState,
+    mu: Tensor,
+    post: FullPosterior,
+    *,
+    rank: int | None,
+    method: str,
+    sketch: bool = False,
 ) -> dict[str, Tensor]:
     """Mean forces (stress) and their epistemic variances from ``rank`` rows of the factor
-    (all ``D`` rows when ``rank`` is None): ``rank + 1`` vector-Jacobian products; ``state``
-    and ``mu (D,)`` in the posterior's basis (:func:`basis_state`, :func:`basis_mean`)."""
+    (all ``D`` rows when ``rank`` is None): ``rank + 1`` vector-Jacobian products, or 2 with
+    ``sketch`` (:func:`sketch_rows` of the ``rank`` rows); ``state`` and ``mu (D,)`` in the
+    posterior's basis (:func:`basis_state`, :func:`basis_mean`)."""
     factor = post.factor.to(mu.dtype)
     rows = factor if rank is None else factor[: min(int(rank), factor.shape[0])]
+    if sketch:
+        rows = sketch_rows(rows)  # (1, D)
     weights = torch.cat([mu.detach()[None], rows])  # (r + 1, d)
     grads = input_gradients(state, weights, method)
     out = forces_and_stress(state, [g[0] for g in grads])
@@ -236,33 +249,121 @@ def full_derivatives(
 
 
 def latent_jacobian(
-    model, batch, n_blocks: int = 1
+    model, batch, n_blocks: int = 1, *, method: str = "auto"
 ) -> tuple[PotentialState, dict[str, Tensor], Tensor]:
     """One forward pass and the position Jacobian of the per-graph latent sums, in a basis of
     ``n_blocks`` weight blocks (:func:`basis_state`).
 
+    ``method``: ``"reverse"`` takes ``D`` vector-Jacobian products (one per feature);
+    ``"forward"`` takes ``3 n_max`` Jacobian-vector products (one per atom slot and direction,
+    every frame of the batch at once; ``n_max`` = the largest frame), each giving all ``D``
+    features; ``"auto"`` picks the one with fewer products and falls back to ``"reverse"`` with a
+    warning when the backbone has no forward-mode rule. Molecules of tens of atoms under a
+    per-element basis of hundreds of features take 3-8x fewer products in forward mode.
+
     Returns:
         ``(state, outputs, jac)``: the state in that basis (``phi (n_graphs, D)``), outputs at
-        the posterior mean (ENERGY, FORCES, ...) and ``jac (D, n_atoms, 3)`` with
+        the posterior mean (ENERGY, FORCES: the model's whole prediction, a backbone's own
+        energies included) and ``jac (D, n_atoms, 3)`` with
         ``jac[k, a] = dPhi_k(graph of a) / dr_a`` (detached), ``D = n_blocks d``.
     """
+    if method not in ("auto", "forward", "reverse"):
+        raise ValueError(f"method must be 'auto', 'forward' or 'reverse', got {method!r}")
     with torch.enable_grad():
         state = model._state(batch, forces=True, stress=False)
         mu, _ = model.posterior()
         out = model._energies(state, weights=mu.detach())
-        state = basis_state(state, n_blocks)
-        mu = basis_mean(mu.detach(), n_blocks)
-        eye = torch.eye(mu.shape[0], dtype=mu.dtype, device=mu.device)
-        weights = torch.cat([mu[None], eye])  # (D + 1, D)
-        (grads,) = input_gradients(state, weights, model.gradient_method)[:1]
-    out.update(forces_and_stress(state, [grads[0]]))
-    return state, {k: v.detach() for k, v in out.items()}, grads[1:].detach()
+        grads = torch.autograd.grad(out[keys.ENERGY].sum(), state.inputs, retain_graph=True)
+        out.update(forces_and_stress(state, list(grads)))
+        based = basis_state(state, n_blocks)
+        width = based.phi.shape[1]
+        n_max = int(torch.bincount(state.graph, minlength=state.n_graphs).max())
+        jac = None
+        if method == "forward" or (method == "auto" and 3 * n_max < width):
+            try:
+                jac = _forward_jacobian(model, state, n_blocks)
+            except (RuntimeError, NotImplementedError) as err:
+                if method == "forward":
+                    raise
+                warnings.warn(
+                    f"forward-mode Jacobian failed ({type(err).__name__}: "
+                    f"{str(err).splitlines()[0]}); using {width} vector-Jacobian products",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        if jac is None:
+            eye = torch.eye(width, dtype=based.phi.dtype, device=based.phi.device)
+            (jac,) = input_gradients(based, eye, model.gradient_method)[:1]  # (D, n_atoms, 3)
+    return based, {k: v.detach() for k, v in out.items()}, jac.detach()
+
+
+def _forward_jacobian(model, state: PotentialState, n_blocks: int) -> Tensor:
+    """``(D, n_atoms, 3)`` Jacobian of the basis sums ``Phi`` by forward-mode AD: tangent
+    ``(j, c)`` moves atom slot ``j`` of every frame along ``c``; frames are independent, so its
+    Jacobian-vector product holds column ``(j, c)`` of every frame's Jacobian at once."""
+    from torch.func import jvp, vmap
+
+    pos = state.inputs[0].detach()  # (n_atoms, 3)
+    graph, n_atoms = state.graph, pos.shape[0]
+    counts = torch.bincount(graph, minlength=state.n_graphs)
+    slot = torch.arange(n_atoms, device=pos.device) - (torch.cumsum(counts, 0) - counts)[graph]
+    n_max = int(counts.max())
+
+    def phi_of(p: Tensor) -> Tensor:  # (n_graphs, D)
+        z, _ = model._latents(state.batch, p, state.cell, state.atom_type)
+        z = basis_state(replace(state, z=z), n_blocks).z  # (n_atoms, D)
+        return z.new_zeros(state.n_graphs, z.shape[1]).index_add(0, graph, z)
+
+    xyz = torch.arange(3, device=pos.device)
+    rows = 3 * slot[:, None] + xyz[None, :]  # (n_atoms, 3): the tangent that moves (a, c)
+    atoms = torch.arange(n_atoms, device=pos.device)[:, None]
+    tangents = pos.new_zeros(3 * n_max, n_atoms, 3)
+    tangents[rows, atoms, xyz[None, :]] = 1.0
+    out = vmap(lambda t: jvp(phi_of, (pos,), (t,))[1], chunk_size=64)(tangents)  # (3 n_max, G, D)
+    jac = out[rows, graph[:, None]]  # (n_atoms, 3, D)
+    return jac.permute(2, 0, 1)
+
+
+LOWRANK_ATOM_DIRECTIONS = 256
+"""``auto`` keeps the ``r`` low-rank directions while the largest structure has at most
+``LOWRANK_ATOM_DIRECTIONS / r`` atoms, and sketches them above. The cost of ``r + 1`` backward
+passes against energy + forces is ``(f + (r + 1) b) / (f + b)`` once the backward ``b`` outweighs
+the per-call overhead: about 1.5-1.9x for ``r = 4`` on a 27-atom molecule and ``r = 16`` on a
+9-atom one (batched), 3x for ``r = 4`` at 108 atoms and above (CPU, e3nn and GIN backbones, the
+shipped configs' sizes; benchmarks/results/speed.md)."""
+
+SKETCH_SEED = 0
+"""Seed of the fixed +-1 signs of the ``sketch`` mode (the same combination on every call)."""
 
 
 def default_uncertainty_mode(model) -> str:
-    """The calculator's and the stored levels' default mode: ``lowrank`` (calibrated, cheap)
-    for a model with a full posterior, ``exact`` otherwise."""
-    return "lowrank" if getattr(model, "has_full_posterior", False) else "exact"
+    """The calculator's and the stored levels' default mode: ``auto`` (calibrated, within 2x
+    energy + forces at every size) for a model with a full posterior, ``exact`` otherwise."""
+    return "auto" if getattr(model, "has_full_posterior", False) else "exact"
+
+
+def sketch_rows(rows: Tensor) -> Tensor:
+    """``(1, D)`` fixed +-1 combination ``sum_k eps_k l_k`` of the factor's ``rows (r, D)``.
+
+    For any signs, ``(d(sum_k eps_k l_k . Phi)/dr)^2 = sum_k (d(l_k . Phi)/dr)^2 + cross terms``
+    whose mean over independent +-1 signs is zero: an unbiased one-product estimate of the
+    low-rank variance, so the low-rank scale ``alpha_r^2`` applies unchanged."""
+    gen = torch.Generator().manual_seed(SKETCH_SEED)
+    signs = torch.randint(0, 2, (rows.shape[0],), generator=gen).to(rows) * 2 - 1  # (r,)
+    return (signs @ rows)[None]
+
+
+def resolve_mode(mode: UncertaintyMode, state: PotentialState, rank: int) -> UncertaintyMode:
+    """``auto`` -> LOWRANK or SKETCH for this batch (:data:`LOWRANK_ATOM_DIRECTIONS`); other
+    modes unchanged."""
+    if mode is not UncertaintyMode.AUTO:
+        return mode
+    n_max = int(torch.bincount(state.graph, minlength=state.n_graphs).max())
+    return (
+        UncertaintyMode.LOWRANK
+        if n_max * rank <= LOWRANK_ATOM_DIRECTIONS
+        else UncertaintyMode.SKETCH
+    )
 
 
 def diagonal_factor(s2: Tensor, rank: int | None) -> Tensor:
@@ -303,13 +404,18 @@ def posterior_uncertainty(
             out.update(exact_derivatives(state, mu, s2, method=method))
         else:
             out.update(full_derivatives(state, mu, post, rank=None, method=method))
-    elif mode is UncertaintyMode.LOWRANK:
+    elif mode in (UncertaintyMode.LOWRANK, UncertaintyMode.SKETCH, UncertaintyMode.AUTO):
+        sketch = resolve_mode(mode, state, int(model.posterior_rank)) is UncertaintyMode.SKETCH
         if post is None:  # the largest-variance axes of the diagonal posterior, uncalibrated
             ones = torch.ones(5, dtype=mu.dtype, device=mu.device)
             diag = FullPosterior(diagonal_factor(s2.detach(), model.posterior_rank), ones)
-            out.update(full_derivatives(state, mu, diag, rank=None, method=method))
+            out.update(full_derivatives(state, mu, diag, rank=None, method=method, sketch=sketch))
         else:
-            out.update(full_derivatives(state, mu, post, rank=model.posterior_rank, method=method))
+            out.update(
+                full_derivatives(
+                    state, mu, post, rank=model.posterior_rank, method=method, sketch=sketch
+                )
+            )
     elif mode is UncertaintyMode.SAMPLED:
         with torch.no_grad():
             if post is None:

@@ -379,6 +379,8 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
             UncertaintyMode.EXACT,
             UncertaintyMode.SAMPLED,
             UncertaintyMode.LOWRANK,
+            UncertaintyMode.SKETCH,
+            UncertaintyMode.AUTO,
         )
         compute_forces = compute_forces or needs_grad
         if mode is UncertaintyMode.SAMPLED and n_samples < 2:

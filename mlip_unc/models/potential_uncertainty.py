@@ -61,6 +61,14 @@ class UncertaintyMode(str, Enum):
     """ENERGY plus force (and stress) variances from the ``posterior_rank`` least constrained
     posterior directions only (``rank + 1`` vector-Jacobian products): the leading rows of the
     full posterior's factor, or the largest-variance axes of a diagonal one."""
+    SKETCH = "sketch"
+    """ENERGY plus the LOWRANK variances estimated from one fixed +-1 combination of those
+    ``r`` directions (2 vector-Jacobian products at any rank): unbiased over the signs, noisier
+    per atom, for structures where ``r + 1`` backward passes cost too much."""
+    AUTO = "auto"
+    """LOWRANK while the largest structure of the batch has at most
+    ``LOWRANK_ATOM_DIRECTIONS / r`` atoms, else SKETCH: force uncertainty within 2x the cost
+    of energy + forces at every size (the default with a full posterior)."""
 
 
 def noise_variances(batch, energy_noise_var: Tensor, force_noise_var: Tensor) -> dict[str, Tensor]:

@@ -18,7 +18,7 @@ model (:meth:`BayesianPotential.set_full_posterior`); the mean predictions do no
 
 The grid is wide on purpose: the validation NLL picked its lowest values on the native 3BPA and
 ethanol models. (It picked its highest on attached MACE models only while the force errors fed
-to the fit left out the MACE model's own forces, issue 40; ``_pass`` now adds them.)
+to the fit left out the MACE model's own forces, issue 40.)
 
 ``calibration="rmse"`` (``mlip-unc attach``, docs/guides/attach-calibration.md) keeps that
 ``lambda`` but sets each epistemic scale by moment matching on the validation set, so that the
@@ -103,12 +103,7 @@ def _pass(model, dataset: Any, batch_size: int, *, keep: bool) -> dict[str, Any]
     rows: dict[str, list[Tensor]] = {"phi": [], "e_err": [], "n_atoms": [], "jac": [], "f_err": []}
     for batch in _batches(dataset, batch_size):
         batch = to_device(batch, device)
-        state, out, jac = latent_jacobian(model, batch, blocks)
-        if getattr(state, "base_energy", None) is not None:
-            # latent_jacobian's forces are the head's alone (-d(Phi . mu)/dr); a backbone with its
-            # own energies (an attached MACE model, whose head mean is zero) adds theirs: the
-            # errors below must be those of the model's mean prediction (issue 40)
-            out = {**out, keys.FORCES: model(batch, compute_forces=True)[keys.FORCES].detach()}
+        state, out, jac = latent_jacobian(model, batch, blocks)  # out: the whole prediction
         jac = jac.double()  # (D, n_atoms, 3)
         phi = state.phi.detach().double()  # (n_graphs, D)
         n_atoms = torch.bincount(state.graph, minlength=state.n_graphs).double()

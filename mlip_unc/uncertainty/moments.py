@@ -116,6 +116,10 @@ def _grads(output: Tensor, inputs: Sequence[Tensor], *, retain_graph: bool, crea
     return grads
 
 
+BATCHED_MAX_ROWS = 100
+"""Largest first input (atoms) for which ``method="auto"`` batches the backward passes."""
+
+
 def linear_gradients(
     phi: Tensor,
     inputs: Sequence[Tensor],
@@ -133,10 +137,11 @@ def linear_gradients(
         weights: ``(K, d)`` weight vectors.
         method: ``"loop"`` (K backward passes with ``retain_graph``; least memory),
             ``"batched"`` (one vmapped backward, ``is_grads_batched=True``; about K times the
-            backward memory) or ``"auto"`` (batched, falling back to the loop with a warning
-            if an operation has no batching rule). Measured on CPU with torch 2.13 (27 atoms,
-            d = 16): batched 2-2.5x faster than the loop for the e3nn backbone, on par for
-            GeometricGIN; docs/method.md s.3 found the opposite on another setup, so measure.
+            backward memory) or ``"auto"`` (batched below :data:`BATCHED_MAX_ROWS` rows of the
+            first input, the loop above; batched falls back to the loop with a warning if an
+            operation has no batching rule). Measured on CPU with torch 2.13, K = 5: batched is
+            2x faster than the loop on a 27-atom molecule, 10-40 % slower from 216 to 3,375 atoms
+            (memory-bound: K copies of every backward buffer) for the e3nn and GIN backbones.
         create_graph: keep the graph of the gradients (for training losses).
         retain_graph: keep the forward graph after the last pass.
 
@@ -146,6 +151,8 @@ def linear_gradients(
     n_weights = weights.shape[0]
     if not phi.requires_grad:  # latents independent of every input (and frozen)
         return tuple(x.new_zeros((n_weights, *x.shape)) for x in inputs)
+    if method == "auto" and (not inputs or inputs[0].shape[0] > BATCHED_MAX_ROWS):
+        method = "loop"
     if method == "auto":
         try:
             return linear_gradients(

@@ -298,7 +298,7 @@ def test_eval_uses_the_calculators_default_mode(tmp_path):
 
     model = _potential(tmp_path / "m.pt", levels=False, full_posterior=True)
     expected = UncertaintyCalculator(model).uncertainty
-    assert expected == "lowrank"  # a model with a full posterior (the old eval used exact)
+    assert expected == "auto"  # a model with a full posterior (the old eval used exact)
     data = _labelled_cu(tmp_path / "test.xyz", 2)
     result = runner.invoke(
         app, ["eval", "-m", str(model), "-d", str(data), "--out", str(tmp_path / "m.json")]

@@ -94,6 +94,65 @@ def test_lowrank_is_the_leading_directions_and_full_rank_is_exact():
     )
 
 
+def test_sketch_is_one_signed_combination_unbiased_over_the_signs(monkeypatch):
+    """sketch = alpha_r^2 (d(eps . L_r Phi)/dr)^2 for the fixed signs; over all 2^r sign
+    patterns its mean is exactly the lowrank variance (the cross terms cancel)."""
+    from mlip_unc.models import full_posterior as fp
+
+    model = _model()  # posterior_rank 3
+    graph = _graph(2)
+    _, _, jac = latent_jacobian(model, graph)
+    proj = torch.einsum("rk,kac->rac", model.posterior_factor[:3], jac)  # (3, n_atoms, 3)
+    alpha2 = model.full_posterior().alpha2_lowrank
+    low = model(graph, uncertainty="lowrank")
+    sketch = model(graph, uncertainty="sketch")
+    torch.testing.assert_close(sketch[keys.FORCES], low[keys.FORCES])
+    signs = (fp.sketch_rows(torch.eye(3, dtype=torch.float64))[0]).round()
+    assert set(signs.tolist()) <= {-1.0, 1.0}
+    expected = alpha2 * torch.einsum("r,rac->ac", signs, proj).square()
+    torch.testing.assert_close(sketch[keys.FORCES_VAR], expected)
+    patterns = torch.cartesian_prod(*[torch.tensor([-1.0, 1.0], dtype=torch.float64)] * 3)
+    mean = torch.einsum("pr,rac->pac", patterns, proj).square().mean(0) * alpha2
+    torch.testing.assert_close(mean, low[keys.FORCES_VAR])
+    assert not torch.allclose(sketch[keys.FORCES_VAR], low[keys.FORCES_VAR])
+
+
+def _count_backward(monkeypatch) -> list[int]:
+    """Vector-Jacobian products per model call (rows of every torch.autograd.grad call)."""
+    calls: list[int] = []
+    real = torch.autograd.grad
+
+    def counting(outputs, *args, **kwargs):
+        batched = kwargs.get("is_grads_batched", False)
+        calls.append(int(kwargs["grad_outputs"].shape[0]) if batched else 1)
+        return real(outputs, *args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", counting)
+    return calls
+
+
+def test_auto_is_lowrank_on_small_structures_and_sketch_on_large_ones(monkeypatch):
+    from mlip_unc.models import full_posterior as fp
+
+    model = _model()  # rank 3, a 4-atom cell; the budget moves instead of the size
+    graph = _graph(1)
+    calls = _count_backward(monkeypatch)
+    monkeypatch.setattr(fp, "LOWRANK_ATOM_DIRECTIONS", 12)  # 4 atoms x rank 3: lowrank
+    auto = model(graph, uncertainty="auto")
+    assert sum(calls) == 4  # mean forces + 3 directions
+    torch.testing.assert_close(
+        auto[keys.FORCES_VAR], model(graph, uncertainty="lowrank")[keys.FORCES_VAR]
+    )
+    monkeypatch.setattr(fp, "LOWRANK_ATOM_DIRECTIONS", 11)
+    calls.clear()
+    auto = model(graph, uncertainty="auto")
+    assert sum(calls) == 2  # mean forces + one sketched direction
+    torch.testing.assert_close(
+        auto[keys.FORCES_VAR], model(graph, uncertainty="sketch")[keys.FORCES_VAR]
+    )
+    assert fp.default_uncertainty_mode(model) == "auto"
+
+
 def test_diagonal_factor_reproduces_the_diagonal_posterior():
     model = _model()
     model.clear_full_posterior()
@@ -306,3 +365,25 @@ def test_per_element_differs_from_shared_and_round_trips(tmp_path):
             torch.testing.assert_close(b[key], value)
     with pytest.raises(ValueError, match="posterior_basis"):
         BayesianPotential(model.backbone, TYPES.to_list(), R_MAX, posterior_basis="per_atom")
+
+
+@pytest.mark.parametrize("name", ["gin", "equivariant"])
+@pytest.mark.parametrize("n_blocks", [1, 2])
+def test_forward_mode_jacobian_equals_the_reverse_one(name, n_blocks):
+    """Frames of different sizes in one batch: forward mode reads each frame's columns from
+    the shared atom-slot tangents; finite differences of Phi check the reverse one."""
+    model = _model(name)
+    small = atoms_to_graph(bulk("Cu", "fcc", a=3.6), R_MAX, TYPES, dtype=torch.float64)
+    batch = Batch.from_data_list([_graph(0), small, _graph(3)])
+    state, out, rev = latent_jacobian(model, batch, n_blocks, method="reverse")
+    _, out_fwd, fwd = latent_jacobian(model, batch, n_blocks, method="forward")
+    assert rev.shape == (n_blocks * model.latent_dim, batch.num_nodes, 3)
+    torch.testing.assert_close(fwd, rev, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(out_fwd[keys.FORCES], out[keys.FORCES])
+    a, c, h = 6, 1, 1e-5  # an atom of the third frame
+    assert int(batch.batch[a]) == 2
+    moved = [batch.clone(), batch.clone()]
+    moved[0].pos[a, c] += h
+    moved[1].pos[a, c] -= h
+    phis = [latent_jacobian(model, m, n_blocks, method="reverse")[0].phi for m in moved]
+    torch.testing.assert_close(rev[:, a, c], (phis[0] - phis[1])[2] / (2 * h), rtol=1e-5, atol=1e-8)

@@ -197,7 +197,7 @@ def test_predictions_equal_mace_calculator(trained, attached):
 
 def test_variances_are_positive_and_grow_off_the_training_data(trained, attached):
     calc = UncertaintyCalculator(attached)
-    assert calc.uncertainty == "lowrank"
+    assert calc.uncertainty == "auto"
     levels = []
     for atoms in ase.io.read(trained / "test.xyz", ":"):
         atoms.calc = calc

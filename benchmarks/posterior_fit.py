@@ -1,0 +1,178 @@
+"""Time of the full-posterior fit against the training it follows (issue 40).
+
+For each trained checkpoint given, the posterior fit runs again with this code, exactly as
+``finalize_checkpoint`` runs it after training (the config stored in the checkpoint: its
+training frames, at most ``model.posterior_max_frames`` of them, its validation frames and
+``train.valid_batch_size``), and its wall time is set against the training wall time of that
+checkpoint (``--train-minutes``: the budget the run trained under). The rebuilt posterior is
+compared with the stored one (``lambda`` and the calibration scalars), so a faster fit that fits
+something else shows. Each checkpoint is one JSON record in ``OUT/posterior_fit.jsonl`` (skipped
+when present); the page ``OUT/posterior_fit.md`` is written from all records.
+
+    python -m benchmarks.posterior_fit --model NAME=PATH/model.pt:MINUTES [--model ...] --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common.pages import environment
+from benchmarks.common.records import append_jsonl, read_jsonl
+from mlip_unc.config import PotentialConfig
+from mlip_unc.config.loader import validate
+from mlip_unc.models.committee import load_potential
+from mlip_unc.models.full_posterior import latent_jacobian
+from mlip_unc.train.posterior import fit_full_posterior, random_subset
+from mlip_unc.train.potential_data import prepare_data
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDS = "posterior_fit.jsonl"
+COMPARED = ("lambda_over_mean_eig", "alpha2_forces", "alpha2_lowrank", "alpha2_energy")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=PATH:MINUTES",
+        help="a trained checkpoint and the wall minutes it trained (repeatable)",
+    )
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument("--report-only", action="store_true")
+    return p.parse_args(argv)
+
+
+def _spec(text: str) -> tuple[str, Path, float]:
+    name, rest = text.split("=", 1)
+    path, minutes = rest.rsplit(":", 1)
+    return name, Path(path), float(minutes)
+
+
+def _jacobian_seconds(model: Any, graphs: list, batch_size: int) -> dict[str, float]:
+    """Wall seconds of the fit's Jacobian for the first batch, forward and reverse mode."""
+    from torch_geometric.data import Batch
+
+    batch = Batch.from_data_list(graphs[:batch_size])
+    out = {}
+    for method in ("forward", "reverse"):
+        start = time.perf_counter()
+        latent_jacobian(model, batch, model.posterior_blocks, method=method)
+        out[method] = time.perf_counter() - start
+    return out
+
+
+def measure(name: str, path: Path, train_minutes: float) -> dict[str, Any]:
+    """Refit the posterior of ``path`` as training does; its wall time and what it found."""
+    model = load_potential(path)
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    stored = payload["metadata"].get("posterior", {})
+    raw = payload["metadata"].get("training_config")
+    if raw is None:
+        raise SystemExit(f"{path}: no training config stored in the checkpoint")
+    config = validate(PotentialConfig, raw)
+    data = prepare_data(config)
+    fit_on = random_subset(data.train.graphs, config.model.posterior_max_frames, config.seed)
+    batch_size = config.train.valid_batch_size
+    jac = _jacobian_seconds(model, fit_on, batch_size)
+    start = time.perf_counter()
+    summary = fit_full_posterior(model, fit_on, data.valid, batch_size=batch_size)
+    seconds = time.perf_counter() - start
+    return {
+        "model": name,
+        "checkpoint": str(path),
+        "backbone": config.model.backbone.value,
+        "posterior_basis": config.model.posterior_basis.value,
+        "width": int(model.posterior_width),
+        "max_atoms": int(max(int(g.num_nodes) for g in fit_on)),
+        "n_fit_frames": len(fit_on),
+        "n_valid_frames": len(data.valid or []),
+        "fit_seconds": seconds,
+        "train_minutes": train_minutes,
+        "fit_share": seconds / (60.0 * train_minutes),
+        "stored_fit_seconds": stored.get("fit_seconds"),
+        "first_batch_jacobian_seconds": jac,
+        "refit": {k: summary.get(k) for k in COMPARED},
+        "stored": {k: stored.get(k) for k in COMPARED},
+        "load_average": os.getloadavg(),
+    }
+
+
+def write_page(records: list[dict[str, Any]], out: Path) -> None:
+    lines = [
+        "# Full-posterior fit time against training time",
+        "",
+        "| model | backbone | basis (width) | fit frames | largest frame | fit s | training min | fit / training | stored fit s (code that trained it) | Jacobian, first batch: forward / reverse s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        jac = r["first_batch_jacobian_seconds"]
+        stored = r["stored_fit_seconds"]
+        lines.append(
+            f"| {r['model']} | {r['backbone']} | {r['posterior_basis']} ({r['width']}) | "
+            f"{r['n_fit_frames']} | {r['max_atoms']} | {r['fit_seconds']:.1f} | "
+            f"{r['train_minutes']:g} | {100 * r['fit_share']:.1f} % | "
+            f"{'n/a' if stored is None else f'{stored:.0f}'} | "
+            f"{jac['forward']:.2f} / {jac['reverse']:.2f} |"
+        )
+    lines += [
+        "",
+        "The refit runs the fit exactly as training does (`finalize_checkpoint`: at most "
+        "`model.posterior_max_frames` training frames, the validation frames, "
+        "`train.valid_batch_size`). Target (issue 40): fit / training <= 10 %. The Jacobian "
+        "column times one batch both ways; the fit uses the mode with fewer products "
+        "(`latent_jacobian(method='auto')`).",
+        "",
+        "Refit against stored posterior (lambda / mean eig, alpha_F^2, alpha_r^2, alpha_E^2):",
+        "",
+    ]
+    for r in records:
+        pairs = ", ".join(
+            f"{k} {r['refit'][k]:.3g} vs {r['stored'][k]:.3g}"
+            for k in COMPARED
+            if r["refit"].get(k) is not None and r["stored"].get(k) is not None
+        )
+        lines.append(f"- {r['model']}: {pairs}; load average {r['load_average']}")
+    env = environment()
+    lines += ["", "Commands:", ""]
+    lines += [f"    {c}" for c in dict.fromkeys(r.get("command", "") for r in records)]
+    lines += ["", f"Versions: {env}"]
+    (out / "posterior_fit.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    path = args.out / RECORDS
+    records = read_jsonl(path) if path.is_file() else []
+    if not args.report_only:
+        done = {r["model"] for r in records}
+        command = shlex.join(
+            [Path(sys.executable).name, "-m", "benchmarks.posterior_fit", *(argv or sys.argv[1:])]
+        )
+        for text in args.model:
+            name, ckpt, minutes = _spec(text)
+            if name in done:
+                continue
+            record = {**measure(name, ckpt, minutes), "command": command}
+            append_jsonl(path, record)
+            records.append(record)
+            print(
+                f"{name}: fit {record['fit_seconds']:.1f} s = {100 * record['fit_share']:.1f} % of training",
+                flush=True,
+            )
+    write_page(records, args.out)
+
+
+if __name__ == "__main__":
+    main()
