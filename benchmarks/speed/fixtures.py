@@ -8,10 +8,11 @@ vector-Jacobian products).
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +119,20 @@ def config_of(model: str, quick: bool, overrides: list[str] = ()) -> Any:
 
 
 def potential(
-    model: str, *, quick: bool, seed: int = 0, full_posterior: bool = True
+    model: str,
+    *,
+    quick: bool,
+    seed: int = 0,
+    full_posterior: bool = True,
+    config_basis: bool = False,
+    overrides: Sequence[str] = (),
 ) -> BayesianPotential:
-    """An untrained potential of the config's model section over H C N O Cu (+ random full posterior)."""
-    cfg = config_of(model, quick)
+    """An untrained potential of the config's model section over H C N O Cu (+ random full posterior).
+
+    ``config_basis``: the posterior basis of the config (``per_element`` for 3BPA: what a trained
+    checkpoint of it runs) instead of ``shared``; ``overrides``: config keys (``--set`` syntax).
+    """
+    cfg = config_of(model, quick, list(overrides))
     kwargs = {
         "num_types": len(TYPE_MAP),
         "r_max": cfg.data.r_max,
@@ -136,9 +147,10 @@ def potential(
             TYPE_MAP,
             cfg.data.r_max,
             posterior_rank=cfg.model.posterior_rank,
+            **({"posterior_basis": cfg.model.posterior_basis} if config_basis else {}),
         )
         if full_posterior:
-            d = pot.latent_dim
+            d = pot.posterior_width
             factor = (
                 torch.linalg.qr(torch.randn(d, d, dtype=torch.float64))[0]
                 * torch.logspace(-1, -3, d)[:, None]
@@ -149,15 +161,38 @@ def potential(
     return pot.to(cfg.dtype.torch).eval()
 
 
-def mace_calculator() -> Any:
-    """mace-torch's MACECalculator on an untrained ScaleShiftMACE (accuracy benchmark sizes, float32)."""
-    from e3nn import o3
-    from mace import modules
+def mace_calculator(
+    members: int = 1, sizes: dict[str, int] | None = None, base: Any | None = None
+) -> Any:
+    """mace-torch's MACECalculator on an untrained ScaleShiftMACE (accuracy benchmark sizes,
+    float32, or ``base``); ``members`` > 1: mace-torch's own committee (``models=[...]``) of
+    that many perturbed copies."""
     from mace.calculators import MACECalculator
 
-    s = MACE_SIZES
+    base = base if base is not None else mace_model(0, sizes or MACE_SIZES)
+    models = [base] if members == 1 else [_perturbed(base, k) for k in range(1, members + 1)]
+    return MACECalculator(models=models, device="cpu", default_dtype="float32")
+
+
+def _perturbed(model: torch.nn.Module, seed: int, scale: float = 0.05) -> torch.nn.Module:
+    """A copy of ``model`` with every weight moved by ``scale`` x N(0, 1) (seeded): a committee
+    member of the same architecture, made in a fraction of a second (a mace-torch model takes
+    seconds to build)."""
+    member = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in member.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return member
+
+
+def mace_model(seed: int, s: dict[str, int]) -> Any:
+    """An untrained mace-torch ScaleShiftMACE of sizes ``s`` over H C N O Cu."""
+    from e3nn import o3
+    from mace import modules
+
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         model = modules.ScaleShiftMACE(
             r_max=5.0,
             num_bessel=s["num_radial_basis"],
@@ -180,7 +215,7 @@ def mace_calculator() -> Any:
             atomic_inter_scale=1.0,
             atomic_inter_shift=0.0,
         ).float()
-    return MACECalculator(models=[model], device="cpu", default_dtype="float32")
+    return model
 
 
 def models_for(quick: bool, *, mace_only: bool) -> list[str]:
@@ -361,8 +396,17 @@ def _calls_table(entry: dict[str, Any]) -> list[str]:
 
 
 def render(results: dict[str, Any]) -> str:
-    parts = results["parts"]
+    """speed.md: part ``size`` first (its own section), then the per-call parts, training,
+    memory and their runs."""
+    from benchmarks.speed.size_report import render_size
+
+    parts = dict(results["parts"])
+    size = parts.pop("size", None)
     lines = ["# Speed: the ASE calculator, the trainers, peak memory", ""]
+    if size is not None:
+        lines += render_size(size)
+        if not parts:
+            return "\n".join(lines)
     for name, entry in parts.items():
         m = entry["meta"]
         lines += [

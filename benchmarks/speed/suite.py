@@ -22,12 +22,20 @@
    section, read after its set-up (imports, model, structure) and after three calls of the
    section (or one training epoch); both are reported.
 
-Results: ``OUT/speed.json`` (one entry per part: ``main``, and ``mace`` from ``--mace-only``,
-merged into the same file) and ``OUT/speed.md``. ``--quick`` (< 30 s, for CI): tiny models,
-small systems, 3 repeats, one memory probe.
+4. Part ``size`` (``--part size``, :mod:`benchmarks.speed.size_part`): in one process, our
+   calculator in every uncertainty mode (both property orders), mace-torch's MACECalculator
+   single and a 5-model committee, on molecules, a liquid and a crystal from about 10 to 10,000
+   atoms, at each of ``--threads`` (e.g. ``1,all``); the floor of the method, MD throughput and
+   per-row peak memory. Run it in ``.venv-mace`` (where mace-torch lives; elsewhere the mace
+   rows are "not measured").
+
+Results: ``OUT/speed.json`` (one entry per part: ``main``, ``mace`` from ``--mace-only``,
+``size``, merged into the same file) and ``OUT/speed.md``. ``--quick`` (< 30 s, for CI): tiny
+models, small systems, 3 repeats, one memory probe (part size: 2 repeats, systems of <= 27 atoms).
 
     python -m benchmarks.speed --out benchmarks/results
     /work/venv_mace/bin/python -m benchmarks.speed --mace-only --out benchmarks/results
+    .venv-mace/bin/python -m benchmarks.speed --part size --threads 1,all --out benchmarks/results
     python -m benchmarks.speed --report-only   # rewrite speed.md from speed.json
 """
 
@@ -53,12 +61,14 @@ import numpy as np
 import torch
 
 from benchmarks.speed import fixtures as setup
+from benchmarks.speed import size_part, sizes
 from mlip_unc.atomic import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[2]
 
 STEM = "speed"
 PARTS = ("main", "mace")
+SIZE_PART = size_part.PART
 STAGES = ("calls", "train", "memory")
 
 
@@ -75,7 +85,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data"
     )
     p.add_argument(
-        "--threads", type=int, default=1, help="torch threads (also OMP_NUM_THREADS of the probes)"
+        "--threads",
+        default="1",
+        help="torch threads (also OMP_NUM_THREADS of the probes); part size: a comma list, "
+        "'all' = every core, e.g. 1,all",
+    )
+    p.add_argument(
+        "--part",
+        choices=PARTS + (SIZE_PART,),
+        default=None,
+        help="main (default), mace (= --mace-only) or size: the calculator from 10 to 10,000 "
+        "atoms, every mode, mace-torch, floor, MD, memory (benchmarks/speed/size_part.py)",
+    )
+    p.add_argument(
+        "--kinds",
+        default=",".join(sizes.KINDS),
+        help="part size: which kinds of system (molecules, liquid, crystal)",
+    )
+    p.add_argument(
+        "--max-atoms", type=int, default=None, help="part size: leave out larger systems"
+    )
+    p.add_argument(
+        "--max-call-s",
+        type=float,
+        default=60.0,
+        help="part size: skip a row whose one call is predicted to take longer",
+    )
+    p.add_argument(
+        "--row-budget-s",
+        type=float,
+        default=None,
+        help="part size: fewer timed calls (>= 1) for a row beyond this many seconds (default 5)",
     )
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 20; quick 3)")
     p.add_argument(
@@ -102,19 +142,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--report-only", action="store_true", help="only rewrite OUT/speed.md from OUT/speed.json"
     )
     args = p.parse_args(argv)
+    args.part = args.part or ("mace" if args.mace_only else "main")
+    args.mace_only = args.part == "mace"
+    args.thread_list = parse_threads(args.threads, p)
+    if args.part != SIZE_PART and len(args.thread_list) > 1:
+        p.error("--threads takes several values only with --part size")
+    args.threads = args.thread_list[0]
+    args.kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    if not args.kinds or set(args.kinds) - set(sizes.KINDS):
+        p.error(f"--kinds takes a comma-separated subset of {sizes.KINDS}")
     args.stages = [x.strip() for x in args.stages.split(",") if x.strip()]
     if not args.stages or set(args.stages) - set(STAGES):
         p.error(f"--stages takes a comma-separated subset of {STAGES}")
     if args.quick and args.out is None and args.probe is None:
         p.error("--quick writes to the folder given by --out")
     args.out = args.out or REPO / "benchmarks" / "results"
+    if args.part == SIZE_PART:
+        args.repeats = args.repeats or (2 if args.quick else 10)
     args.repeats = args.repeats or (3 if args.quick else 20)
     args.warmup = (1 if args.quick else 3) if args.warmup is None else args.warmup
     if args.data_root is None:
         args.data_root = Path(os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data")
-    if args.repeats < 1 or args.warmup < 0 or args.threads < 1:
-        p.error("--repeats and --threads must be >= 1, --warmup >= 0")
+    if args.repeats < 1 or args.warmup < 0:
+        p.error("--repeats must be >= 1, --warmup >= 0")
     return args
+
+
+def parse_threads(text: str, p: argparse.ArgumentParser) -> list[int]:
+    """``"1,all"`` -> ``[1, os.cpu_count()]`` (each >= 1, duplicates dropped)."""
+    out: list[int] = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        n = (os.cpu_count() or 1) if item == "all" else int(item) if item.isdigit() else 0
+        if n < 1:
+            p.error(f"--threads: {item!r} is not a positive integer or 'all'")
+        if n not in out:
+            out.append(n)
+    if not out:
+        p.error("--threads needs a value")
+    return out
 
 
 # ================================================================ timing
@@ -329,10 +394,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.probe:
         probe(args)
         return {}
-    part = "mace" if args.mace_only else "main"
+    part = args.part
     command = shlex.join(
         ["python", "-m", "benchmarks.speed", *(sys.argv[1:] if argv is None else argv)]
     )
+    if part == SIZE_PART:
+        return run_size(args, command)
     stage_log = {
         "command": command,
         "python": sys.executable,
@@ -407,6 +474,36 @@ def run_calls(args: argparse.Namespace, command: str) -> dict[str, Any]:
     time_rows(rows, args.repeats, args.warmup)
     meta.update(load_avg_end=load_avg(), finished=time.strftime("%Y-%m-%d %H:%M"))
     return {"meta": meta, "calls": summarise(rows)}
+
+
+def size_settings(args: argparse.Namespace) -> size_part.Settings:
+    """The size part's settings from the command line (quick: short budgets)."""
+    return size_part.Settings(
+        threads=tuple(args.thread_list),
+        kinds=args.kinds,
+        max_atoms=args.max_atoms,
+        repeats=args.repeats,
+        row_budget_s=args.row_budget_s or (0.5 if args.quick else 5.0),
+        max_call_s=args.max_call_s,
+        md_budget_s=0.5 if args.quick else 3.0,
+        md_max_steps=5 if args.quick else 20,
+        first_warmup=1 if args.quick else 2,
+        quick=args.quick,
+    )
+
+
+def run_size(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Part ``size``: measured, merged into OUT/speed.json and speed.md after every system."""
+
+    def save_entry(entry: dict[str, Any]) -> None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        results = merge(args.out / f"{STEM}.json", SIZE_PART, entry)
+        atomic_write_text(args.out / f"{STEM}.json", json.dumps(results, indent=1))
+        atomic_write_text(args.out / f"{STEM}.md", setup.render(results))
+
+    size_part.run(size_settings(args), args.data_root, command, save_entry)
+    print(f"results: {args.out / STEM}.md", flush=True)
+    return json.loads((args.out / f"{STEM}.json").read_text())
 
 
 def save(

@@ -1,0 +1,167 @@
+"""benchmarks/speed part ``size``: its systems, timing rules, probes and a ``--quick`` run.
+
+The quick run is in-process (the test process has torch, e3nn and, in .venv-mace, mace-torch
+imported already) on the liquid only (no data files needed): < 20 s on 2 shared cores.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+from ase.neighborlist import neighbor_list
+
+from benchmarks.speed import probes, size_part, sizes, suite
+from mlip_unc import UncertaintyCalculator
+from mlip_unc.models.full_posterior import default_uncertainty_mode
+from mlip_unc.models.potential_uncertainty import UncertaintyMode
+from mlip_unc.uncertainty.moments import linear_gradients
+
+AMU_PER_A3_IN_G_CM3 = 1.66054
+
+
+def test_systems_have_the_stated_atom_counts_and_densities(tmp_path):
+    systems = {s.name: s for s in sizes.size_series(tmp_path, quick=False)}  # RDKit 3BPA
+    expected = {
+        "molecules": [27, 108, 972, 10206],
+        "liquid": [12, 108, 1008, 10080],
+        "crystal": [8, 100, 1000, 10000],
+    }
+    for kind, counts in expected.items():
+        assert [s.n_atoms for s in systems.values() if s.kind == kind] == counts
+    assert not systems["molecules_27"].periodic and systems["molecules_108"].periodic
+    water = systems["liquid_1008"].atoms
+    density = water.get_masses().sum() / water.get_volume() * AMU_PER_A3_IN_G_CM3
+    assert density == pytest.approx(1.0, rel=0.01)
+    assert min(neighbor_list("d", water, 1.5)) > 0.8  # no clashes between molecules
+
+
+def test_plans_skip_slow_or_too_big_rows_and_cap_the_calls():
+    settings = size_part.Settings(repeats=10, row_budget_s=5.0, max_call_s=60.0)
+    plan, pred = size_part.plan_row, size_part.Prediction
+    assert plan(None, settings) == size_part.Plan(2, 10, None)  # the first size: two warm-ups
+    assert plan(pred(0.1, 10.0), settings, 1000.0) == size_part.Plan(1, 10, 0.1)
+    assert plan(pred(20.0, None), settings) == size_part.Plan(0, 1, 20.0)
+    assert "predicted to take 90 s" in plan(pred(90.0, None), settings)
+    assert "does not fit in memory" in plan(pred(1.0, 900.0), settings, 1000.0)  # > 0.8 x
+    assert size_part.calls_for(2.0, settings) == 2 and size_part.calls_for(None, settings) == 10
+    history = {"ours exact README": (10, 2.0, 50.0)}
+    assert size_part.predict(history, "ours exact README", 100) == pred(20.0, 500.0)
+    assert size_part.predict(history, "mace E+F", 100) is None
+
+
+def test_the_floor_is_k_backward_vectors_against_one():
+    t = {"graph": 1.0, "forward": 3.0, "backward": 2.0, "backward_5": 6.0}
+    assert size_part.floor_ratio(t, 1) == 1.0
+    assert size_part.floor_ratio(t, 5) == pytest.approx((4 + 5 * 2) / (4 + 2))
+    assert size_part.batched_floor(t, 5) == pytest.approx((4 + 6) / (4 + 2))
+    assert size_part.batched_floor(t, 7) is None
+
+
+def test_backward_vectors_are_counted_batched_or_not():
+    x = torch.randn(4, 3, requires_grad=True)
+    phi = (x.sin().sum(0, keepdim=True) @ torch.randn(3, 6)).tanh()  # (1, 6)
+    weights = torch.randn(3, 6)
+    with probes.counting_vectors() as counter:
+        linear_gradients(phi, [x], weights, method="batched", retain_graph=True)
+        assert counter.count == 3
+        counter.reset()
+        linear_gradients(phi, [x], weights, method="loop", retain_graph=True)
+        assert counter.count == 3
+        counter.reset()
+        torch.autograd.grad(phi.sum(), [x])
+        assert counter.count == 1
+    assert torch.autograd.grad is probes.torch.autograd.grad  # restored
+    assert "counted" not in torch.autograd.grad.__qualname__
+
+
+def test_the_peak_probe_sees_a_call_of_its_own():
+    if not probes.peak_resettable():
+        pytest.skip("no resettable VmHWM here")
+    before = probes.start_peak()
+    block = np.ones(64 * 2**20 // 8)  # 64 MiB, touched
+    peak = probes.read_peak()
+    del block
+    assert peak - before > 50
+
+
+def test_each_call_is_a_new_structure_so_no_cache_hides_work():
+    cu = sizes.System("crystal", bulk("Cu", "fcc", a=3.61, cubic=True), "test")
+    models = size_part.build_models(quick=True, mace=False)
+    rows, skipped = size_part.ours_rows(models, cu)
+    keys = {r.key for r in rows}
+    modes = [m.value for m in UncertaintyMode if m is not UncertaintyMode.NONE]
+    for mode in modes:
+        assert {f"ours {mode} README", f"ours {mode} reverse"} <= keys or f"ours {mode}" in skipped
+    reverse = next(r for r in rows if r.order == "reverse" and r.mode == models.default)
+    assert reverse.props[-1] == "forces" and reverse.props[0] in ("max_force_std", "energy_std")
+    for _ in range(3):
+        reverse.call()
+    assert isinstance(reverse.calc, UncertaintyCalculator) and reverse.calc.n_model_calls == 3
+    assert models.default == default_uncertainty_mode(models.ours)
+
+
+@pytest.fixture
+def torch_threads():
+    previous = torch.get_num_threads()
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_quick_part_writes_every_row_ratio_floor_memory_and_md(tmp_path: Path, torch_threads):
+    argv = [
+        "--part",
+        "size",
+        "--quick",
+        "--kinds",
+        "liquid",
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    suite.main(argv)
+    entry = json.loads((tmp_path / "speed.json").read_text())["parts"]["size"]
+    meta = entry["meta"]
+    assert meta["status"] == "complete" and meta["quick"] and meta["threads"] == [1]
+    assert len(meta["load_avg_start"]) == 3 and len(meta["load_avg_end"]) == 3
+    assert {"python", "torch", "e3nn", "ase"} <= set(meta["versions"])
+    assert meta["modes"] == [m.value for m in UncertaintyMode if m is not UncertaintyMode.NONE]
+    assert [g["n_atoms"] for g in entry["groups"]] == [6, 12]
+    for group in entry["groups"]:
+        rows = {r["key"]: r for r in group["rows"]}
+        for mode in meta["modes"]:
+            for order in size_part.ORDERS:
+                assert f"ours {mode} {order}" in rows or f"ours {mode}" in group["skipped"]
+        defaults = {r["mode"] for r in group["rows"] if r["default"]}
+        assert defaults == {meta["default_mode"]}
+        assert rows["ours E+F"]["x_ours_ef"] == pytest.approx(1.0)
+        assert rows["ours E+F"]["vectors"] == 1 and rows["ours E+F"]["floor"] == 1.0
+        for r in group["rows"]:
+            assert r["ms_median"] > 0 and r["calls"] >= 1
+            if r["model"] == "ours":
+                assert r["floor"] >= 1.0 and r["vectors"] >= 1
+        if suite.setup.mace_available():
+            assert rows["mace E+F"]["x_mace_ef"] == pytest.approx(1.0)
+            assert rows["mace committee5"]["vectors"] == size_part.COMMITTEE
+        else:
+            assert "not importable" in group["skipped"]["mace E+F"]
+        assert {"graph", "forward", "backward"} <= set(group["floor_ms"])
+    md = {r["row"] for r in entry["groups"][-1]["md"]}
+    assert {"ours E+F", f"ours {meta['default_mode']} (default), σ every step"} <= md
+    page = (tmp_path / "speed.md").read_text()
+    for section in (
+        "## Calculator cost from 10 to 10,000 atoms (part `size`)",
+        f"### The default mode (`{meta['default_mode']}`)",
+        "### Every row, 1 thread(s)",
+        "### The floor",
+        "### MD throughput",
+        "Memory: peak resident set",
+        "### Run (part `size`)",
+    ):
+        assert section in page, section
+    assert meta["command"] in page and "QUICK mode" in page
