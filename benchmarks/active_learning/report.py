@@ -11,6 +11,11 @@ Definitions (stated on the page):
   final model, all members of a committee counted; the oracle's own time is not included;
 - flags: the monitor's flags (``max_force_std`` over its relative threshold) on randomly picked,
   separately labelled MD frames against ``max_i |F_i - F_i^ref|`` over the same threshold.
+
+The periodic system (Si with the mlearn SNAP potential as the oracle, ``--system si``) has its
+own records (``active_learning_si*``), numbers (``active_learning_si.json``), figure and a
+section at the end of the same page, with the same definitions over its five reference sets
+(MD at 300 K, 1200 K and in the melt, vacancy, surface).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +44,14 @@ TAG_NOTES = {
     "(both wrote its folder; the runner now takes a lock per run); run again from scratch",
 }
 SETS = ("md_300K", "md_600K", "md_1200K", "torsion_scan")
+SI_SETS = ("md_300K", "md_1200K", "md_melt", "vacancy", "surface")
+SI_PREFIX = "active_learning_si"  # the Si records: <prefix>.jsonl.gz, <prefix>_stability.jsonl, ...
+SI_MIN_DISTANCE_FRACTION = 0.8  # benchmark.SI_MIN_DISTANCE_FRACTION, stated on the page
 
 
-def error(row: dict[str, Any]) -> float:
-    """Force MAE (meV/A) averaged over the reference sets of a round's record."""
-    values = [row.get(f"{name}_force_mae") for name in SETS]
+def error(row: dict[str, Any], sets: Sequence[str] = SETS) -> float:
+    """Force MAE (meV/A) averaged over the reference sets ``sets`` of a round's record."""
+    values = [row.get(f"{name}_force_mae") for name in sets]
     values = [v for v in values if v is not None]
     return 1000 * float(np.mean(values)) if values else float("nan")
 
@@ -58,10 +67,12 @@ def curves(records: list[dict[str, Any]]) -> dict[str, dict[int, list[dict[str, 
     }
 
 
-def calls_to_reach(rows: list[dict[str, Any]], target: float) -> tuple[float, bool]:
+def calls_to_reach(
+    rows: list[dict[str, Any]], target: float, sets: Sequence[str] = SETS
+) -> tuple[float, bool]:
     """(oracle calls at which the curve first reaches ``target``, reached?)."""
     calls = [float(r["oracle_calls"]) for r in rows]
-    errs = [error(r) for r in rows]
+    errs = [error(r, sets) for r in rows]
     for k, e in enumerate(errs):
         if e <= target:
             if k == 0:
@@ -79,15 +90,19 @@ def model_cpu(rows: list[dict[str, Any]]) -> float:
     return total
 
 
-def summarise(records: list[dict[str, Any]], stab: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every number of the page, from the records."""
+def summarise(
+    records: list[dict[str, Any]], stab: list[dict[str, Any]], sets: Sequence[str] = SETS
+) -> dict[str, Any]:
+    """Every number of the page (of one system: its reference ``sets``), from the records."""
     by = curves(records)
     complete = {
         s: {seed: rows for seed, rows in seeds.items() if "cpu_retrain_s" not in rows[-1]}
         for s, seeds in by.items()
     }  # a finished run's last row is the final model's (no retraining after it)
     finals = {
-        s: [error(rows[-1]) for rows in seeds.values()] for s, seeds in complete.items() if seeds
+        s: [error(rows[-1], sets) for rows in seeds.values()]
+        for s, seeds in complete.items()
+        if seeds
     }
     target = float(np.mean(finals["random"])) if finals.get("random") else float("nan")
     out: dict[str, Any] = {"target_meV_A": target, "strategies": {}}
@@ -95,7 +110,7 @@ def summarise(records: list[dict[str, Any]], stab: list[dict[str, Any]]) -> dict
         seeds = complete.get(s) or {}
         if not seeds:
             continue
-        reach = {seed: calls_to_reach(rows, target) for seed, rows in seeds.items()}
+        reach = {seed: calls_to_reach(rows, target, sets) for seed, rows in seeds.items()}
         flags = {k: 0 for k in ("audit_tp", "audit_fp", "audit_fn", "audit_tn")}
         for rows in seeds.values():
             for r in rows:
@@ -105,14 +120,14 @@ def summarise(records: list[dict[str, Any]], stab: list[dict[str, Any]]) -> dict
         final_rows = [rows[-1] for rows in seeds.values()]
         out["strategies"][s] = {
             "seeds": sorted(seeds),
-            "final_error": _stat([error(r) for r in final_rows]),
+            "final_error": _stat([error(r, sets) for r in final_rows]),
             "final_calls": _stat([float(r["oracle_calls"]) for r in final_rows]),
             "final_sets": {
                 name: {
                     key: _stat([1000 * float(r.get(f"{name}_{key}") or np.nan) for r in final_rows])
                     for key in ("force_mae", "force_rmse", "energy_mae")
                 }
-                for name in SETS
+                for name in sets
             },
             "calls_to_target": {
                 str(seed): {"calls": c, "reached": ok} for seed, (c, ok) in reach.items()
@@ -125,8 +140,10 @@ def summarise(records: list[dict[str, Any]], stab: list[dict[str, Any]]) -> dict
                 "precision": tp / (tp + fp) if tp + fp else None,
                 "recall": tp / (tp + fn) if tp + fn else None,
             },
-            "curve": _mean_curve(list(seeds.values())),
-            "runs_below_round0": sum(error(rows[-1]) < error(rows[0]) for rows in seeds.values()),
+            "curve": _mean_curve(list(seeds.values()), sets),
+            "runs_below_round0": sum(
+                error(rows[-1], sets) < error(rows[0], sets) for rows in seeds.values()
+            ),
             "stability": _stability([r for r in stab if r["strategy"] == s]),
         }
     out["verdicts"] = verdicts(out["strategies"])
@@ -138,15 +155,17 @@ def _stat(values: list[float]) -> dict[str, float]:
     return {"mean": float(np.nanmean(a)), "std": float(np.nanstd(a)), "n": int(a.size)}
 
 
-def _mean_curve(runs: list[list[dict[str, Any]]]) -> list[dict[str, float]]:
+def _mean_curve(
+    runs: list[list[dict[str, Any]]], sets: Sequence[str] = SETS
+) -> list[dict[str, float]]:
     n = min(len(rows) for rows in runs)
     return [
         {
             "round": k,
             "calls": float(np.mean([rows[k]["oracle_calls"] for rows in runs])),
-            "error": float(np.mean([error(rows[k]) for rows in runs])),
-            "error_min": float(np.min([error(rows[k]) for rows in runs])),
-            "error_max": float(np.max([error(rows[k]) for rows in runs])),
+            "error": float(np.mean([error(rows[k], sets) for rows in runs])),
+            "error_min": float(np.min([error(rows[k], sets) for rows in runs])),
+            "error_max": float(np.max([error(rows[k], sets) for rows in runs])),
         }
         for k in range(n)
     ]
@@ -199,15 +218,18 @@ def verdicts(st: dict[str, Any]) -> list[str]:
     return lines
 
 
-def status_line(st: dict[str, Any], wanted: int = 3) -> str:
-    """``Status: complete`` or ``partial`` with the finished seeds of each strategy."""
+def status_line(st: dict[str, Any], wanted: int = 3, si_run: bool | None = False) -> str:
+    """``Status: complete`` or ``partial`` with the finished seeds of each strategy; the 3BPA
+    page says whether the periodic system has records (``si_run``; None: say nothing)."""
     seeds = {s: st[s]["seeds"] if s in st else [] for s in STRATEGIES}
     done = all(len(v) >= wanted for v in seeds.values())
     per = "; ".join(f"{s} {', '.join(map(str, v)) or 'none'}" for s, v in seeds.items())
-    return (
-        f"Status: {'complete' if done else 'partial'} ({wanted} seeds wanted; finished: {per}). "
-        "Only 3BPA so far: the periodic system (Si with the SNAP oracle) is not run yet."
-    )
+    line = f"Status: {'complete' if done else 'partial'} ({wanted} seeds wanted; finished: {per})."
+    if si_run is None:
+        return line
+    if si_run:
+        return line + " The periodic system (Si with the SNAP oracle) has its section below."
+    return line + " Only 3BPA so far: the periodic system (Si with the SNAP oracle) is not run yet."
 
 
 def reading(summary: dict[str, Any]) -> list[str]:
@@ -252,24 +274,9 @@ def _pm(stat: dict[str, float], spec: str = "{:.0f}") -> str:
     return f"{spec.format(stat['mean'])} ± {spec.format(stat['std'])}"
 
 
-def markdown(
-    summary: dict[str, Any],
-    runs: list[dict[str, Any]],
-    png: str,
-    other_tags: dict[str, int] | None = None,
-) -> str:
-    st = summary["strategies"]
+def _strategy_table(st: dict[str, Any]) -> list[str]:
+    """The main table: one row per strategy."""
     lines = [
-        "# Active learning on 3BPA with GFN2-xTB as the oracle",
-        "",
-        "Does the uncertainty save reference calculations? Five strategies at the same label "
-        "budget and the same MD protocol (`benchmarks/active_learning/benchmark.py` says how "
-        "each is made; `configs/al_xtb_3bpa.yaml` is the `ours` run). Error = force MAE (meV/Å) "
-        "averaged over the four xTB reference sets (MD at 300/600/1200 K, torsion scan); "
-        f"target = random's final error, {summary['target_meV_A']:.1f} meV/Å.",
-        "",
-        status_line(st),
-        "",
         "| strategy | seeds | final error | oracle calls | calls to target | model CPU s | "
         "flag precision | flag recall |",
         "|---|---|---|---|---|---|---|---|",
@@ -288,45 +295,41 @@ def markdown(
             f"({f['audit_tp']}/{f['audit_tp'] + f['audit_fp']}) | {rec} "
             f"({f['audit_tp']}/{f['audit_tp'] + f['audit_fn']}) |"
         )
-    lines += ["", "Targets of the issue:", ""] + [f"- {v}" for v in summary["verdicts"]]
-    lines += ["", "Reading:", ""] + [f"- {v}" for v in reading(summary)]
-    lines += ["", f"![learning curves]({png})", "", "## Final models per reference set", ""]
-    lines += [
-        "| strategy | " + " | ".join(f"{n} F MAE / RMSE, E MAE" for n in SETS) + " |",
-        "|---|" + "---|" * len(SETS),
+    return lines
+
+
+def _sets_table(st: dict[str, Any], sets: Sequence[str]) -> list[str]:
+    """Final models per reference set: force MAE / RMSE and energy MAE."""
+    lines = [
+        "| strategy | " + " | ".join(f"{n} F MAE / RMSE, E MAE" for n in sets) + " |",
+        "|---|" + "---|" * len(sets),
     ]
     for s, v in st.items():
         cells = [
             f"{_pm(v['final_sets'][n]['force_mae'])} / {_pm(v['final_sets'][n]['force_rmse'])}, "
             f"{_pm(v['final_sets'][n]['energy_mae'])}"
-            for n in SETS
+            for n in sets
         ]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    lines += ["", "Forces meV/Å, energies meV, mean ± std over seeds.", ""]
-    lines += [
-        "## Learning curves (mean over seeds)",
-        "",
-        "| strategy | "
-        + " | ".join(
-            f"round {k}" for k in range(max(len(v["curve"]) for v in st.values()) if st else 0)
-        )
-        + " |",
-    ]
-    lines.append("|---|" + "---|" * (max(len(v["curve"]) for v in st.values()) if st else 0))
+    return lines
+
+
+def _curves_table(st: dict[str, Any]) -> list[str]:
+    """Learning curves: error @ oracle calls per round, mean over seeds."""
+    n = max(len(v["curve"]) for v in st.values()) if st else 0
+    lines = ["| strategy | " + " | ".join(f"round {k}" for k in range(n)) + " |"]
+    lines.append("|---|" + "---|" * n)
     for s, v in st.items():
         lines.append(
             f"| {s} | "
             + " | ".join(f"{p['error']:.1f} @ {p['calls']:.0f}" for p in v["curve"])
             + " |"
         )
-    lines += [
-        "",
-        "Cells: error (meV/Å) @ oracle calls.",
-        "",
-        "## MD stability of the final models",
-        "",
-    ]
-    lines += [
+    return lines
+
+
+def _stability_table(st: dict[str, Any]) -> list[str]:
+    lines = [
         "| strategy | T (K) | runs | failed | mean time to failure or end (ps) |",
         "|---|---|---|---|---|",
     ]
@@ -335,6 +338,56 @@ def markdown(
             lines.append(
                 f"| {s} | {t} | {x['runs']} | {x['failed']} | {x['mean_survived_ps']:.3f} of {x['length_ps']:.3g} |"
             )
+    return lines
+
+
+def _refit_table(refit: dict[str, Any]) -> list[str]:
+    lines = [
+        "| strategy | runs | error from scratch (meV/Å) | per seed |",
+        "|---|---|---|---|",
+    ]
+    for s, v in refit.items():
+        per = ", ".join(f"{e:.1f} (seed {k})" for k, e in v["per_seed"].items())
+        lines.append(f"| {s} | {v['n']} | {_pm(v['error'], '{:.1f}')} | {per} |")
+    return lines
+
+
+def markdown(
+    summary: dict[str, Any],
+    runs: list[dict[str, Any]],
+    png: str,
+    other_tags: dict[str, int] | None = None,
+    si: list[str] | None = None,
+) -> str:
+    """The page: 3BPA, then the lines of the Si section (``si``; none: not run yet)."""
+    st = summary["strategies"]
+    lines = [
+        "# Active learning on 3BPA with GFN2-xTB as the oracle",
+        "",
+        "Does the uncertainty save reference calculations? Five strategies at the same label "
+        "budget and the same MD protocol (`benchmarks/active_learning/benchmark.py` says how "
+        "each is made; `configs/al_xtb_3bpa.yaml` is the `ours` run). Error = force MAE (meV/Å) "
+        "averaged over the four xTB reference sets (MD at 300/600/1200 K, torsion scan); "
+        f"target = random's final error, {summary['target_meV_A']:.1f} meV/Å.",
+        "",
+        status_line(st, si_run=bool(si)),
+        "",
+        *_strategy_table(st),
+    ]
+    lines += ["", "Targets of the issue:", ""] + [f"- {v}" for v in summary["verdicts"]]
+    lines += ["", "Reading:", ""] + [f"- {v}" for v in reading(summary)]
+    lines += ["", f"![learning curves]({png})", "", "## Final models per reference set", ""]
+    lines += _sets_table(st, SETS)
+    lines += ["", "Forces meV/Å, energies meV, mean ± std over seeds.", ""]
+    lines += ["## Learning curves (mean over seeds)", "", *_curves_table(st)]
+    lines += [
+        "",
+        "Cells: error (meV/Å) @ oracle calls.",
+        "",
+        "## MD stability of the final models",
+        "",
+        *_stability_table(st),
+    ]
     lines += [
         "",
         "A run fails at the first frame (checked every 10 steps) with a bond of the start "
@@ -353,12 +406,8 @@ def markdown(
             "sets: how good the labels a strategy chose are, apart from the warm-started "
             "retraining.",
             "",
-            "| strategy | runs | error from scratch (meV/Å) | per seed |",
-            "|---|---|---|---|",
+            *_refit_table(refit),
         ]
-        for s, v in refit.items():
-            per = ", ".join(f"{e:.1f} (seed {k})" for k, e in v["per_seed"].items())
-            lines.append(f"| {s} | {v['n']} | {_pm(v['error'], '{:.1f}')} | {per} |")
         lines.append("")
     if other_tags:
         lines += ["## Other records in the same files", ""]
@@ -375,10 +424,100 @@ def markdown(
         load_avg=last.get("load_avg"),
         versions=last.get("versions"),
     )
+    if si:
+        lines += ["", *si]
     return "\n".join(lines) + "\n"
 
 
-def plot(summary: dict[str, Any], path: Path) -> None:
+SI_COMMANDS = (
+    "OMP_NUM_THREADS=1 .venv-mace/bin/python -m benchmarks.active_learning.reference_sets_si",
+    "OMP_NUM_THREADS=1 .venv-mace/bin/python -m benchmarks.active_learning --system si",
+)
+
+
+def si_section(summary: dict[str, Any] | None, runs: list[dict[str, Any]], png: str) -> list[str]:
+    """The page's section on the periodic system: its tables from ``summary`` (None: no
+    records of the tag yet, the commands that make them)."""
+    from benchmarks.active_learning.reference_sets_si import Settings
+
+    ref = Settings()
+    lines = [
+        "## Si with the published SNAP potential as the oracle",
+        "",
+        "The periodic system: a 64-atom diamond Si cell (`configs/al_snap_si.yaml`), the same "
+        "five strategies and protocol, MD heating from 300 K to 2200 K over the rounds. The "
+        "oracle is the published SNAP potential of the mlearn study (Zuo et al., J. Phys. Chem. "
+        "A 2020, 124, 731; LAMMPS `pair_style snap`): **a stand-in for DFT**, cheap enough to "
+        "label every frame the benchmark asks for; errors are against SNAP, not against PBE. "
+        "Error = force MAE (meV/Å) averaged over the five SNAP reference sets "
+        "(`benchmarks/active_learning/reference_sets_si.py`: MD at 300 K, 1200 K and in the "
+        f"melt at {ref.melt_k:g} K, a relaxed and thermal vacancy and (001) surface at "
+        f"{ref.defect_k:g} K).",
+        "",
+        f"Reference sets: {ref.n_frames} frames per MD set, {ref.stride * ref.timestep_fs:g} fs "
+        f"apart after {ref.equilibration * ref.timestep_fs / 1000:g} ps (as many as a few "
+        "minutes of one shared core make; every other one is evaluated), the melt first melted "
+        f"at {ref.premelt_k:g} K; the vacancy and surface sets: the relaxed cell and "
+        f"{ref.n_defect_frames} frames of MD, all evaluated. Checksums: "
+        "`active_learning/reference_sets_si.json`.",
+        "",
+    ]
+    if summary is None or not summary["strategies"]:
+        return lines + ["Not run yet. Commands:", "", *[f"- `{c}`" for c in SI_COMMANDS]]
+    st = summary["strategies"]
+    lines += [
+        f"Target = random's final error, {summary['target_meV_A']:.1f} meV/Å. "
+        + status_line(st, si_run=None),
+        "",
+        *_strategy_table(st),
+        "",
+        "Targets of the issue:",
+        "",
+        *[f"- {v}" for v in summary["verdicts"]],
+        "",
+        f"![learning curves, Si]({png})",
+        "",
+        "### Final models per reference set (Si)",
+        "",
+        *_sets_table(st, SI_SETS),
+        "",
+        "Forces meV/Å, energies meV, mean ± std over seeds.",
+        "",
+        "### Learning curves (Si, mean over seeds)",
+        "",
+        *_curves_table(st),
+        "",
+        "Cells: error (meV/Å) @ oracle calls.",
+        "",
+        "### MD stability of the final models (Si)",
+        "",
+        *_stability_table(st),
+        "",
+        "Langevin NVT, 1 fs, friction 0.02/fs, from the crystal at 1200 K and from the first "
+        f"frame of the oracle's melt set at {ref.melt_k:g} K. A run fails at the first frame (checked every "
+        f"10 steps) with two atoms closer than {SI_MIN_DISTANCE_FRACTION:g}x the smallest "
+        "interatomic distance in the oracle's reference sets (their manifest), non-finite "
+        "forces, or a frame the calculator refuses; the committee's model is its member 0.",
+        "",
+    ]
+    refit = summary.get("refit") or {}
+    if refit:
+        lines += ["### The data without the training protocol (Si)", "", *_refit_table(refit), ""]
+    last = runs[-1] if runs else {}
+    footer = run_section(
+        [r["command"] for r in runs],
+        date=last.get("started"),
+        json_name="active_learning_si.json",
+        machine=last.get("machine"),
+        load_avg=last.get("load_avg"),
+        versions=last.get("versions"),
+    )
+    return lines + ["### Run (Si)", *footer[1:]]
+
+
+def plot(
+    summary: dict[str, Any], path: Path, oracle: str = "GFN2-xTB", n_sets: int = len(SETS)
+) -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.5, 4), layout="constrained")
@@ -389,39 +528,61 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         ax.plot(x, [p["error"] for p in c], "o-", label=s)
         ax.fill_between(x, [p["error_min"] for p in c], [p["error_max"] for p in c], alpha=0.15)
     ax.axhline(summary["target_meV_A"], color="grey", ls="--", lw=0.8, label="target")
-    ax.set_xlabel("oracle calls (GFN2-xTB)")
-    ax.set_ylabel("force MAE, mean of 4 sets (meV/Å)")
+    ax.set_xlabel(f"oracle calls ({oracle})")
+    ax.set_ylabel(f"force MAE, mean of {n_sets} sets (meV/Å)")
     ax.set_yscale("log")
     ax.legend(fontsize=8)
     save_png(fig, path)
 
 
-def write_report(out: Path, tag: str) -> Path:
-    """Rewrite ``out/active_learning.{md,json,png}`` from the records of ``tag``."""
-    every = read_jsonl(out / "active_learning.jsonl.gz")
+def system_summary(
+    out: Path, prefix: str, records_name: str, tag: str, sets: Sequence[str]
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, int]]:
+    """(summary, run records, round counts of other tags but ``quick``) of one system's records
+    of ``tag``: ``records_name`` and ``<prefix>_{stability,runs,refit}.jsonl`` under ``out``."""
+    every = read_jsonl(out / records_name)
     records = [r for r in every if r.get("tag") == tag]
     other: dict[str, int] = {}
     for r in every:
         if r.get("tag") not in (tag, "quick"):
             other[str(r.get("tag"))] = other.get(str(r.get("tag")), 0) + 1
-    stab = [r for r in read_jsonl(out / "active_learning_stability.jsonl") if r.get("tag") == tag]
-    runs = [r for r in read_jsonl(out / "active_learning_runs.jsonl") if r.get("tag") == tag]
-    summary = summarise(records, stab)
-    refits = [r for r in read_jsonl(out / "active_learning_refit.jsonl") if r.get("tag") == tag]
+    stab = [r for r in read_jsonl(out / f"{prefix}_stability.jsonl") if r.get("tag") == tag]
+    runs = [r for r in read_jsonl(out / f"{prefix}_runs.jsonl") if r.get("tag") == tag]
+    summary = summarise(records, stab, sets)
+    refits = [r for r in read_jsonl(out / f"{prefix}_refit.jsonl") if r.get("tag") == tag]
     summary["refit"] = {
         s: {
             "n": len(rows),
-            "error": _stat([error(r) for r in rows]),
-            "per_seed": {str(r["seed"]): error(r) for r in rows},
+            "error": _stat([error(r, sets) for r in rows]),
+            "per_seed": {str(r["seed"]): error(r, sets) for r in rows},
         }
         for s in STRATEGIES
         if (rows := [r for r in refits if r["strategy"] == s])
     }
     summary["written"] = time.strftime("%Y-%m-%d %H:%M")
     summary["commands"] = [r["command"] for r in runs]
+    return summary, runs, other
+
+
+def write_report(out: Path, tag: str) -> Path:
+    """Rewrite ``out/active_learning.{md,json,png}`` from the records of ``tag`` (3BPA), with
+    the Si section from the ``active_learning_si*`` records (``active_learning_si.{json,png}``
+    where there are any)."""
+    summary, runs, other = system_summary(
+        out, "active_learning", "active_learning.jsonl.gz", tag, SETS
+    )
     (out / "active_learning.json").write_text(json.dumps(summary, indent=1))
     if summary["strategies"]:
         plot(summary, out / "active_learning.png")
+    si, si_runs, _ = system_summary(out, SI_PREFIX, f"{SI_PREFIX}.jsonl.gz", tag, SI_SETS)
+    si_lines = None
+    if si["strategies"]:
+        (out / f"{SI_PREFIX}.json").write_text(json.dumps(si, indent=1))
+        plot(si, out / f"{SI_PREFIX}.png", oracle="SNAP", n_sets=len(SI_SETS))
+        si_lines = si_section(si, si_runs, f"{SI_PREFIX}.png")
     page = out / "active_learning.md"
-    page.write_text(markdown(summary, runs, "active_learning.png", other))
+    text = markdown(summary, runs, "active_learning.png", other, si_lines)
+    if si_lines is None:
+        text += "\n" + "\n".join(si_section(None, [], "")) + "\n"
+    page.write_text(text)
     return page
