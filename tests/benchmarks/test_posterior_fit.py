@@ -1,0 +1,62 @@
+"""benchmarks.posterior_fit on a tiny trained potential: the refit reproduces the stored
+posterior, its share of the training time is recorded, and a rerun skips what is done."""
+
+from __future__ import annotations
+
+import json
+
+import ase.io
+import pytest
+import torch
+from ase.build import bulk
+from ase.calculators.emt import EMT
+from ase.calculators.singlepoint import SinglePointCalculator
+
+from benchmarks import posterior_fit
+from mlip_unc.config import potential_config_from_dict
+from mlip_unc.train.potential import train_potential
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("fit_time")
+    frames = []
+    for k in range(16):
+        atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+        atoms.rattle(0.1, seed=k)
+        atoms.calc = EMT()
+        atoms.calc = SinglePointCalculator(
+            atoms, energy=atoms.get_potential_energy(), forces=atoms.get_forces()
+        )
+        frames.append(atoms)
+    ase.io.write(root / "train.xyz", frames)
+    config = potential_config_from_dict(
+        {
+            "out": str(root / "run"),
+            "dtype": "float64",
+            "data": {"train": str(root / "train.xyz"), "valid_fraction": 0.25, "r_max": 4.0},
+            "model": {
+                "backbone": "gin",
+                "backbone_kwargs": {"hidden": 8, "num_layers": 2},
+                "latent_dim": 6,
+            },
+            "train": {"epochs": 2, "batch_size": 4, "progress": False},
+        }
+    )
+    return train_potential(config).model_path
+
+
+def test_refit_record_page_and_resume(checkpoint, tmp_path):
+    argv = ["--model", f"tiny_cu={checkpoint}:0.5", "--out", str(tmp_path)]
+    posterior_fit.main(argv)
+    (record,) = [json.loads(x) for x in (tmp_path / posterior_fit.RECORDS).read_text().splitlines()]
+    assert record["n_fit_frames"] == 12 and record["width"] == 6
+    assert record["fit_share"] == pytest.approx(record["fit_seconds"] / 30.0)
+    for key in ("alpha2_forces", "alpha2_energy"):  # the same fit as training made
+        assert record["refit"][key] == pytest.approx(record["stored"][key], rel=1e-6)
+    assert set(record["first_batch_jacobian_seconds"]) == {"forward", "reverse"}
+    page = (tmp_path / "posterior_fit.md").read_text()
+    assert "| tiny_cu | gin | shared (6) | 12 |" in page
+    posterior_fit.main(argv)  # done: skipped, the page rewritten from the one record
+    assert len((tmp_path / posterior_fit.RECORDS).read_text().splitlines()) == 1
