@@ -241,6 +241,8 @@ def notes(entry: dict[str, Any]) -> list[str]:
         + "; ".join(f"{k}: {v['formula']} ({v['source']})" for k, v in m["systems"].items())
         + ".",
         "",
+        f"GPU rows: {NOT_MEASURED} (this part runs on the CPU only).",
+        "",
     ]
 
 
