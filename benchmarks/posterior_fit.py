@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a trained checkpoint and the wall minutes it trained (repeatable)",
     )
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--tag", default="", help="labels this run's records (a rerun under other conditions)"
+    )
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("--report-only", action="store_true")
     return p.parse_args(argv)
@@ -83,15 +86,16 @@ def measure(name: str, path: Path, train_minutes: float) -> dict[str, Any]:
         raise SystemExit(f"{path}: no training config stored in the checkpoint")
     config = validate(PotentialConfig, raw)
     data = prepare_data(config)
-    shipped = REPO / "configs" / f"{name}.yaml"
-    max_frames = (
-        load_potential_config(shipped, ["data_root=/nonexistent"]).model.posterior_max_frames
-        if shipped.is_file()
-        else config.model.posterior_max_frames
+    path_shipped = REPO / "configs" / f"{name}.yaml"
+    shipped = (
+        load_potential_config(path_shipped, ["data_root=/nonexistent"])
+        if path_shipped.is_file()
+        else config
     )
-    fit_on = random_subset(data.train.graphs, max_frames, config.seed)
+    fit_on = random_subset(data.train.graphs, shipped.model.posterior_max_frames, config.seed)
     batch_size = config.train.valid_batch_size
     jac = _jacobian_seconds(model, fit_on, batch_size)
+    load = os.getloadavg()
     start = time.perf_counter()
     summary = fit_full_posterior(model, fit_on, data.valid, batch_size=batch_size)
     seconds = time.perf_counter() - start
@@ -107,28 +111,43 @@ def measure(name: str, path: Path, train_minutes: float) -> dict[str, Any]:
         "fit_seconds": seconds,
         "train_minutes": train_minutes,
         "fit_share": seconds / (60.0 * train_minutes),
+        "config_max_minutes": float(shipped.train.max_minutes or train_minutes),
         "stored_fit_seconds": stored.get("fit_seconds"),
         "first_batch_jacobian_seconds": jac,
         "refit": {k: summary.get(k) for k in COMPARED},
         "stored": {k: stored.get(k) for k in COMPARED},
-        "load_average": os.getloadavg(),
+        "load_average": load,
     }
+
+
+def _shipped_minutes(record: dict[str, Any]) -> float:
+    """``train.max_minutes`` of the shipped config named like the record (records made before
+    the field was stored), else the record's training minutes."""
+    path = REPO / "configs" / f"{record['model']}.yaml"
+    if path.is_file():
+        return float(load_potential_config(path, ["data_root=/nonexistent"]).train.max_minutes)
+    return float(record["train_minutes"])
 
 
 def write_page(records: list[dict[str, Any]], out: Path) -> None:
     lines = [
         "# Full-posterior fit time against training time",
         "",
-        "| model | backbone | basis (width) | fit frames | largest frame | fit s | training min | fit / training | stored fit s (code that trained it) | Jacobian, first batch: forward / reverse s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | run | backbone | basis (width) | fit frames | largest frame | fit s | training min | fit / training | fit / the config's max_minutes | 1-min load at the start | stored fit s (code that trained it) | Jacobian, first batch: forward / reverse s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         jac = r["first_batch_jacobian_seconds"]
         stored = r["stored_fit_seconds"]
+        minutes = r.get("config_max_minutes") or _shipped_minutes(r)
+        config_share = r["fit_seconds"] / (60.0 * minutes)
         lines.append(
-            f"| {r['model']} | {r['backbone']} | {r['posterior_basis']} ({r['width']}) | "
+            f"| {r['model']} | {r.get('tag') or '-'} | {r['backbone']} | "
+            f"{r['posterior_basis']} ({r['width']}) | "
             f"{r['n_fit_frames']} | {r['max_atoms']} | {r['fit_seconds']:.1f} | "
             f"{r['train_minutes']:g} | {100 * r['fit_share']:.1f} % | "
+            f"{100 * config_share:.1f} % ({minutes:g} min) | "
+            f"{r['load_average'][0]:.2f} | "
             f"{'n/a' if stored is None else f'{stored:.0f}'} | "
             f"{jac['forward']:.2f} / {jac['reverse']:.2f} |"
         )
@@ -163,15 +182,15 @@ def main(argv: list[str] | None = None) -> None:
     path = args.out / RECORDS
     records = read_jsonl(path) if path.is_file() else []
     if not args.report_only:
-        done = {r["model"] for r in records}
+        done = {(r["model"], r.get("tag", "")) for r in records}
         command = shlex.join(
             [Path(sys.executable).name, "-m", "benchmarks.posterior_fit", *(argv or sys.argv[1:])]
         )
         for text in args.model:
             name, ckpt, minutes = _spec(text)
-            if name in done:
+            if (name, args.tag) in done:
                 continue
-            record = {**measure(name, ckpt, minutes), "command": command}
+            record = {**measure(name, ckpt, minutes), "tag": args.tag, "command": command}
             append_jsonl(path, record)
             records.append(record)
             print(

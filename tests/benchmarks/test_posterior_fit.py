@@ -57,6 +57,6 @@ def test_refit_record_page_and_resume(checkpoint, tmp_path):
         assert record["refit"][key] == pytest.approx(record["stored"][key], rel=1e-6)
     assert set(record["first_batch_jacobian_seconds"]) == {"forward", "reverse"}
     page = (tmp_path / "posterior_fit.md").read_text()
-    assert "| tiny_cu | gin | shared (6) | 12 |" in page
+    assert "| tiny_cu | - | gin | shared (6) | 12 |" in page
     posterior_fit.main(argv)  # done: skipped, the page rewritten from the one record
     assert len((tmp_path / posterior_fit.RECORDS).read_text().splitlines()) == 1
