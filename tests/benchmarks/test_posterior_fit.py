@@ -55,7 +55,7 @@ def test_refit_record_page_and_resume(checkpoint, tmp_path):
     assert record["fit_share"] == pytest.approx(record["fit_seconds"] / 30.0)
     for key in ("alpha2_forces", "alpha2_energy"):  # the same fit as training made
         assert record["refit"][key] == pytest.approx(record["stored"][key], rel=1e-6)
-    assert set(record["first_batch_jacobian_seconds"]) == {"forward", "reverse"}
+    assert set(record["first_frame_jacobian_seconds"]) == {"forward", "reverse"}
     page = (tmp_path / "posterior_fit.md").read_text()
     assert "| tiny_cu | - | gin | shared (6) | 12 |" in page
     posterior_fit.main(argv)  # done: skipped, the page rewritten from the one record
