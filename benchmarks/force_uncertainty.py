@@ -24,6 +24,7 @@ import functools
 import json
 import logging
 import os
+import re
 import shlex
 import statistics
 import sys
@@ -56,7 +57,7 @@ log = logging.getLogger("force_uncertainty")
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DATASETS = ("3bpa", "ethanol", "solvent_xtb")
-MODES = ("energy", "exact", "lowrank", "sampled")
+MODES = ("energy", "exact", "lowrank", "sketch", "sampled")
 DISTANCES = (
     "latent_distance",
     "descriptor_distance",
@@ -85,7 +86,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--budget-minutes", type=float, default=None, help="wall time per model (10; quick: 1/6)"
     )
     p.add_argument(
-        "--default-mode", default="lowrank", help="the mode named 'default' in the results"
+        "--default-mode",
+        default="lowrank",
+        help="the mode named 'default' in the results (the calculator's default, auto, is lowrank "
+        "on these molecules: mlip_unc.models.full_posterior.LOWRANK_ATOM_DIRECTIONS)",
     )
     for flag, default, text in (
         ("--threads", 1, "torch threads"),
@@ -820,7 +824,20 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             + (f" {len(meta['notes'])} note(s) in the JSON." if meta["notes"] else "")
         ],
     )
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n" + peer_sections(path))
+
+
+PEER_SECTION = re.compile(
+    r"<!-- peers/(?P<name>[\w.-]+): begin.*?-->.*?<!-- peers/(?P=name): end -->", re.DOTALL
+)
+
+
+def peer_sections(path: Path) -> str:
+    """The sections that other scripts keep on ``path`` between ``<!-- peers/NAME: begin ...-->``
+    and ``<!-- peers/NAME: end -->`` (benchmarks/peers), each after a blank line, so that
+    rewriting the page keeps them."""
+    text = path.read_text() if path.is_file() else ""
+    return "".join(f"\n{m.group(0)}\n" for m in PEER_SECTION.finditer(text))
 
 
 def plot(steps: Steps, results: dict[str, Any], path: Path) -> None:

@@ -1,0 +1,202 @@
+"""benchmarks/peers/mace_rows.py: the committee's combination of members, the deadline, the
+acceptance lines and the page section, on fake records (no data, no mace-torch training)."""
+
+import argparse
+import datetime
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import force_uncertainty as fu
+from benchmarks.peers import mace_rows as mr
+from benchmarks.peers.metatrain import BEGIN as PEER_BEGIN
+from benchmarks.peers.metatrain import END as PEER_END
+from mlip_unc.train.predictions import Predictions
+
+UTC = datetime.UTC
+
+
+def fake_predictions(forces: np.ndarray, energy: np.ndarray) -> Predictions:
+    """Two frames of two atoms each with zero labels."""
+    n = np.array([2, 2])
+    return Predictions(
+        frame_index=np.arange(2),
+        num_atoms=n,
+        has_energy=np.ones(2, bool),
+        has_forces=np.ones(2, bool),
+        energy_true=np.zeros(2),
+        energy_pred=energy,
+        energy_noise_var=np.zeros(2),
+        atom_frame=np.repeat(np.arange(2), n),
+        forces_true=np.zeros((4, 3)),
+        forces_pred=forces,
+        forces_noise_var=np.zeros((4, 3)),
+        periodic=np.zeros(2, bool),
+    )
+
+
+def test_committee_is_mean_and_population_variance():
+    a = fake_predictions(np.zeros((4, 3)), np.array([0.0, 1.0]))
+    b = fake_predictions(np.full((4, 3), 2.0), np.array([2.0, 1.0]))
+    c = mr.committee_predictions([a, b])
+    assert np.allclose(c.forces_pred, 1.0) and np.allclose(c.forces_epistemic_var, 1.0)
+    assert np.allclose(c.energy_pred, [1.0, 1.0]) and np.allclose(
+        c.energy_epistemic_var, [1.0, 0.0]
+    )
+    values = fu.prediction_values(c, "committee5")
+    assert np.allclose(values["score"], np.sqrt(3.0))  # sqrt(sum_c Var F_ac)
+    assert values["std_over_rmse"] == pytest.approx(1.0)  # std 1, error 1 per component
+
+
+def test_predictions_round_trip(tmp_path):
+    pred = fake_predictions(np.arange(12.0).reshape(4, 3), np.array([0.5, 1.5]))
+    back = mr.load_predictions(mr.save_predictions(pred, tmp_path / "p.npz"))
+    assert np.array_equal(back.forces_pred, pred.forces_pred) and back.forces_epistemic_var is None
+
+
+def test_deadline_is_the_next_such_time():
+    now = datetime.datetime(2026, 12, 6, 7, 0, tzinfo=UTC)
+    assert mr.deadline("07:55", now) == now.replace(minute=55)
+    assert mr.deadline("06:00", now).day == 7
+    assert mr.deadline(None, now) is None
+
+
+def test_check_time_refuses_a_step_past_the_deadline():
+    soon = datetime.datetime.now(UTC) + datetime.timedelta(minutes=5)
+    args = argparse.Namespace(deadline=soon, stop_by="x", budget_minutes=8.0)
+    with pytest.raises(mr.OutOfTime):
+        mr.check_time(args, "train", "train:3bpa")  # 8 + 2 min
+    mr.check_time(argparse.Namespace(deadline=None), "fit", "fit")  # no deadline: no check
+
+
+def test_acceptance_against_the_committee():
+    committee = {
+        "spearman_frame_in_domain": 0.6,
+        "auroc_ood": 0.8,
+        "partial_spearman_given_force": None,
+    }
+    row = {
+        "spearman_frame_in_domain": 0.5,
+        "auroc_ood": 0.9,
+        "std_over_rmse": 2.5,
+        "cost_ratio": 1.5,
+    }
+    out = mr.acceptance(row, committee)
+    assert out["spearman_frame_in_domain"]["miss"] == pytest.approx(0.05)
+    assert out["auroc_ood"]["miss"] == 0.0
+    assert out["partial_spearman_given_force"]["miss"] is None  # no reference: not measured
+    assert out["std_over_rmse"]["miss"] == pytest.approx(0.5)
+    assert out["cost_ratio"]["miss"] == 0.0
+
+
+def frame_record(rng: np.random.Generator, n: int, noise: float) -> dict:
+    error = rng.random(n)
+    return {
+        "score": (error + noise * rng.random(n)).tolist(),
+        "error": error.tolist(),
+        "force": rng.random(n).tolist(),
+        "std_over_rmse": 1.0,
+        "force_mae_meV_A": 10.0,
+    }
+
+
+def test_assemble_and_section_from_steps(tmp_path):
+    rng = np.random.default_rng(0)
+    settings = {
+        "command": "python -m benchmarks.peers.mace_rows",
+        "started": "2026-12-06 06:00",
+        "quick": False,
+        "seed": 0,
+        "budget_minutes": 8.0,
+        "overrides": [],
+        "threads": 1,
+        "members": 5,
+    }
+    steps = fu.Steps(tmp_path / "steps.jsonl", settings)
+    steps.add(
+        "train:3bpa:mace_torch:0",
+        {"model": "m0", "train_minutes": 8.0, "epochs": 3, "best_epoch": 3, "dtype": "float32"},
+    )
+    steps.add(
+        "attach:3bpa",
+        {
+            "command": "mlip-unc attach",
+            "seconds": 1.0,
+            "attach": {"n_train": 360, "n_fit": 200, "n_valid": 40},
+        },
+    )
+    steps.add(
+        f"modes:3bpa:{mr.ATTACH}",
+        {"offered": ["energy", "lowrank"], "skipped": {}, "default": "lowrank"},
+    )
+    for mode in ("lowrank", "energy"):
+        steps.add(
+            f"eval:3bpa:{mr.ATTACH}:{mode}", {p: frame_record(rng, 30, 0.5) for p in ("in", "ood")}
+        )
+    steps.add(f"cost:3bpa:{mr.ATTACH}", {"ms": {"plain": 2.0, "lowrank": 3.0, "energy": 2.1}})
+    steps.add(
+        f"eval:3bpa:{mr.COMMITTEE}",
+        {**{p: frame_record(rng, 30, 0.1) for p in ("in", "ood")}, "members": [0, 1, 2]},
+    )
+    steps.add(
+        f"cost:3bpa:{mr.COMMITTEE}", {"ms": {"plain": 2.0, "committee": 8.0}, "members": [0, 1, 2]}
+    )
+    args = argparse.Namespace(datasets=["3bpa", "ethanol"], seed=0, notes=[])
+    results = mr.assemble(steps, args, "partial")
+    entry = results["3bpa"]
+    assert "ethanol" not in results  # nothing evaluated there
+    assert entry["defaults"] == {mr.ATTACH: f"{mr.ATTACH}:lowrank"}
+    assert entry["rows"][f"{mr.ATTACH}:lowrank"]["cost_ratio"] == pytest.approx(1.5)
+    assert entry["rows"][mr.COMMITTEE]["cost_ratio"] == pytest.approx(4.0)
+    assert set(entry["rows"][mr.COMMITTEE]) == set(fu.ROW_KEYS)
+    assert entry["acceptance"][mr.ATTACH]["cost_ratio"]["miss"] == 0.0
+    text = "\n".join(mr.section(json.loads(json.dumps(results))))
+    assert f"{mr.ATTACH}:lowrank (default)" in text and "partial: 3 of 5 members" in text
+    assert "cost_ratio 1.500 [n/a, 2.000]: met" in text
+
+
+def test_write_section_keeps_the_page_and_the_peer_section(tmp_path):
+    page = tmp_path / "force_uncertainty.md"
+    page.write_text(f"# native\n\nrows\n\n{PEER_BEGIN}\npeer\n{PEER_END}\n")
+    mr.write_section(page, ["first"])
+    text = page.read_text()
+    assert text.index("rows") < text.index(mr.BEGIN) < text.index("first") < text.index(PEER_BEGIN)
+    mr.write_section(page, ["second"])
+    text = page.read_text()
+    assert "first" not in text and "second" in text and text.count(mr.BEGIN) == 1
+    assert text.endswith(f"{PEER_BEGIN}\npeer\n{PEER_END}\n")
+
+
+def test_native_page_rewrite_keeps_the_peer_sections(tmp_path):
+    (tmp_path / "force_uncertainty.json").write_text(
+        (fu.RESULTS / "force_uncertainty.json").read_text()
+    )
+    page = tmp_path / "force_uncertainty.md"
+    page.write_text(f"# old\n\n{PEER_BEGIN}\npeer\n{PEER_END}\n")
+    mr.write_section(page, ["ours"])
+    fu.main(["--report-only", "--out", str(tmp_path)])
+    text = page.read_text()
+    assert "# old" not in text and text.startswith("# Force uncertainty")
+    assert text.index("## Run") < text.index(mr.BEGIN) < text.index("ours") < text.index(PEER_BEGIN)
+    assert text.rstrip().endswith(PEER_END) and text.count(mr.END) == 1
+
+
+def test_calibration_overlap_recomputes_attach_split(tmp_path):
+    from mlip_unc.data import random_split
+
+    (tmp_path / "mace_valid_indices_0.txt").write_text("\n".join(map(str, range(0, 100, 10))))
+    meta = {
+        "n_train": 90,
+        "n_fit": 90,
+        "n_valid": 10,
+        "valid_fraction": 0.1,
+        "seed": 0,
+        "valid": None,
+    }
+    out = mr.calibration_overlap(tmp_path, meta)
+    split = random_split(100, (0.9, 0.1, 0.0), seed=0)
+    assert out["n_train_file"] == 100 and out["n_mace_valid"] == 10
+    assert out["calibration_frames"] == sorted(list(split.val) + list(split.test))
+    assert out["calibration_in_mace_valid"] == sum(k % 10 == 0 for k in out["calibration_frames"])
+    assert mr.calibration_overlap(tmp_path, {**meta, "valid": "v.xyz"}) == {}  # --valid given
