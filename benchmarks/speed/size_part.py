@@ -23,7 +23,7 @@ more than ``max_call_s`` (the exact mode and the committee at the large sizes).
 
 Per system also: the floor of the method (graph + forward ``f``, a one-vector backward ``b``,
 the batched K-vector backward ``linear_gradients`` as the model runs it), the peak resident
-memory of each row (:mod:`benchmarks.speed.probes`), and, on the mid sizes, MD throughput (ASE
+memory of each row (:mod:`benchmarks.speed.instruments`), and, on the mid sizes, MD throughput (ASE
 Langevin, σ read every step) for ours E+F, ours default mode with σ, and mace.
 """
 
@@ -47,7 +47,7 @@ from torch_geometric.data import Batch
 
 from benchmarks.common.pages import versions
 from benchmarks.speed import fixtures as setup
-from benchmarks.speed import probes
+from benchmarks.speed import instruments
 from benchmarks.speed.size_report import QUIET_LOAD
 from benchmarks.speed.sizes import KINDS, System, size_series
 from mlip_unc import UncertaintyCalculator
@@ -214,14 +214,14 @@ def mace_rows(models: Models, system: System) -> tuple[list[Row], dict[str, str]
 
 
 # ================================================================ timing
-def measured_call(row: Row, counter: probes.VectorCounter, *, timed: bool) -> float:
+def measured_call(row: Row, counter: instruments.VectorCounter, *, timed: bool) -> float:
     """One call of ``row`` with its peak memory and backward vectors recorded; seconds."""
-    before = probes.start_peak()
+    before = instruments.start_peak()
     counter.reset()
     start = time.perf_counter()
     row.call()
     seconds = time.perf_counter() - start
-    peak = probes.read_peak()
+    peak = instruments.read_peak()
     if peak is not None and before is not None:
         row.peak_mib.append(peak)
         row.added_mib.append(peak - before)
@@ -277,7 +277,7 @@ def calls_for(seconds: float | None, settings: Settings) -> int:
 ROW_ERRORS = (RuntimeError, ValueError, MemoryError, NotImplementedError, FloatingPointError)
 
 
-def guarded_call(row: Row, counter: probes.VectorCounter, *, timed: bool) -> float | None:
+def guarded_call(row: Row, counter: instruments.VectorCounter, *, timed: bool) -> float | None:
     """:func:`measured_call`, or None with ``row.error`` set when the call fails (out of
     memory, a mode the model refuses, ...): the run goes on without the row."""
     if row.error is not None:
@@ -292,7 +292,7 @@ def guarded_call(row: Row, counter: probes.VectorCounter, *, timed: bool) -> flo
 def time_rows(rows: list[Row], plans: dict[str, Plan], settings: Settings) -> None:
     """Warm-ups (which also fix each row's number of calls), then interleaved rotated rounds."""
     calls: dict[str, int] = {}
-    with probes.counting_vectors() as counter:
+    with instruments.counting_vectors() as counter:
         for row in rows:
             plan = plans[row.key]
             seconds = [guarded_call(row, counter, timed=False) for _ in range(plan.warmup)]
@@ -497,7 +497,7 @@ def plan_rows(
     """(rows to time, their plans, {key: why skipped})."""
     plans: dict[str, Plan] = {}
     skipped: dict[str, str] = {}
-    available = probes.available_mib()
+    available = instruments.available_mib()
     for row in rows:
         plan = plan_row(predict(history, row.key, n_atoms), settings, available)
         if isinstance(plan, str):
@@ -603,7 +603,7 @@ def meta(models: Models, systems: list[System], settings: Settings, command: str
             "gradient_method": models.ours.gradient_method,
         },
         "mace_missing": models.mace_missing,
-        "memory_probe": probes.peak_resettable(),
+        "memory_probe": instruments.peak_resettable(),
         "weights": "untrained (random init; ours: random full posterior)",
         "systems": {s.name: describe(s) for s in systems},
     }

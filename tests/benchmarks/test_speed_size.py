@@ -1,4 +1,4 @@
-"""benchmarks/speed part ``size``: its systems, timing rules, probes and a ``--quick`` run.
+"""benchmarks/speed part ``size``: its systems, timing rules, instruments and a ``--quick`` run.
 
 The quick run is in-process (the test process has torch, e3nn and, in .venv-mace, mace-torch
 imported already) on the liquid only (no data files needed): < 20 s on 2 shared cores.
@@ -15,7 +15,7 @@ import torch
 from ase.build import bulk
 from ase.neighborlist import neighbor_list
 
-from benchmarks.speed import probes, size_part, sizes, suite
+from benchmarks.speed import instruments, size_part, sizes, suite
 from mlip_unc import UncertaintyCalculator
 from mlip_unc.models.full_posterior import default_uncertainty_mode
 from mlip_unc.models.potential_uncertainty import UncertaintyMode
@@ -66,7 +66,7 @@ def test_backward_vectors_are_counted_batched_or_not():
     x = torch.randn(4, 3, requires_grad=True)
     phi = (x.sin().sum(0, keepdim=True) @ torch.randn(3, 6)).tanh()  # (1, 6)
     weights = torch.randn(3, 6)
-    with probes.counting_vectors() as counter:
+    with instruments.counting_vectors() as counter:
         linear_gradients(phi, [x], weights, method="batched", retain_graph=True)
         assert counter.count == 3
         counter.reset()
@@ -75,16 +75,16 @@ def test_backward_vectors_are_counted_batched_or_not():
         counter.reset()
         torch.autograd.grad(phi.sum(), [x])
         assert counter.count == 1
-    assert torch.autograd.grad is probes.torch.autograd.grad  # restored
+    assert torch.autograd.grad is instruments.torch.autograd.grad  # restored
     assert "counted" not in torch.autograd.grad.__qualname__
 
 
 def test_the_peak_probe_sees_a_call_of_its_own():
-    if not probes.peak_resettable():
+    if not instruments.peak_resettable():
         pytest.skip("no resettable VmHWM here")
-    before = probes.start_peak()
+    before = instruments.start_peak()
     block = np.ones(64 * 2**20 // 8)  # 64 MiB, touched
-    peak = probes.read_peak()
+    peak = instruments.read_peak()
     del block
     assert peak - before > 50
 

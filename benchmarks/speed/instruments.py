@@ -1,4 +1,4 @@
-"""Per-call probes of the size part: peak resident memory and the number of backward vectors.
+"""Per-call instruments of the size part: peak resident memory and the number of backward vectors.
 
 Peak memory: Linux keeps a process's resident-set high-water mark (``VmHWM`` in
 ``/proc/self/status``); writing ``5`` to ``/proc/self/clear_refs`` resets it to the current
