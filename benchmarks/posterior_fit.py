@@ -36,7 +36,14 @@ from mlip_unc.train.potential_data import prepare_data
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = "posterior_fit.jsonl"
-COMPARED = ("lambda_over_mean_eig", "alpha2_forces", "alpha2_lowrank", "alpha2_energy")
+COMPARED = (
+    "lambda_over_mean_eig",
+    "alpha2_forces",
+    "alpha2_lowrank",
+    "alpha2_energy",
+    "valid_nll_forces",
+    "valid_nll_forces_lowrank",
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,6 +58,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
         "--tag", default="", help="labels this run's records (a rerun under other conditions)"
+    )
+    p.add_argument(
+        "--probes",
+        type=int,
+        default=None,
+        help="sign probes of the training frames' force precision instead of the shipped "
+        "config's model.posterior_probes (0: exact)",
     )
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("--report-only", action="store_true")
@@ -76,8 +90,11 @@ def _jacobian_seconds(model: Any, graphs: list) -> dict[str, float]:
     return out
 
 
-def measure(name: str, path: Path, train_minutes: float) -> dict[str, Any]:
-    """Refit the posterior of ``path`` as training does; its wall time and what it found."""
+def measure(
+    name: str, path: Path, train_minutes: float, probes: int | None = None
+) -> dict[str, Any]:
+    """Refit the posterior of ``path`` as training does (``probes``: instead of the shipped
+    config's, 0 = exact); its wall time and what it found."""
     model = load_potential(path)
     payload = torch.load(path, map_location="cpu", weights_only=True)
     stored = payload["metadata"].get("posterior", {})
@@ -94,10 +111,13 @@ def measure(name: str, path: Path, train_minutes: float) -> dict[str, Any]:
     )
     fit_on = random_subset(data.train.graphs, shipped.model.posterior_max_frames, config.seed)
     batch_size = config.train.valid_batch_size
+    n_probes = shipped.model.posterior_probes if probes is None else (probes or None)
     jac = _jacobian_seconds(model, fit_on)
     load = os.getloadavg()
     start = time.perf_counter()
-    summary = fit_full_posterior(model, fit_on, data.valid, batch_size=batch_size)
+    summary = fit_full_posterior(
+        model, fit_on, data.valid, batch_size=batch_size, probes=n_probes, seed=config.seed
+    )
     seconds = time.perf_counter() - start
     return {
         "model": name,
@@ -107,6 +127,7 @@ def measure(name: str, path: Path, train_minutes: float) -> dict[str, Any]:
         "width": int(model.posterior_width),
         "max_atoms": int(max(int(g.num_nodes) for g in fit_on)),
         "n_fit_frames": len(fit_on),
+        "probes": n_probes,
         "n_valid_frames": len(data.valid or []),
         "fit_seconds": seconds,
         "train_minutes": train_minutes,
@@ -133,7 +154,7 @@ def write_page(records: list[dict[str, Any]], out: Path) -> None:
     lines = [
         "# Full-posterior fit time against training time",
         "",
-        "| model | run | backbone | basis (width) | fit frames | largest frame | fit s | training min | fit / training | fit / the config's max_minutes | 1-min load at the start | stored fit s (code that trained it) | Jacobian of one frame (older records: of the first batch): forward / reverse s |",
+        "| model | run | backbone | basis (width) | fit frames (probes) | largest frame | fit s | training min | fit / training | fit / the config's max_minutes | 1-min load at the start | stored fit s (code that trained it) | Jacobian of one frame (older records: of the first batch): forward / reverse s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
@@ -144,7 +165,7 @@ def write_page(records: list[dict[str, Any]], out: Path) -> None:
         lines.append(
             f"| {r['model']} | {r.get('tag') or '-'} | {r['backbone']} | "
             f"{r['posterior_basis']} ({r['width']}) | "
-            f"{r['n_fit_frames']} | {r['max_atoms']} | {r['fit_seconds']:.1f} | "
+            f"{r['n_fit_frames']} ({r.get('probes') or 'exact'}) | {r['max_atoms']} | {r['fit_seconds']:.1f} | "
             f"{r['train_minutes']:g} | {100 * r['fit_share']:.1f} % | "
             f"{100 * config_share:.1f} % ({minutes:g} min) | "
             f"{r['load_average'][0]:.2f} | "
@@ -155,11 +176,12 @@ def write_page(records: list[dict[str, Any]], out: Path) -> None:
         "",
         "The refit runs the fit exactly as training does (`finalize_checkpoint`: the validation "
         "frames, `train.valid_batch_size`, at most `model.posterior_max_frames` training frames "
-        "as the shipped config of that name sets it now). Target (issue 40): fit / training <= 10 %. The Jacobian "
+        "as the shipped config of that name sets it now, and its `model.posterior_probes`: the training frames' force precision from that many random sign probes per batch, the validation frames exact). Target (issue 40): fit / training <= 10 %. The Jacobian "
         "column times one batch both ways; the fit uses the mode with fewer products "
         "(`latent_jacobian(method='auto')`).",
         "",
-        "Refit against stored posterior (lambda / mean eig, alpha_F^2, alpha_r^2, alpha_E^2):",
+        "Refit against stored posterior (lambda / mean eig, alpha_F^2, alpha_r^2, alpha_E^2, "
+        "validation force NLL of the exact and the low-rank mode):",
         "",
     ]
     for r in records:
@@ -168,7 +190,9 @@ def write_page(records: list[dict[str, Any]], out: Path) -> None:
             for k in COMPARED
             if r["refit"].get(k) is not None and r["stored"].get(k) is not None
         )
-        lines.append(f"- {r['model']}: {pairs}; load average {r['load_average']}")
+        lines.append(
+            f"- {r['model']} ({r.get('tag') or '-'}): {pairs}; load average {r['load_average']}"
+        )
     env = environment()
     lines += ["", "Commands:", ""]
     lines += [f"    {c}" for c in dict.fromkeys(r.get("command", "") for r in records)]
@@ -190,7 +214,11 @@ def main(argv: list[str] | None = None) -> None:
             name, ckpt, minutes = _spec(text)
             if (name, args.tag) in done:
                 continue
-            record = {**measure(name, ckpt, minutes), "tag": args.tag, "command": command}
+            record = {
+                **measure(name, ckpt, minutes, args.probes),
+                "tag": args.tag,
+                "command": command,
+            }
             append_jsonl(path, record)
             records.append(record)
             print(

@@ -132,6 +132,10 @@ class PotentialModelConfig(Section):
         posterior_max_frames: fit the full posterior on at most this many training structures
             (a random subset, config seed; null = all). Its cost is ``latent_dim + 1`` backward
             passes per structure, which for a MACE backbone takes tens of minutes on CPU.
+        posterior_probes: sketch the training structures' force precision with this many
+            random sign probes per batch (forward-mode products, unbiased;
+            ``mlip_unc.train.posterior``) instead of ``min(d, 3 n_atoms)`` exact Jacobian
+            products; null = exact. The validation structures, which calibrate, stay exact.
     """
 
     backbone: Backbone = Backbone.GIN
@@ -152,6 +156,7 @@ class PotentialModelConfig(Section):
     posterior_rank: int = Field(4, gt=0)
     posterior_basis: PosteriorBasis = PosteriorBasis.SHARED
     posterior_max_frames: int | None = Field(None, gt=0)
+    posterior_probes: int | None = Field(None, gt=0)
 
     @field_validator("backbone_kwargs", mode="before")
     @classmethod

@@ -67,6 +67,7 @@ __all__ = [
     "full_energy_uncertainty",
     "full_derivatives",
     "latent_jacobian",
+    "latent_probes",
     "diagonal_factor",
     "default_uncertainty_mode",
     "posterior_uncertainty",
@@ -297,31 +298,71 @@ def latent_jacobian(
     return based, {k: v.detach() for k, v in out.items()}, jac.detach()
 
 
-def _forward_jacobian(model, state: PotentialState, n_blocks: int) -> Tensor:
-    """``(D, n_atoms, 3)`` Jacobian of the basis sums ``Phi`` by forward-mode AD: tangent
-    ``(j, c)`` moves atom slot ``j`` of every frame along ``c``; frames are independent, so its
-    Jacobian-vector product holds column ``(j, c)`` of every frame's Jacobian at once."""
+def _phi_jvps(model, state: PotentialState, n_blocks: int, tangents: Tensor) -> Tensor:
+    """``(T, n_graphs, D)`` Jacobian-vector products of the per-graph basis sums ``Phi`` along
+    the position tangents ``(T, n_atoms, 3)`` (forward-mode AD, in chunks of 64)."""
     from torch.func import jvp, vmap
 
-    pos = state.inputs[0].detach()  # (n_atoms, 3)
-    graph, n_atoms = state.graph, pos.shape[0]
-    counts = torch.bincount(graph, minlength=state.n_graphs)
-    slot = torch.arange(n_atoms, device=pos.device) - (torch.cumsum(counts, 0) - counts)[graph]
-    n_max = int(counts.max())
+    pos, graph = state.inputs[0].detach(), state.graph  # (n_atoms, 3), (n_atoms,)
 
     def phi_of(p: Tensor) -> Tensor:  # (n_graphs, D)
         z, _ = model._latents(state.batch, p, state.cell, state.atom_type)
         z = basis_state(replace(state, z=z), n_blocks).z  # (n_atoms, D)
         return z.new_zeros(state.n_graphs, z.shape[1]).index_add(0, graph, z)
 
+    return vmap(lambda t: jvp(phi_of, (pos,), (t,))[1], chunk_size=64)(tangents)
+
+
+def _forward_jacobian(model, state: PotentialState, n_blocks: int) -> Tensor:
+    """``(D, n_atoms, 3)`` Jacobian of the basis sums ``Phi`` by forward-mode AD: tangent
+    ``(j, c)`` moves atom slot ``j`` of every frame along ``c``; frames are independent, so its
+    Jacobian-vector product holds column ``(j, c)`` of every frame's Jacobian at once."""
+    pos = state.inputs[0].detach()  # (n_atoms, 3)
+    graph, n_atoms = state.graph, pos.shape[0]
+    counts = torch.bincount(graph, minlength=state.n_graphs)
+    slot = torch.arange(n_atoms, device=pos.device) - (torch.cumsum(counts, 0) - counts)[graph]
+    n_max = int(counts.max())
     xyz = torch.arange(3, device=pos.device)
     rows = 3 * slot[:, None] + xyz[None, :]  # (n_atoms, 3): the tangent that moves (a, c)
     atoms = torch.arange(n_atoms, device=pos.device)[:, None]
     tangents = pos.new_zeros(3 * n_max, n_atoms, 3)
     tangents[rows, atoms, xyz[None, :]] = 1.0
-    out = vmap(lambda t: jvp(phi_of, (pos,), (t,))[1], chunk_size=64)(tangents)  # (3 n_max, G, D)
+    out = _phi_jvps(model, state, n_blocks, tangents)  # (3 n_max, G, D)
     jac = out[rows, graph[:, None]]  # (n_atoms, 3, D)
     return jac.permute(2, 0, 1)
+
+
+def latent_probes(
+    model,
+    batch,
+    n_blocks: int,
+    probes: int,
+    *,
+    mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[PotentialState, Tensor]:
+    """One forward pass and ``probes`` random sketches of each frame's force Jacobian.
+
+    Each probe ``z`` draws a +-1 sign for every atom component (zero on atoms outside ``mask``,
+    ``(n_atoms,)`` bool) and one Jacobian-vector product gives ``y_g = J_g z_g`` for every frame
+    ``g`` of the batch at once, with ``J_g (D, 3 n_g)`` the Jacobian of ``Phi_g`` (as
+    :func:`latent_jacobian`'s ``jac``). Since ``E[z z^T] = I``,
+    ``mean_probes y_g y_g^T`` is an unbiased estimate of ``J_g J_g^T``: the force term of the
+    posterior precision from ``probes`` products per batch instead of ``min(D, 3 n_max)``.
+
+    Returns ``(state, y)``: the state in the basis (``phi (n_graphs, D)``) and
+    ``y (probes, n_graphs, D)`` (detached).
+    """
+    if probes < 1:
+        raise ValueError(f"probes must be >= 1, got {probes}")
+    with torch.enable_grad():
+        state = model._state(batch, forces=True, stress=False)
+    pos = state.inputs[0].detach()  # (n_atoms, 3)
+    signs = torch.randint(0, 2, (probes, *pos.shape), generator=generator).to(pos) * 2 - 1
+    if mask is not None:
+        signs = signs * mask.to(pos)[None, :, None]
+    y = _phi_jvps(model, state, n_blocks, signs)  # (probes, G, D)
+    return basis_state(state, n_blocks), y.detach()
 
 
 LOWRANK_ATOM_DIRECTIONS = 256

@@ -16,6 +16,14 @@ validation NLL wins, and the energies get their own ``alpha_E^2, sigma_e^2`` the
 (per-atom noise: ``Var = alpha_E^2 v_E + n_atoms sigma_e^2``). The result is attached to the
 model (:meth:`BayesianPotential.set_full_posterior`); the mean predictions do not change.
 
+The force term of ``A`` costs ``min(D, 3 n_max)`` Jacobian products per batch. With ``probes = m``
+it is sketched instead: ``m`` forward-mode products along random +-1 directions ``z`` of every
+atom component give ``y = J z`` per frame, and ``mean y y^T`` estimates ``J J^T`` without bias
+(``E[z z^T] = I``); the quadratic form along any fixed direction ``u`` involves only ``u^T J``,
+so the least constrained directions are not swamped by the large ones. The validation pass,
+which calibrates every scale, keeps the exact Jacobians, so a noisier ``A`` shows as worse
+validation NLL and is scaled, not hidden.
+
 The grid is wide on purpose: the validation NLL picked its lowest values on the native 3BPA and
 ethanol models. (It picked its highest on attached MACE models only while the force errors fed
 to the fit left out the MACE model's own forces, issue 40.)
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -45,7 +54,8 @@ from torch import Tensor
 from torch_geometric.loader import DataLoader
 
 from mlip_unc import keys
-from mlip_unc.models.full_posterior import latent_jacobian
+from mlip_unc.models.derivatives import graph_index
+from mlip_unc.models.full_posterior import latent_jacobian, latent_probes
 from mlip_unc.train.device import module_device, to_device
 
 __all__ = [
@@ -92,22 +102,50 @@ def _batches(dataset: Any, batch_size: int):
     return DataLoader(graphs, batch_size=batch_size, shuffle=False)
 
 
-def _pass(model, dataset: Any, batch_size: int, *, keep: bool) -> dict[str, Any]:
-    """Precision sums over ``dataset``; with ``keep``, the per-frame features and errors too."""
+def _pass(
+    model, dataset: Any, batch_size: int, *, keep: bool, probes: int | None = None, seed: int = 0
+) -> dict[str, Any]:
+    """Precision sums over ``dataset``; with ``keep``, the per-frame features and errors too.
+
+    ``probes`` (without ``keep``): the force term from that many random sign probes per batch
+    (:func:`latent_probes`, unbiased) instead of the exact Jacobians; where the backbone has no
+    forward-mode rule it warns and takes the exact Jacobians."""
     d, blocks = model.posterior_width, model.posterior_blocks  # D = blocks * latent_dim
     sig_e2 = float(model.energy_noise.detach()) ** 2
     sig_f2 = float(model.force_noise.detach()) ** 2
     device = module_device(model)
+    generator = torch.Generator().manual_seed(seed)
     a_energy = torch.zeros(d, d, dtype=torch.float64, device=device)
     a_forces = torch.zeros(d, d, dtype=torch.float64, device=device)
     rows: dict[str, list[Tensor]] = {"phi": [], "e_err": [], "n_atoms": [], "jac": [], "f_err": []}
     for batch in _batches(dataset, batch_size):
         batch = to_device(batch, device)
+        has_e = batch[keys.HAS_ENERGY].reshape(-1).bool()
+        if probes and not keep:
+            try:
+                mask = batch[keys.HAS_FORCES].reshape(-1).bool()[graph_index(batch)]
+                state, y = latent_probes(
+                    model, batch, blocks, probes, mask=mask, generator=generator
+                )
+            except (RuntimeError, NotImplementedError) as err:
+                warnings.warn(
+                    f"posterior probes need forward-mode AD, which failed ({type(err).__name__}: "
+                    f"{str(err).splitlines()[0]}); taking the exact Jacobians",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                probes = None
+            else:
+                yf = y.double().reshape(-1, d)  # (probes * n_graphs, D)
+                a_forces += yf.T @ yf / (probes * sig_f2)
+                phi = state.phi.detach().double()
+                n_atoms = torch.bincount(state.graph, minlength=state.n_graphs).double()
+                a_energy += (phi[has_e] / (n_atoms[has_e, None] * sig_e2)).T @ phi[has_e]
+                continue
         state, out, jac = latent_jacobian(model, batch, blocks)  # out: the whole prediction
         jac = jac.double()  # (D, n_atoms, 3)
         phi = state.phi.detach().double()  # (n_graphs, D)
         n_atoms = torch.bincount(state.graph, minlength=state.n_graphs).double()
-        has_e = batch[keys.HAS_ENERGY].reshape(-1).bool()
         has_f = batch[keys.HAS_FORCES].reshape(-1).bool()[state.graph]  # (n_atoms,)
         a_energy += (phi[has_e] / (n_atoms[has_e, None] * sig_e2)).T @ phi[has_e]
         jf = jac[:, has_f].reshape(d, -1)  # (D, 3 n_labelled_atoms)
@@ -261,19 +299,33 @@ def _variances(proj: Tensor, eig: Tensor, lam: float) -> Tensor:
 
 
 def fit_full_posterior(
-    model, train: Any, valid: Any | None = None, *, batch_size: int = 8, calibration: str = "nll"
+    model,
+    train: Any,
+    valid: Any | None = None,
+    *,
+    batch_size: int = 8,
+    calibration: str = "nll",
+    probes: int | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Fit and attach the full posterior to ``model`` (module docstring); returns a summary
     (lambda, calibration scalars, validation NLL per lambda, effective rank of ``A``).
 
     ``calibration``: ``"nll"`` (the scales by maximum likelihood; after training) or ``"rmse"``
-    (moment matching, ``mlip-unc attach``; may raise :class:`PosteriorCalibrationError`)."""
+    (moment matching, ``mlip-unc attach``; may raise :class:`PosteriorCalibrationError`).
+    ``probes``: estimate the training frames' force precision from that many random sign probes
+    per batch (seeded by ``seed``; module docstring) where validation frames are given; the
+    validation pass, which calibrates, stays exact."""
     if calibration not in ("nll", "rmse"):
         raise ValueError(f"calibration must be 'nll' or 'rmse', got {calibration!r}")
     was_training = model.training
     model.eval()
     has_valid = valid is not None and len(valid) > 0
-    fit = _pass(model, train, batch_size, keep=not has_valid)
+    fit = (
+        _pass(model, train, batch_size, keep=False, probes=probes, seed=seed)
+        if has_valid
+        else _pass(model, train, batch_size, keep=True)
+    )
     val = (
         _pass(model, valid, batch_size, keep=True) if has_valid else fit
     )  # one pass when calibrating in-sample
@@ -328,6 +380,7 @@ def fit_full_posterior(
         "valid_nll_forces_by_lambda": {f"{s[1] / scale:.0e}": s[0] for s in scores},
         "n_valid_components": int(val["f_err"].numel()),
         "calibration": calibration,
+        "probes": probes if has_valid else None,
         **checks,
     }
     log.info(

@@ -365,7 +365,14 @@ def finalize_checkpoint(
         best.posterior_basis = config.model.posterior_basis.value
         fit_on = random_subset(data.train.graphs, config.model.posterior_max_frames, config.seed)
         fit_start = time.perf_counter()
-        metadata["posterior"] = fit_full_posterior(best, fit_on, data.valid, batch_size=batch_size)
+        metadata["posterior"] = fit_full_posterior(
+            best,
+            fit_on,
+            data.valid,
+            batch_size=batch_size,
+            probes=config.model.posterior_probes,
+            seed=config.seed,
+        )
         metadata["posterior"]["fit_seconds"] = time.perf_counter() - fit_start  # wall, this process
     metadata["domain"] = DomainGuard.fit(data.train).to_dict()
     levels_data = data.valid if data.valid is not None and len(data.valid) else data.train

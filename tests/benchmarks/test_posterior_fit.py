@@ -40,6 +40,7 @@ def checkpoint(tmp_path_factory):
                 "backbone": "gin",
                 "backbone_kwargs": {"hidden": 8, "num_layers": 2},
                 "latent_dim": 6,
+                "posterior_probes": 2,
             },
             "train": {"epochs": 2, "batch_size": 4, "progress": False},
         }
@@ -53,10 +54,18 @@ def test_refit_record_page_and_resume(checkpoint, tmp_path):
     (record,) = [json.loads(x) for x in (tmp_path / posterior_fit.RECORDS).read_text().splitlines()]
     assert record["n_fit_frames"] == 12 and record["width"] == 6
     assert record["fit_share"] == pytest.approx(record["fit_seconds"] / 30.0)
-    for key in ("alpha2_forces", "alpha2_energy"):  # the same fit as training made
+    assert record["probes"] == 2  # the checkpoint's config (no shipped config of that name)
+    for key in ("alpha2_forces", "alpha2_energy"):  # the same fit as training made (same probes)
         assert record["refit"][key] == pytest.approx(record["stored"][key], rel=1e-6)
     assert set(record["first_frame_jacobian_seconds"]) == {"forward", "reverse"}
     page = (tmp_path / "posterior_fit.md").read_text()
-    assert "| tiny_cu | - | gin | shared (6) | 12 |" in page
+    assert "| tiny_cu | - | gin | shared (6) | 12 (2) |" in page
     posterior_fit.main(argv)  # done: skipped, the page rewritten from the one record
     assert len((tmp_path / posterior_fit.RECORDS).read_text().splitlines()) == 1
+    posterior_fit.main([*argv, "--probes", "0", "--tag", "exact"])  # the exact fit beside it
+    exact = json.loads((tmp_path / posterior_fit.RECORDS).read_text().splitlines()[1])
+    assert exact["probes"] is None and exact["tag"] == "exact"
+    assert exact["refit"]["alpha2_forces"] != pytest.approx(record["refit"]["alpha2_forces"])
+    assert "| tiny_cu | exact | gin | shared (6) | 12 (exact) |" in (
+        tmp_path / "posterior_fit.md"
+    ).read_text()

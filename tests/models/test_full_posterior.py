@@ -12,7 +12,7 @@ from torch_geometric.data import Batch
 from mlip_unc import keys
 from mlip_unc.data import TypeMap, atoms_to_graph
 from mlip_unc.models.backbones import build_backbone
-from mlip_unc.models.full_posterior import latent_jacobian
+from mlip_unc.models.full_posterior import latent_jacobian, latent_probes
 from mlip_unc.models.potential import BayesianPotential
 
 TYPES = TypeMap.from_list([13, 29])
@@ -387,3 +387,30 @@ def test_forward_mode_jacobian_equals_the_reverse_one(name, n_blocks):
     moved[1].pos[a, c] -= h
     phis = [latent_jacobian(model, m, n_blocks, method="reverse")[0].phi for m in moved]
     torch.testing.assert_close(rev[:, a, c], (phis[0] - phis[1])[2] / (2 * h), rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", ["gin", "equivariant"])
+@pytest.mark.parametrize("n_blocks", [1, 2])
+def test_latent_probes_are_jacobian_products_along_their_signs(name, n_blocks):
+    """Each probe is ``J_g z_g`` for every frame of the batch, with the +-1 signs ``z`` drawn
+    from the generator and zero on the atoms outside the mask."""
+    model = _model(name)
+    small = atoms_to_graph(bulk("Cu", "fcc", a=3.6), R_MAX, TYPES, dtype=torch.float64)
+    batch = Batch.from_data_list([_graph(0), small, _graph(3)])
+    mask = torch.ones(batch.num_nodes, dtype=torch.bool)
+    mask[4] = False  # an unlabelled atom (the small frame)
+    state, y = latent_probes(
+        model, batch, n_blocks, 5, mask=mask, generator=torch.Generator().manual_seed(7)
+    )
+    _, _, jac = latent_jacobian(model, batch, n_blocks, method="reverse")  # (D, n_atoms, 3)
+    signs = torch.randint(0, 2, (5, batch.num_nodes, 3), generator=torch.Generator().manual_seed(7))
+    z = (2.0 * signs - 1).double() * mask[None, :, None]  # (5, n_atoms, 3)
+    per_atom = torch.einsum("dac,pac->pad", jac, z)  # (5, n_atoms, D)
+    expected = torch.zeros(5, 3, jac.shape[0], dtype=torch.float64).index_add(
+        1, batch.batch, per_atom
+    )
+    assert y.shape == (5, 3, n_blocks * model.latent_dim)
+    torch.testing.assert_close(y, expected, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(state.phi, latent_jacobian(model, batch, n_blocks)[0].phi)
+    with pytest.raises(ValueError, match="probes"):
+        latent_probes(model, batch, n_blocks, 0)

@@ -26,6 +26,7 @@ from mlip_unc.config import load_potential_config  # noqa: E402
 from mlip_unc.data import TypeMap, atoms_to_graph  # noqa: E402
 from mlip_unc.models.backbones import BACKBONES, build_backbone  # noqa: E402
 from mlip_unc.models.checkpoint import load_checkpoint  # noqa: E402
+from mlip_unc.models.full_posterior import latent_jacobian, latent_probes  # noqa: E402
 from mlip_unc.models.potential import BayesianPotential  # noqa: E402
 from mlip_unc.nn.mace_backbone import MACEBackbone  # noqa: E402
 
@@ -146,6 +147,18 @@ def test_forces_and_stress_match_finite_differences(model):
                     )
                 expected = (energies[0] - energies[1]) / (2 * h) / volume / (2 if i != j else 1)
                 assert abs(expected - float(out[keys.STRESS][0, i, j])) < 1e-7
+
+
+def test_posterior_probes_run_in_forward_mode_through_mace(model):
+    """The sketched fit (``model.posterior_probes`` of the shipped MACE configs) needs
+    forward-mode AD through MACE's blocks: each probe equals ``J z`` of the reverse Jacobian."""
+    batch = _batch(_molecule(0), _crystal())
+    _, y = latent_probes(model, batch, 1, 3, generator=torch.Generator().manual_seed(2))
+    _, _, jac = latent_jacobian(model, batch, 1, method="reverse")  # (d, n_atoms, 3)
+    signs = torch.randint(0, 2, (3, batch.num_nodes, 3), generator=torch.Generator().manual_seed(2))
+    per_atom = torch.einsum("dac,pac->pad", jac, (2.0 * signs - 1).double())
+    expected = torch.zeros(3, 2, 6, dtype=torch.float64).index_add(1, batch.batch, per_atom)
+    torch.testing.assert_close(y, expected, rtol=1e-8, atol=1e-10)
 
 
 def test_checkpoint_round_trip_is_plain_data(model, tmp_path):

@@ -15,7 +15,7 @@ from mlip_unc import keys
 from mlip_unc.config import potential_config_from_dict
 from mlip_unc.models.full_posterior import latent_jacobian
 from mlip_unc.models.potential import BayesianPotential
-from mlip_unc.train.posterior import fit_full_posterior, gaussian_scale_fit
+from mlip_unc.train.posterior import _pass, fit_full_posterior, gaussian_scale_fit
 from mlip_unc.train.potential import train_potential
 from mlip_unc.train.potential_data import prepare_data
 
@@ -181,3 +181,37 @@ def test_posterior_max_frames_is_validated():
         potential_config_from_dict(
             {"data": {"train": "x.xyz"}, "model": {"posterior_max_frames": 0}}
         )
+
+
+def test_probed_precision_averages_to_the_exact_one(trained):
+    """Monte Carlo: with many sign probes the sketched force precision approaches the exact one,
+    also along its least constrained direction; the energy term is exact either way."""
+    config, result = trained
+    data = prepare_data(config)
+    model = BayesianPotential.from_checkpoint(result.model_path)
+    exact = _pass(model, data.train, 8, keep=False)
+    probed = _pass(model, data.train, 8, keep=False, probes=1500, seed=1)
+    torch.testing.assert_close(probed["a_energy"], exact["a_energy"])
+    a, b = exact["a_forces"], probed["a_forces"]
+    assert float((b - a).norm() / a.norm()) < 0.05
+    eig, vec = torch.linalg.eigh(a)
+    u = vec[:, 0]  # least constrained
+    assert float(u @ b @ u) == pytest.approx(float(eig[0]), rel=0.15)
+    few = _pass(model, data.train, 8, keep=False, probes=2, seed=1)["a_forces"]
+    assert float((few - a).norm() / a.norm()) > 0.05  # a sketch, not the exact sum
+
+
+def test_fit_with_probes_is_seeded_and_keeps_the_validation_exact(trained):
+    config, result = trained
+    data = prepare_data(config)
+    fits = []
+    for seed in (0, 0, 1):
+        model = BayesianPotential.from_checkpoint(result.model_path)
+        summary = fit_full_posterior(model, data.train, data.valid, probes=3, seed=seed)
+        assert summary["probes"] == 3
+        assert summary["n_valid_components"] == 3 * sum(g.num_nodes for g in data.valid.graphs)
+        fits.append(model.posterior_factor.detach().clone())
+    torch.testing.assert_close(fits[0], fits[1])
+    assert not torch.allclose(fits[0], fits[2])
+    model = BayesianPotential.from_checkpoint(result.model_path)
+    assert fit_full_posterior(model, data.train, None, probes=3)["probes"] is None  # in-sample
