@@ -606,6 +606,17 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
                     rows[f"{group}:{mode}"] = fu.row_metrics(
                         rec["in"], rec.get("ood"), ratio.get(mode)
                     )
+            if modes and (rec := steps.get(f"eval:{name}:{group}:{modes['default']}")):
+                # the trivial baseline on the same predictions: max over atoms of |F_pred|
+                rows[f"{group}:force_magnitude"] = fu.row_metrics(
+                    *(
+                        {**rec[p], "score": rec[p]["force"], "std_over_rmse": None}
+                        if p in rec
+                        else None
+                        for p in ("in", "ood")
+                    ),
+                    1.0,
+                )
             if modes:
                 defaults[group] = f"{group}:{modes['default']}"
                 info[group] = {
@@ -671,6 +682,14 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
                 "seconds": f["seconds"],
                 **{k: post.get(k) for k in ("rank", "basis", "n_frames", "fit_seconds")},
             }
+        gaps = {
+            group: fu.paired_gap(single["in"], committee["in"], seed=args.seed)
+            for group, row in defaults.items()
+            if (single := steps.get(f"eval:{name}:{row}"))
+            and (committee := steps.get(f"eval:{name}:{COMMITTEE}"))
+        }
+        if gaps:
+            info["paired_bootstrap"] = gaps
         if rows:
             results[name] = {
                 "rows": rows,
@@ -715,7 +734,8 @@ def section(results: dict[str, Any]) -> list[str]:
         "mace-torch MACE models of seeds 0.. (member 0 = the attached model's), score = max over atoms of the "
         "force std across members, cost = mace-torch's `MACECalculator(model_paths=[members])` E+F / one member's "
         "E+F. The other rows' cost: the model's mode / its own plain E+F (interleaved best-of-3, median over "
-        "frames). (default) marks `default_uncertainty_mode(model)`.",
+        "frames). (default) marks `default_uncertainty_mode(model)`; `<group>:force_magnitude`: the "
+        "trivial baseline, max over atoms of that model's |F_pred| on the same frames.",
         "",
     ]
     for name, entry in ((n, e) for n, e in results.items() if n != "meta"):
@@ -803,6 +823,17 @@ def section(results: dict[str, Any]) -> list[str]:
                     f"{key} {fmt3(a.get('value'))} [{fmt3(a.get('low'))}, {fmt3(a.get('high'))}]: {result}"
                 )
             lines.append(f"- {entry['defaults'][group]}: " + "; ".join(parts) + ".")
+        for group, gaps in (entry.get("paired_bootstrap") or {}).items():
+            lines += [
+                f"- {entry['defaults'][group]} - {COMMITTEE}, paired bootstrap over the in-domain "
+                "frames (1000 resamples): "
+                + "; ".join(
+                    f"{k} gap {g['gap']:+.3f}, std {g['std']:.3f}, resamples within the slack "
+                    f"{100 * g['p_within_slack']:.0f} %"
+                    for k, g in gaps.items()
+                )
+                + "."
+            ]
         lines.append("")
     cmds = meta.get("commands") or []
     lines += [

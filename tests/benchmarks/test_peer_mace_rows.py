@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from benchmarks import force_uncertainty as fu
 from benchmarks.peers import mace_rows as mr
@@ -154,6 +155,23 @@ def test_assemble_and_section_from_steps(tmp_path):
     text = "\n".join(mr.section(json.loads(json.dumps(results))))
     assert f"{mr.ATTACH}:lowrank (default)" in text and "partial: 3 of 5 members" in text
     assert "cost_ratio 1.500 [n/a, 2.000]: met" in text
+    # the |F_pred| baseline: the default's own frames scored by their max |F_pred|
+    base, rec = (
+        entry["rows"][f"{mr.ATTACH}:force_magnitude"],
+        steps.get(f"eval:3bpa:{mr.ATTACH}:lowrank"),
+    )
+    assert base["cost_ratio"] == 1.0 and base["std_over_rmse"] is None
+    assert base["spearman_frame_in_domain"] == pytest.approx(
+        stats.spearmanr(rec["in"]["force"], rec["in"]["error"])[0]
+    )
+    gap = entry["paired_bootstrap"][mr.ATTACH]["spearman_frame_in_domain"]
+    assert gap["gap"] == pytest.approx(
+        entry["rows"][f"{mr.ATTACH}:lowrank"]["spearman_frame_in_domain"]
+        - entry["rows"][mr.COMMITTEE]["spearman_frame_in_domain"]
+    )
+    assert (
+        gap["std"] > 0 and f"{mr.ATTACH}:force_magnitude |" in text and "paired bootstrap" in text
+    )
 
 
 def test_write_section_keeps_the_page_and_the_peer_section(tmp_path):
