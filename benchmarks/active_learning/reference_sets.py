@@ -32,9 +32,10 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from ase import Atoms, units
@@ -250,30 +251,30 @@ def manifest_ok(path: Path, entry: dict | None) -> bool:
     return entry is not None and path.exists() and sha256(path) == entry.get("sha256")
 
 
-def build(out: Path, settings: Settings, sets: Sequence[str], *, root: Path) -> dict:
-    """Generate the missing ``sets`` under ``out``; returns the manifest (also written)."""
+def write_sets(
+    out: Path,
+    settings: Any,
+    sets: Sequence[str],
+    header: dict,
+    frames_of: Callable[[str], tuple[Iterable[Atoms], int]],
+    describe: Callable[[list[Atoms], int], dict] = lambda done, total: {},
+) -> dict:
+    """Generate the ``sets`` missing under ``out`` (``frames_of(name)``: the oracle's frames and
+    how many are expected) and keep ``out/manifest.json``: ``header``, the ``settings`` dataclass
+    (a change of settings regenerates every set) and per set its checksum, frame count,
+    ``describe(frames, expected)`` and seconds. Written after each set; a set whose file matches
+    its checksum is kept."""
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     if manifest.get("settings") != asdict(settings):
-        manifest = {"settings": asdict(settings), "oracle": "GFN2-xTB (tblite)", "sets": {}}
-    atoms = start_geometry(root)
-    calc = make_oracle("xtb")
+        manifest = {"settings": asdict(settings), **header, "sets": {}}
     for name in sets:
         path = out / f"{name}.xyz"
         if manifest_ok(path, manifest["sets"].get(name)):
             print(f"{name}: up to date ({path})")
             continue
-        if name.startswith("md_"):
-            temperature = float(name.removeprefix("md_").removesuffix("K"))
-            seed = settings.seed + int(temperature)
-            frames = oracle_md(atoms, calc, temperature, settings, seed=seed)
-            total = settings.n_frames
-        elif name == "torsion_scan":
-            frames = torsion_scan(atoms, calc, settings)
-            total = 3 * len(SCAN_ANGLES)
-        else:
-            raise ValueError(f"unknown set {name!r}; known: {all_sets()}")
+        frames, total = frames_of(name)
         start = time.perf_counter()
         done = list(tqdm(frames, total=total, desc=name, unit="frame"))
         partial = path.with_suffix(".xyz.partial")
@@ -282,12 +283,37 @@ def build(out: Path, settings: Settings, sets: Sequence[str], *, root: Path) -> 
         manifest["sets"][name] = {
             "sha256": sha256(path),
             "frames": len(done),
-            "skipped": total - len(done),  # torsion points the held relaxation could not reach
+            **describe(done, total),
             "seconds": round(time.perf_counter() - start, 1),
         }
         manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def build(out: Path, settings: Settings, sets: Sequence[str], *, root: Path) -> dict:
+    """Generate the missing ``sets`` under ``out``; returns the manifest (also written)."""
+    atoms = start_geometry(root)
+    calc = make_oracle("xtb")
+
+    def frames_of(name: str) -> tuple[Iterable[Atoms], int]:
+        if name.startswith("md_"):
+            temperature = float(name.removeprefix("md_").removesuffix("K"))
+            seed = settings.seed + int(temperature)
+            return oracle_md(atoms, calc, temperature, settings, seed=seed), settings.n_frames
+        if name == "torsion_scan":
+            return torsion_scan(atoms, calc, settings), 3 * len(SCAN_ANGLES)
+        raise ValueError(f"unknown set {name!r}; known: {all_sets()}")
+
+    return write_sets(
+        out,
+        settings,
+        sets,
+        {"oracle": "GFN2-xTB (tblite)"},
+        frames_of,
+        # torsion points the held relaxation could not reach
+        lambda done, total: {"skipped": total - len(done)},
+    )
 
 
 def all_sets() -> list[str]:

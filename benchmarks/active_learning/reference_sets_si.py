@@ -35,22 +35,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from ase import Atoms, units
 from ase.build import bulk
 from ase.calculators.calculator import Calculator
-from ase.io import write
 from ase.md.langevin import Langevin
 from ase.md.velocitydistribution import Stationary, thermalize_momenta
 from ase.optimize import BFGS
-from tqdm import tqdm
 
-from benchmarks.active_learning.reference_sets import labelled, manifest_ok, sha256
+from benchmarks.active_learning.reference_sets import labelled, manifest_ok, write_sets
 from mlip_unc.active.oracles import make_oracle
 
 DEFAULT_OUT = (
@@ -202,39 +199,20 @@ def frames_of(name: str, calc: Calculator, settings: Settings) -> tuple[Iterator
 def build(out: Path, settings: Settings, sets: Sequence[str], oracle: object = None) -> dict:
     """Make the missing ``sets`` under ``out`` with ``oracle`` (default: the SNAP oracle);
     returns the manifest (also written after each set)."""
-    out.mkdir(parents=True, exist_ok=True)
-    manifest_path = out / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    if manifest.get("settings") != asdict(settings):
-        manifest = {
-            "settings": asdict(settings),
-            "oracle": "mlearn SNAP Si (Zuo et al. 2020), LAMMPS pair_style snap",
-            "lattice_A": LATTICE,
-            "repeat": list(REPEAT),
-            "sets": {},
-        }
     calc = make_oracle(oracle or ORACLE)
-    for name in sets:
-        path = out / f"{name}.xyz"
-        if manifest_ok(path, manifest["sets"].get(name)):
-            print(f"{name}: up to date ({path})")
-            continue
-        frames, total = frames_of(name, calc, settings)
-        start = time.perf_counter()
-        done = list(tqdm(frames, total=total, desc=name, unit="frame"))
-        partial = path.with_suffix(".xyz.partial")
-        write(partial, done, format="extxyz")
-        partial.replace(path)
-        manifest["sets"][name] = {
-            "sha256": sha256(path),
-            "frames": len(done),
-            "atoms": len(done[0]),
-            "min_distance": round(min_distance(done), 4),
-            "seconds": round(time.perf_counter() - start, 1),
-        }
-        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
+    header = {
+        "oracle": "mlearn SNAP Si (Zuo et al. 2020), LAMMPS pair_style snap",
+        "lattice_A": LATTICE,
+        "repeat": list(REPEAT),
+    }
+    return write_sets(
+        out,
+        settings,
+        sets,
+        header,
+        lambda name: frames_of(name, calc, settings),
+        lambda done, total: {"atoms": len(done[0]), "min_distance": round(min_distance(done), 4)},
+    )
 
 
 def oracle_min_distance(manifest: dict, sets: Sequence[str] = SETS) -> float:

@@ -15,7 +15,7 @@ from ase.calculators.lj import LennardJones
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.io import read, write
 
-from benchmarks.active_learning import benchmark, report
+from benchmarks.active_learning import benchmark, reference_sets, report
 from benchmarks.active_learning import reference_sets_si as rsi
 from benchmarks.common.records import append_jsonl, read_jsonl
 from mlip_unc.config import load_active_config
@@ -133,7 +133,9 @@ def test_build_makes_every_set_once_and_records_it(tmp_path, capsys):
     for name in rsi.SETS:
         entry = manifest["sets"][name]
         frames = read(out / f"{name}.xyz", ":")
-        assert entry["frames"] == len(frames) and entry["sha256"] == rsi.sha256(out / f"{name}.xyz")
+        assert entry["frames"] == len(frames) and entry["sha256"] == reference_sets.sha256(
+            out / f"{name}.xyz"
+        )
         assert entry["min_distance"] == pytest.approx(rsi.min_distance(frames), abs=1e-4)
         assert frames[0].get_forces().shape == (entry["atoms"], 3)
     assert manifest["sets"]["md_300K"]["frames"] == rsi.QUICK.n_frames
