@@ -50,6 +50,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -364,24 +365,27 @@ def run_one(
     return run_active_learning(config, resume=resume, on_round=on_round)
 
 
-def stability(
-    model: Path, temperature: float, run: int, settings: dict[str, Any], reference: Any
+def nvt_until(
+    model: Path,
+    start: Any,
+    temperature: float,
+    run: int,
+    settings: dict[str, Any],
+    unphysical: Callable[[Any], str | None],
+    *,
+    fixcm: bool = True,
 ) -> dict[str, Any]:
-    """One NVT (Langevin, 0.02/fs) trajectory of the model from 3BPA's start geometry; the time
-    (ps) of the first unphysical frame (checked every 10 steps): a bond of ``reference`` (the
-    oracle-labelled start) longer than 1.5x or shorter than 0.7x its length there, or two atoms
-    closer than 0.7 A; ``survived_ps`` equals the run's length when none was seen."""
+    """One NVT (Langevin, 0.02/fs) trajectory of ``model`` from ``start``, checked every 10 steps
+    until ``unphysical(atoms)`` names a reason or the calculator refuses a frame (NaN,
+    coincident atoms); ``survived_ps`` equals the run's length when neither happened."""
     from ase import units
     from ase.md.langevin import Langevin
     from ase.md.velocitydistribution import Stationary, thermalize_momenta
 
-    from benchmarks.active_learning.reference_sets import bonds
     from mlip_unc.calculator import UncertaintyCalculator
 
     s = settings["stability"]
-    atoms = reference.copy()
-    pairs = np.asarray(bonds(reference))  # (n_bonds, 2)
-    d0 = reference.get_distances(pairs[:, 0], pairs[:, 1])
+    atoms = start.copy()
     atoms.calc = UncertaintyCalculator(model, uncertainty="none")
     rng = np.random.default_rng(10_000 + run)
     thermalize_momenta(atoms, temperature_K=temperature, rng=rng)
@@ -391,6 +395,7 @@ def stability(
         s["timestep"] * units.fs,
         temperature_K=temperature,
         friction=0.02 / units.fs,
+        fixcm=fixcm,
         rng=rng,
     )
     failed_at: float | None = None
@@ -402,13 +407,8 @@ def stability(
         except Exception as err:  # the calculator refused a frame (NaN, coincident atoms)
             failed_at, reason = (step + 10) * s["timestep"] / 1000, type(err).__name__
             break
-        ratio = atoms.get_distances(pairs[:, 0], pairs[:, 1]) / d0
-        dist = atoms.get_all_distances()[np.triu_indices(len(atoms), 1)]
-        if ratio.max() > 1.5 or ratio.min() < 0.7 or dist.min() < 0.7:
-            failed_at = (step + 10) * s["timestep"] / 1000
-            reason = (
-                f"bond ratio {ratio.min():.2f}-{ratio.max():.2f}, min distance {dist.min():.2f}"
-            )
+        if (why := unphysical(atoms)) is not None:
+            failed_at, reason = (step + 10) * s["timestep"] / 1000, why
             break
     length = s["steps"] * s["timestep"] / 1000
     return {
@@ -420,6 +420,27 @@ def stability(
         "reason": reason,
         "cpu_s": time.process_time() - cpu,
     }
+
+
+def stability(
+    model: Path, temperature: float, run: int, settings: dict[str, Any], reference: Any
+) -> dict[str, Any]:
+    """:func:`nvt_until` from 3BPA's start geometry ``reference`` (oracle-labelled): unphysical
+    is a bond of ``reference`` longer than 1.5x or shorter than 0.7x its length there, or two
+    atoms closer than 0.7 A."""
+    from benchmarks.active_learning.reference_sets import bonds
+
+    pairs = np.asarray(bonds(reference))  # (n_bonds, 2)
+    d0 = reference.get_distances(pairs[:, 0], pairs[:, 1])
+
+    def unphysical(atoms: Any) -> str | None:
+        ratio = atoms.get_distances(pairs[:, 0], pairs[:, 1]) / d0
+        dist = atoms.get_all_distances()[np.triu_indices(len(atoms), 1)]
+        if ratio.max() > 1.5 or ratio.min() < 0.7 or dist.min() < 0.7:
+            return f"bond ratio {ratio.min():.2f}-{ratio.max():.2f}, min distance {dist.min():.2f}"
+        return None
+
+    return nvt_until(model, reference, temperature, run, settings, unphysical)
 
 
 def min_distance(atoms: Any) -> float:
@@ -436,57 +457,20 @@ def stability_si(
     start: Any,
     oracle_min_distance: float,
 ) -> dict[str, Any]:
-    """One NVT (Langevin, 0.02/fs) trajectory of the model from ``start`` (the crystal at 1200 K,
-    a melt frame of the oracle at 2200 K); the time (ps) of the first unphysical frame (checked
-    every 10 steps): two atoms closer than ``SI_MIN_DISTANCE_FRACTION`` x the smallest distance
-    in the oracle's reference sets, non-finite forces, or a frame the calculator refuses;
-    ``survived_ps`` equals the run's length when none was seen."""
-    from ase import units
-    from ase.md.langevin import Langevin
-    from ase.md.velocitydistribution import Stationary, thermalize_momenta
-
-    from mlip_unc.calculator import UncertaintyCalculator
-
-    s = settings["stability"]
+    """:func:`nvt_until` from ``start`` (the crystal at 1200 K, a melt frame of the oracle at
+    2200 K), the centre of mass free (a periodic cell): unphysical is two atoms closer than
+    ``SI_MIN_DISTANCE_FRACTION`` x the smallest distance in the oracle's reference sets, or
+    non-finite forces."""
     limit = SI_MIN_DISTANCE_FRACTION * oracle_min_distance
-    atoms = start.copy()
-    atoms.calc = UncertaintyCalculator(model, uncertainty="none")
-    rng = np.random.default_rng(10_000 + run)
-    thermalize_momenta(atoms, temperature_K=temperature, rng=rng)
-    Stationary(atoms)
-    dyn = Langevin(
-        atoms,
-        s["timestep"] * units.fs,
-        temperature_K=temperature,
-        friction=0.02 / units.fs,
-        fixcm=False,  # a periodic cell: a drift of the centre of mass is harmless
-        rng=rng,
-    )
-    failed_at: float | None = None
-    reason = ""
-    cpu = time.process_time()
-    for step in range(0, s["steps"], 10):
-        try:
-            dyn.run(10)
-        except Exception as err:  # the calculator refused a frame (NaN, coincident atoms)
-            failed_at, reason = (step + 10) * s["timestep"] / 1000, type(err).__name__
-            break
+
+    def unphysical(atoms: Any) -> str | None:
         closest = min_distance(atoms)
         if closest < limit or not np.isfinite(atoms.get_forces()).all():
-            failed_at = (step + 10) * s["timestep"] / 1000
-            reason = f"min distance {closest:.2f} (limit {limit:.2f})"
-            break
-    length = s["steps"] * s["timestep"] / 1000
-    return {
-        "temperature": temperature,
-        "run": run,
-        "length_ps": length,
-        "survived_ps": length if failed_at is None else failed_at,
-        "failed": failed_at is not None,
-        "reason": reason,
-        "min_distance_limit": limit,
-        "cpu_s": time.process_time() - cpu,
-    }
+            return f"min distance {closest:.2f} (limit {limit:.2f})"
+        return None
+
+    row = nvt_until(model, start, temperature, run, settings, unphysical, fixcm=False)
+    return {**row, "min_distance_limit": limit}
 
 
 def si_stability_start(folder: Path, temperature: float) -> Any:
