@@ -66,6 +66,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="sign probes of the training frames' force precision instead of the shipped "
         "config's model.posterior_probes (0: exact)",
     )
+    p.add_argument(
+        "--test-frames",
+        type=int,
+        default=0,
+        help="score the refitted posterior on at most this many of the checkpoint's test frames",
+    )
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("--report-only", action="store_true")
     return p.parse_args(argv)
@@ -90,8 +96,29 @@ def _jacobian_seconds(model: Any, graphs: list) -> dict[str, float]:
     return out
 
 
+def test_quality(model: Any, data: Any, limit: int) -> dict[str, Any] | None:
+    """The refitted posterior on the checkpoint's test frames (at most ``limit``), default mode:
+    frame Spearman of max sigma_F against the max force error, and std/RMSE per component."""
+    from benchmarks.force_uncertainty import prediction_values
+    from mlip_unc.models.full_posterior import default_uncertainty_mode
+    from mlip_unc.train.predictions import predict
+    from mlip_unc.uncertainty import diagnostics as diag
+
+    if data.test is None or not limit:
+        return None
+    frames = random_subset(list(data.test.graphs), limit, 0)
+    mode = default_uncertainty_mode(model)
+    values = prediction_values(predict(model, frames, uncertainty=mode, batch_size=8), mode)
+    return {
+        "mode": mode,
+        "n_frames": len(frames),
+        "spearman_frame": float(diag.spearman(values["score"], values["error"])),
+        "std_over_rmse": values["std_over_rmse"],
+    }
+
+
 def measure(
-    name: str, path: Path, train_minutes: float, probes: int | None = None
+    name: str, path: Path, train_minutes: float, probes: int | None = None, test_frames: int = 0
 ) -> dict[str, Any]:
     """Refit the posterior of ``path`` as training does (``probes``: instead of the shipped
     config's, 0 = exact); its wall time and what it found."""
@@ -119,6 +146,7 @@ def measure(
         model, fit_on, data.valid, batch_size=batch_size, probes=n_probes, seed=config.seed
     )
     seconds = time.perf_counter() - start
+    quality = test_quality(model, data, test_frames)
     return {
         "model": name,
         "checkpoint": str(path),
@@ -138,6 +166,7 @@ def measure(
         "refit": {k: summary.get(k) for k in COMPARED},
         "stored": {k: stored.get(k) for k in COMPARED},
         "load_average": load,
+        "test": quality,
     }
 
 
@@ -190,8 +219,16 @@ def write_page(records: list[dict[str, Any]], out: Path) -> None:
             for k in COMPARED
             if r["refit"].get(k) is not None and r["stored"].get(k) is not None
         )
+        test = r.get("test")
+        scored = (
+            f"; test ({test['n_frames']} frames, {test['mode']}): frame Spearman "
+            f"{test['spearman_frame']:.3f}, std/RMSE {test['std_over_rmse']:.2f}"
+            if test
+            else ""
+        )
         lines.append(
-            f"- {r['model']} ({r.get('tag') or '-'}): {pairs}; load average {r['load_average']}"
+            f"- {r['model']} ({r.get('tag') or '-'}): {pairs}{scored}; "
+            f"load average {r['load_average']}"
         )
     env = environment()
     lines += ["", "Commands:", ""]
@@ -215,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
             if (name, args.tag) in done:
                 continue
             record = {
-                **measure(name, ckpt, minutes, args.probes),
+                **measure(name, ckpt, minutes, args.probes, args.test_frames),
                 "tag": args.tag,
                 "command": command,
             }

@@ -22,7 +22,7 @@ def checkpoint(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("fit_time")
     frames = []
-    for k in range(16):
+    for k in range(20):
         atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
         atoms.rattle(0.1, seed=k)
         atoms.calc = EMT()
@@ -30,12 +30,18 @@ def checkpoint(tmp_path_factory):
             atoms, energy=atoms.get_potential_energy(), forces=atoms.get_forces()
         )
         frames.append(atoms)
-    ase.io.write(root / "train.xyz", frames)
+    ase.io.write(root / "train.xyz", frames[:12] + frames[16:])
+    ase.io.write(root / "test.xyz", frames[12:16])
     config = potential_config_from_dict(
         {
             "out": str(root / "run"),
             "dtype": "float64",
-            "data": {"train": str(root / "train.xyz"), "valid_fraction": 0.25, "r_max": 4.0},
+            "data": {
+                "train": str(root / "train.xyz"),
+                "test": str(root / "test.xyz"),
+                "valid_fraction": 0.25,
+                "r_max": 4.0,
+            },
             "model": {
                 "backbone": "gin",
                 "backbone_kwargs": {"hidden": 8, "num_layers": 2},
@@ -62,10 +68,13 @@ def test_refit_record_page_and_resume(checkpoint, tmp_path):
     assert "| tiny_cu | - | gin | shared (6) | 12 (2) |" in page
     posterior_fit.main(argv)  # done: skipped, the page rewritten from the one record
     assert len((tmp_path / posterior_fit.RECORDS).read_text().splitlines()) == 1
-    posterior_fit.main([*argv, "--probes", "0", "--tag", "exact"])  # the exact fit beside it
+    posterior_fit.main([*argv, "--probes", "0", "--tag", "exact", "--test-frames", "3"])
     exact = json.loads((tmp_path / posterior_fit.RECORDS).read_text().splitlines()[1])
-    assert exact["probes"] is None and exact["tag"] == "exact"
+    assert exact["probes"] is None and exact["tag"] == "exact" and record["test"] is None
+    assert exact["test"]["n_frames"] == 3 and exact["test"]["mode"] == "auto"
+    assert -1 <= exact["test"]["spearman_frame"] <= 1 and exact["test"]["std_over_rmse"] > 0
     assert exact["refit"]["alpha2_forces"] != pytest.approx(record["refit"]["alpha2_forces"])
-    assert "| tiny_cu | exact | gin | shared (6) | 12 (exact) |" in (
-        tmp_path / "posterior_fit.md"
-    ).read_text()
+    assert (
+        "| tiny_cu | exact | gin | shared (6) | 12 (exact) |"
+        in (tmp_path / "posterior_fit.md").read_text()
+    )
