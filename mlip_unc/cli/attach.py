@@ -63,6 +63,13 @@ def attach(
         100, "--max-valid", help="Validation structures that calibrate it (0: all)."
     ),
     batch_size: int = typer.Option(8, "--batch-size", help="Structures per batch while fitting."),
+    posterior_probes: int = typer.Option(
+        0,
+        "--posterior-probes",
+        min=0,
+        help="Random sign probes per batch that sketch the training structures' force precision "
+        "(forward-mode products; a fraction of the exact fit's time; 0: exact).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the validation split."),
     overwrite: bool = typer.Option(
         False, "--overwrite", metavar="", help="Replace an existing OUT."
@@ -98,6 +105,7 @@ def attach(
             max_valid=max_valid,
             batch_size=batch_size,
             seed=seed,
+            posterior_probes=posterior_probes,
             overwrite=overwrite,
         )
     except user_errors(FileExistsError, ImportError) as err:

@@ -251,13 +251,15 @@ def attach_uncertainty(
     max_valid: int | None = 100,
     batch_size: int = 8,
     seed: int = 0,
+    posterior_probes: int = 0,
     overwrite: bool = False,
 ) -> AttachResult:
     """Fit the uncertainty of the MACE model in ``model_path`` on ``data_path`` and write ``out``
     (module docstring). ``valid_path``, else ``valid_fraction`` of the data (random, ``seed``),
     calibrates; ``valid_fraction=0`` calibrates in-sample on the training structures.
     ``max_train``/``max_valid`` cap the structures the posterior sees (random subsets; None or
-    0: all)."""
+    0: all). ``posterior_probes``: sketch the training structures' force precision with that many
+    random sign probes per batch (forward-mode products, ``fit_full_posterior``; 0: exact)."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
@@ -323,7 +325,13 @@ def attach_uncertainty(
     )
     try:
         posterior = fit_full_posterior(
-            model, train, valid, batch_size=batch_size, calibration="rmse"
+            model,
+            train,
+            valid,
+            batch_size=batch_size,
+            calibration="rmse",
+            probes=posterior_probes or None,
+            seed=seed,
         )
     except PosteriorCalibrationError as err:
         raise PosteriorCalibrationError(

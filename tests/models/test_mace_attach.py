@@ -283,7 +283,7 @@ def test_refusals(trained, attached, tmp_path):
     assert isinstance(BayesianPotential.from_checkpoint(attached), BayesianPotential)
 
 
-def test_caps_limit_the_structures_the_posterior_sees(trained, tmp_path):
+def test_caps_and_probes_limit_what_the_posterior_fit_costs(trained, tmp_path):
     out = tmp_path / "capped.pt"
     result = runner.invoke(
         app,
@@ -305,10 +305,13 @@ def test_caps_limit_the_structures_the_posterior_sees(trained, tmp_path):
             "10",
             "--max-valid",
             "3",
+            "--posterior-probes",
+            "2",
         ],
     )
     assert result.exit_code == 0, result.output
     meta = load_checkpoint(out, kind="potential")["metadata"]
+    assert meta["posterior"]["probes"] == 2  # the sketched fit, through MACE in forward mode
     assert (meta["attach"]["n_train"], meta["attach"]["n_fit"], meta["attach"]["n_valid"]) == (
         18,
         10,
@@ -342,6 +345,7 @@ def test_the_fit_sees_the_mace_models_own_errors(trained, attached):
     torch.testing.assert_close(fit["e_err"], torch.from_numpy(pred.energy_pred - pred.energy_true))
     meta = load_checkpoint(attached, kind="potential")["metadata"]["posterior"]
     assert meta["calibration"] == "rmse" and meta["valid_jacobian_effective_rank"] >= 2
+    assert meta["probes"] is None  # exact by default
 
 
 @pytest.mark.parametrize("mode", ["exact", "lowrank", "sampled"])
