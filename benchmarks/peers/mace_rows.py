@@ -907,11 +907,27 @@ def run_deferred(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
 
 
 def run_backbone(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
-    """Row (a) of one dataset: training, the posterior fit, every mode."""
+    """Row (a) of one dataset: training, the posterior fit, every mode but SLOW_MODES."""
     out = train_backbone(name, args, steps)
     fit_backbone(name, out, args, steps)
-    eval_modes(name, BACKBONE, out / "model.pt", args, steps, after=f"fit:{name}:backbone")
+    eval_modes(
+        name,
+        BACKBONE,
+        out / "model.pt",
+        args,
+        steps,
+        after=f"fit:{name}:backbone",
+        defer=SLOW_MODES,
+    )
     save(steps, args, "partial")
+
+
+def run_backbone_deferred(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
+    """Row (a)'s deferred modes (SLOW_MODES) and their cost."""
+    model = args.work / name / "backbone_mace" / "model.pt"
+    if steps.get(f"fit:{name}:backbone") and model.is_file():
+        eval_modes(name, BACKBONE, model, args, steps, after=f"fit:{name}:backbone")
+        save(steps, args, "partial")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -949,6 +965,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ("torch", run_torch),
             ("torch", run_deferred),
             ("backbone", run_backbone),
+            ("backbone", run_backbone_deferred),
         ):
             if part in args.parts:
                 for name in args.datasets:
