@@ -680,7 +680,7 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
             post = f.get("posterior") or {}
             info["backbone_fit"] = {
                 "seconds": f["seconds"],
-                **{k: post.get(k) for k in ("rank", "basis", "n_frames", "fit_seconds")},
+                **{k: post.get(k) for k in ("lowrank_rank", "probes", "fit_seconds")},
             }
         gaps = {
             group: fu.paired_gap(single["in"], committee["in"], seed=args.seed)
@@ -787,8 +787,9 @@ def section(results: dict[str, Any]) -> list[str]:
             f = entry.get("backbone_fit") or {}
             lines.append(
                 f"Backbone MACE: {b.get('config')}, trained {fmt2(b.get('train_minutes'))} min ({b.get('epochs')} epochs, best "
-                f"{b.get('best_epoch')}); posterior fit {fmt2(f.get('seconds'))} s (rank {f.get('rank')}, basis "
-                f"{f.get('basis')}); offered modes {(entry.get(BACKBONE) or {}).get('offered')}, ms per frame "
+                f"{b.get('best_epoch')}); after training {fmt2(f.get('seconds'))} s, of them the posterior "
+                f"fit {fmt2(f.get('fit_seconds'))} s (rank {f.get('lowrank_rank')}, "
+                f"{f.get('probes') or 'no'} probes); offered modes {(entry.get(BACKBONE) or {}).get('offered')}, ms per frame "
                 f"{fmt_ms((entry.get(BACKBONE) or {}).get('cost_ms'))}."
             )
         for group in (BACKBONE, ATTACH):
