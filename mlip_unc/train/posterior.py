@@ -158,7 +158,11 @@ def _pass(
             rows["f_err"].append(
                 (out[keys.FORCES].double() - batch[keys.FORCES].double())[has_f].reshape(-1)
             )
-    result: dict[str, Any] = {"a_energy": a_energy.cpu(), "a_forces": a_forces.cpu()}
+    result: dict[str, Any] = {
+        "a_energy": a_energy.cpu(),
+        "a_forces": a_forces.cpu(),
+        "probes": probes if probes and not keep else None,  # None after a fall-back to exact
+    }
     if keep:  # the Jacobians are taken on the model's device; the small solves below run on the CPU
         result.update(
             {k: torch.cat(v, dim=-1 if k == "jac" else 0).cpu() for k, v in rows.items() if v}
@@ -380,7 +384,7 @@ def fit_full_posterior(
         "valid_nll_forces_by_lambda": {f"{s[1] / scale:.0e}": s[0] for s in scores},
         "n_valid_components": int(val["f_err"].numel()),
         "calibration": calibration,
-        "probes": probes if has_valid else None,
+        "probes": fit["probes"],
         **checks,
     }
     log.info(

@@ -215,3 +215,24 @@ def test_fit_with_probes_is_seeded_and_keeps_the_validation_exact(trained):
     assert not torch.allclose(fits[0], fits[2])
     model = BayesianPotential.from_checkpoint(result.model_path)
     assert fit_full_posterior(model, data.train, None, probes=3)["probes"] is None  # in-sample
+
+
+def test_probes_fall_back_to_the_exact_fit_without_forward_mode(trained, monkeypatch):
+    """A backbone without forward-mode rules: a warning, the exact Jacobians, and the summary
+    says no probes were used."""
+    import mlip_unc.train.posterior as posterior
+
+    config, result = trained
+    data = prepare_data(config)
+
+    def no_forward_mode(*args, **kwargs):
+        raise NotImplementedError("no forward-mode rule for this op")
+
+    monkeypatch.setattr(posterior, "latent_probes", no_forward_mode)
+    model = BayesianPotential.from_checkpoint(result.model_path)
+    with pytest.warns(RuntimeWarning, match="forward-mode"):
+        summary = fit_full_posterior(model, data.train, data.valid, probes=3)
+    exact = BayesianPotential.from_checkpoint(result.model_path)
+    fit_full_posterior(exact, data.train, data.valid)
+    assert summary["probes"] is None
+    torch.testing.assert_close(model.posterior_factor, exact.posterior_factor)
