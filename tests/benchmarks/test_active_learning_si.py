@@ -279,6 +279,7 @@ def _si_run(strategy: str, seed: int, errors: list[float]) -> list[dict]:
             row["cpu_initial_train_s"] = 5.0
         if k < len(errors) - 1:
             row.update(cpu_md_s=1.0, cpu_score_s=1.0, cpu_retrain_s=2.0)
+            row.update(n_md_frames=50, n_flagged=45)
         rows.append(row)
     return rows
 
@@ -311,6 +312,9 @@ def test_page_gets_a_si_section_from_its_own_records(tmp_path):
         and "| ours | 2200 | 1 | 1 | 0.500 of 2 |" in section
     )
     assert "- Command: `python -m benchmarks.active_learning --system si`" in section
+    assert "The strategies' final errors span 40.0-60.0 meV/Å" in section
+    assert "monitor flagged: random 90 %, ours 90 %" in section
+    assert "Why we think the target is missed here" in section
     assert "has its section below" in text[: text.index("## Si with")]
     summary = json.loads((tmp_path / f"{report.SI_PREFIX}.json").read_text())
     assert summary["target_meV_A"] == pytest.approx(60.0)
