@@ -130,8 +130,9 @@ class PotentialModelConfig(Section):
             weights) or ``per_element`` (``n_types * d``; the fit and the ``exact`` mode cost
             ``n_types`` times more backward passes, ``lowrank`` the same ``rank + 1``).
         posterior_max_frames: fit the full posterior on at most this many training structures
-            (a random subset, config seed; null = all). Its cost is ``latent_dim + 1`` backward
-            passes per structure, which for a MACE backbone takes tens of minutes on CPU.
+            (a random subset, config seed; null = all). Exact, each batch costs
+            ``min(D, 3 n_atoms)`` Jacobian products (``D`` the basis width), which made a MACE
+            backbone's fit take tens of minutes on CPU before ``posterior_probes``.
         posterior_probes: sketch the training structures' force precision with this many
             random sign probes per batch (forward-mode products, unbiased;
             ``mlip_unc.train.posterior``) instead of ``min(d, 3 n_atoms)`` exact Jacobian
