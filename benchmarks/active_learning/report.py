@@ -248,14 +248,8 @@ def reading(summary: dict[str, Any]) -> list[str]:
         "Where that is few, the learning curves measure the warm-started retraining more than the "
         "choice of labels, and 'calls to target' is reached at round 0 or not at all."
     )
-    refit = summary.get("refit") or {}
-    if refit:
-        parts = ", ".join(f"{s} {v['error']['mean']:.1f}" for s, v in refit.items())
-        out.append(
-            "Trained from scratch on each run's final labels (table below), the error is "
-            f"(meV/Å, mean over the runs refitted): {parts}: the labels themselves, without the "
-            "retraining protocol."
-        )
+    if refit := summary.get("refit"):
+        out.append(_refit_sentence(refit, spread=False))
     if "ours" in st and "random" in st:
         o, r = st["ours"]["stability"].get("600"), st["random"]["stability"].get("600")
         if o and r:
@@ -442,6 +436,21 @@ SI_COMMANDS = (
 )
 
 
+def _refit_sentence(refit: dict[str, Any], *, spread: bool) -> str:
+    """The from-scratch refits of the runs' final labels in one sentence (``spread``: with the
+    std over the runs)."""
+    parts = ", ".join(
+        f"{s} {v['error']['mean']:.1f}" + (f" ± {v['error']['std']:.1f}" if spread else "")
+        for s, v in refit.items()
+    )
+    what = "mean ± std" if spread else "mean"
+    tail = "without the warm-started retraining" if spread else "without the retraining protocol"
+    return (
+        "Trained from scratch on each run's final labels (table below), the error is "
+        f"(meV/Å, {what} over the runs refitted): {parts}: the labels themselves, {tail}."
+    )
+
+
 def si_reading(summary: dict[str, Any], sets: Sequence[str]) -> list[str]:
     """What the Si tables say, in sentences whose numbers come from ``summary``; then why we
     think the label-saving target is missed."""
@@ -469,16 +478,8 @@ def si_reading(summary: dict[str, Any], sets: Sequence[str]) -> list[str]:
             + ", ".join(f"{n} {v:.0f}" for n, v in per_set.items() if n != worst)
             + "."
         )
-    refit = summary.get("refit") or {}
-    if refit:
-        parts = ", ".join(
-            f"{s} {v['error']['mean']:.1f} ± {v['error']['std']:.1f}" for s, v in refit.items()
-        )
-        out.append(
-            "Trained from scratch on each run's final labels (table below), the error is "
-            f"(meV/Å, mean ± std over the runs refitted): {parts}: the labels themselves, "
-            "without the warm-started retraining."
-        )
+    if refit := summary.get("refit"):
+        out.append(_refit_sentence(refit, spread=True))
     out.append(
         "Why we think the target is missed here: the warm-started models' error follows the "
         "temperature schedule of the rounds (the learning curves move together) and the melt "

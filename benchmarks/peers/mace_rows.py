@@ -901,9 +901,17 @@ def run_torch(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
 
 def run_deferred(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
     """Row (b)'s deferred modes (SLOW_MODES) and their cost."""
-    attached = args.work / name / "mace_torch_attached.pt"
-    if steps.get(f"attach:{name}") and attached.is_file():
-        eval_modes(name, ATTACH, attached, args, steps, after=f"attach:{name}")
+    _deferred(
+        name, ATTACH, args.work / name / "mace_torch_attached.pt", f"attach:{name}", args, steps
+    )
+
+
+def _deferred(
+    name: str, row: str, model: Path, after: str, args: argparse.Namespace, steps: fu.Steps
+) -> None:
+    """Every mode of ``row`` still missing (SLOW_MODES included) once ``after`` is done."""
+    if steps.get(after) and model.is_file():
+        eval_modes(name, row, model, args, steps, after=after)
         save(steps, args, "partial")
 
 
@@ -926,9 +934,7 @@ def run_backbone(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
 def run_backbone_deferred(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
     """Row (a)'s deferred modes (SLOW_MODES) and their cost."""
     model = args.work / name / "backbone_mace" / "model.pt"
-    if steps.get(f"fit:{name}:backbone") and model.is_file():
-        eval_modes(name, BACKBONE, model, args, steps, after=f"fit:{name}:backbone")
-        save(steps, args, "partial")
+    _deferred(name, BACKBONE, model, f"fit:{name}:backbone", args, steps)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -355,7 +355,7 @@ def latent_probes(
     """
     if probes < 1:
         raise ValueError(f"probes must be >= 1, got {probes}")
-    with torch.enable_grad():
+    with torch.no_grad():  # Phi only: the products below run their own forward passes
         state = model._state(batch, forces=True, stress=False)
     pos = state.inputs[0].detach()  # (n_atoms, 3)
     signs = torch.randint(0, 2, (probes, *pos.shape), generator=generator).to(pos) * 2 - 1

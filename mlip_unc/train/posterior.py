@@ -121,6 +121,7 @@ def _pass(
     for batch in _batches(dataset, batch_size):
         batch = to_device(batch, device)
         has_e = batch[keys.HAS_ENERGY].reshape(-1).bool()
+        y: Tensor | None = None
         if probes and not keep:
             try:
                 mask = batch[keys.HAS_FORCES].reshape(-1).bool()[graph_index(batch)]
@@ -135,21 +136,17 @@ def _pass(
                     stacklevel=2,
                 )
                 probes = None
-            else:
-                yf = y.double().reshape(-1, d)  # (probes * n_graphs, D)
-                a_forces += yf.T @ yf / (probes * sig_f2)
-                phi = state.phi.detach().double()
-                n_atoms = torch.bincount(state.graph, minlength=state.n_graphs).double()
-                a_energy += (phi[has_e] / (n_atoms[has_e, None] * sig_e2)).T @ phi[has_e]
-                continue
-        state, out, jac = latent_jacobian(model, batch, blocks)  # out: the whole prediction
-        jac = jac.double()  # (D, n_atoms, 3)
+        if y is not None and probes:
+            yf = y.double().reshape(-1, d)  # (probes * n_graphs, D)
+            a_forces += yf.T @ yf / (probes * sig_f2)
+        else:
+            state, out, jac = latent_jacobian(model, batch, blocks)  # out: the whole prediction
+            has_f = batch[keys.HAS_FORCES].reshape(-1).bool()[state.graph]  # (n_atoms,)
+            jf = jac.double()[:, has_f].reshape(d, -1)  # (D, 3 n_labelled_atoms)
+            a_forces += jf @ jf.T / sig_f2
         phi = state.phi.detach().double()  # (n_graphs, D)
         n_atoms = torch.bincount(state.graph, minlength=state.n_graphs).double()
-        has_f = batch[keys.HAS_FORCES].reshape(-1).bool()[state.graph]  # (n_atoms,)
         a_energy += (phi[has_e] / (n_atoms[has_e, None] * sig_e2)).T @ phi[has_e]
-        jf = jac[:, has_f].reshape(d, -1)  # (D, 3 n_labelled_atoms)
-        a_forces += jf @ jf.T / sig_f2
         if keep:
             rows["phi"].append(phi[has_e])
             rows["n_atoms"].append(n_atoms[has_e])
