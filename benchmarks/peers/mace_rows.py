@@ -417,7 +417,12 @@ def eval_modes(
         log.info("[eval] %s %s %s done", name, row, mode)
     step = f"cost:{name}:{row}"
     timed = [m for m in modes if steps.get(f"eval:{name}:{row}:{m}")]
-    if (done := steps.get(step)) and done["line"] > fresh and done.get("modes") == timed:
+    if (
+        (done := steps.get(step))
+        and done["line"] > fresh
+        and done.get("modes") == timed
+        and "forward" in done["ms"]  # older records lack the floor's forward pass
+    ):
         return
     check_time(args, "eval", step)
     import torch
@@ -436,6 +441,7 @@ def eval_modes(
         )
         for m in ("none", *timed)
     }
+    calls["forward"] = lambda k: model(graphs[k], compute_forces=False)  # the floor's f
     if row == ATTACH:  # the same MACE model in mace-torch's own calculator, for reference
         frames = test_atoms(split["test"], split, len(graphs))
         calc = mace_calculator(
@@ -443,7 +449,29 @@ def eval_modes(
         )
         calls["mace_calculator"] = lambda k: calc.calculate(frames[k], ["energy", "forces"], [])
     ms = fu.time_calls(calls, list(range(len(graphs))))
-    steps.add(step, {"ms": ms, "n_frames": len(graphs), "modes": timed})
+    vectors = backward_vectors(model, graphs, default)
+    steps.add(step, {"ms": ms, "n_frames": len(graphs), "modes": timed, "vectors": vectors})
+
+
+def backward_vectors(model: Any, graphs: list, mode: str) -> int:
+    """Backward vectors one call of ``mode`` takes on the largest of ``graphs``: the mean forces
+    and the sigma directions (``rank + 1`` low-rank, 2 sketched; a backbone's own energies ride on
+    the mean's vector)."""
+    from mlip_unc.models.full_posterior import LOWRANK_ATOM_DIRECTIONS
+
+    rank, n_max = int(model.posterior_rank), max(int(g.num_nodes) for g in graphs)
+    lowrank = mode == "lowrank" or (mode == "auto" and n_max * rank <= LOWRANK_ATOM_DIRECTIONS)
+    return rank + 1 if lowrank else 2
+
+
+def floor(cost: dict[str, Any] | None) -> float | None:
+    """What the default mode's backward vectors allow over plain E+F: ``(f + K b) / (f + b)``
+    with ``f`` the forward call, ``b`` = plain E+F - ``f`` and ``K`` the vectors."""
+    ms, k = (cost or {}).get("ms") or {}, (cost or {}).get("vectors")
+    if not k or "forward" not in ms or not ms.get("plain"):
+        return None
+    f, b = ms["forward"], ms["plain"] - ms["forward"]
+    return (f + k * b) / (f + b)
 
 
 def test_atoms(path: Path | str, split: dict[str, Any], limit: int | None) -> list:
@@ -619,10 +647,13 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
                 )
             if modes:
                 defaults[group] = f"{group}:{modes['default']}"
+                cost = steps.get(f"cost:{name}:{group}") or {}
                 info[group] = {
                     "offered": modes["offered"],
                     "skipped": modes["skipped"],
-                    "cost_ms": (steps.get(f"cost:{name}:{group}") or {}).get("ms"),
+                    "cost_ms": cost.get("ms"),
+                    "backward_vectors": cost.get("vectors"),
+                    "cost_floor": floor(cost),
                 }
         if rec := steps.get(f"eval:{name}:{COMMITTEE}"):
             cost = steps.get(f"cost:{name}:{COMMITTEE}")
@@ -806,6 +837,15 @@ def section(results: dict[str, Any]) -> list[str]:
                 if f"{group}:{m}" in cost and cost[f"{group}:{m}"].get("cost_ratio") is None
             ]:
                 lines.append(f"{group}: evaluated but not timed: {untimed}.")
+            info = entry.get(group) or {}
+            if (bound := info.get("cost_floor")) is not None:
+                ms = info.get("cost_ms") or {}
+                lines.append(
+                    f"{group}: the default's floor (f + K b) / (f + b) = {bound:.2f} with K = "
+                    f"{info.get('backward_vectors')} backward vectors, forward f = {ms['forward']:.3g} "
+                    f"ms and one backward b = {ms['plain'] - ms['forward']:.3g} ms (plain E+F - f): "
+                    "cost <= 2 needs b / f <= 1 / (K - 2), or fewer vectors."
+                )
         lines += [
             "",
             f"Acceptance (issue 40; default row vs {COMMITTEE}: Spearmans >= committee - 0.05, AUROC >= committee - 0.03, std/RMSE in [0.5, 2], cost <= 2):",

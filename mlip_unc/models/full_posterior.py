@@ -229,17 +229,19 @@ def full_derivatives(
     rank: int | None,
     method: str,
     sketch: bool = False,
+    base: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Mean forces (stress) and their epistemic variances from ``rank`` rows of the factor
     (all ``D`` rows when ``rank`` is None): ``rank + 1`` vector-Jacobian products, or 2 with
     ``sketch`` (:func:`sketch_rows` of the ``rank`` rows); ``state`` and ``mu (D,)`` in the
-    posterior's basis (:func:`basis_state`, :func:`basis_mean`)."""
+    posterior's basis (:func:`basis_state`, :func:`basis_mean`); ``base (n_graphs,)`` a
+    backbone's own energies, joined to the mean row (:func:`input_gradients`)."""
     factor = post.factor.to(mu.dtype)
     rows = factor if rank is None else factor[: min(int(rank), factor.shape[0])]
     if sketch:
         rows = sketch_rows(rows)  # (1, D)
     weights = torch.cat([mu.detach()[None], rows])  # (r + 1, d)
-    grads = input_gradients(state, weights, method)
+    grads = input_gradients(state, weights, method, base=base)
     out = forces_and_stress(state, [g[0] for g in grads])
     alpha2 = post.alpha2_forces if rank is None else post.alpha2_lowrank
     out[keys.FORCES_VAR] = alpha2 * grads[0][1:].square().sum(0)  # (n_atoms, 3)
@@ -429,9 +431,11 @@ def posterior_uncertainty(
     mu, s2 = model.posterior()
     post, method = model.full_posterior(), model.gradient_method
     base = getattr(state, "base_energy", None)  # a backbone's own energies (models/backbones.py)
+    if base is not None:  # (n_graphs,): their derivatives join the mean forces (stress)
+        base = base.new_zeros(state.n_graphs).index_add(0, state.graph, base)
     base_grads = None
-    if base is not None and mode is not UncertaintyMode.ENERGY and state.inputs:
-        # their derivatives join the mean forces (stress), which the modes take from Phi . mu only
+    if base is not None and mode is UncertaintyMode.EXACT and state.inputs:
+        # the gradient modes take them in their mean row's pass; exact takes Phi's Jacobian only
         base_grads = torch.autograd.grad(
             base.sum(), state.inputs, retain_graph=True, allow_unused=True, materialize_grads=True
         )
@@ -450,11 +454,16 @@ def posterior_uncertainty(
         if post is None:  # the largest-variance axes of the diagonal posterior, uncalibrated
             ones = torch.ones(5, dtype=mu.dtype, device=mu.device)
             diag = FullPosterior(diagonal_factor(s2.detach(), model.posterior_rank), ones)
-            out.update(full_derivatives(state, mu, diag, rank=None, method=method, sketch=sketch))
-        else:
             out.update(
                 full_derivatives(
-                    state, mu, post, rank=model.posterior_rank, method=method, sketch=sketch
+                    state, mu, diag, rank=None, method=method, sketch=sketch, base=base
+                )
+            )
+        else:
+            rank = model.posterior_rank
+            out.update(
+                full_derivatives(
+                    state, mu, post, rank=rank, method=method, sketch=sketch, base=base
                 )
             )
     elif mode is UncertaintyMode.SAMPLED:
@@ -470,7 +479,7 @@ def posterior_uncertainty(
                 draws = mu.detach() + post.alpha2_forces.sqrt().to(mu.dtype) * eps @ post.factor.to(
                     mu.dtype
                 )
-        out.update(sampled_derivatives(state, mu, draws, method=method))
+        out.update(sampled_derivatives(state, mu, draws, method=method, base=base))
     if base_grads is not None:
         for key, value in forces_and_stress(state, list(base_grads)).items():
             out[key] = out[key] + value

@@ -135,7 +135,10 @@ def test_assemble_and_section_from_steps(tmp_path):
         steps.add(
             f"eval:3bpa:{mr.ATTACH}:{mode}", {p: frame_record(rng, 30, 0.5) for p in ("in", "ood")}
         )
-    steps.add(f"cost:3bpa:{mr.ATTACH}", {"ms": {"plain": 2.0, "lowrank": 3.0, "energy": 2.1}})
+    steps.add(
+        f"cost:3bpa:{mr.ATTACH}",
+        {"ms": {"plain": 2.0, "lowrank": 3.0, "energy": 2.1, "forward": 1.5}, "vectors": 5},
+    )
     steps.add(
         f"eval:3bpa:{mr.COMMITTEE}",
         {**{p: frame_record(rng, 30, 0.1) for p in ("in", "ood")}, "members": [0, 1, 2]},
@@ -155,6 +158,9 @@ def test_assemble_and_section_from_steps(tmp_path):
     text = "\n".join(mr.section(json.loads(json.dumps(results))))
     assert f"{mr.ATTACH}:lowrank (default)" in text and "partial: 3 of 5 members" in text
     assert "cost_ratio 1.500 [n/a, 2.000]: met" in text
+    # the floor: f = 1.5 ms, b = 2.0 - 1.5 ms, 5 vectors -> (1.5 + 5 * 0.5) / 2.0
+    assert entry[mr.ATTACH]["cost_floor"] == pytest.approx(2.0)
+    assert "floor (f + K b) / (f + b) = 2.00 with K = 5 backward vectors" in text
     # the |F_pred| baseline: the default's own frames scored by their max |F_pred|
     base, rec = (
         entry["rows"][f"{mr.ATTACH}:force_magnitude"],
@@ -198,6 +204,15 @@ def test_native_page_rewrite_keeps_the_peer_sections(tmp_path):
     assert "# old" not in text and text.startswith("# Force uncertainty")
     assert text.index("## Run") < text.index(mr.BEGIN) < text.index("ours") < text.index(PEER_BEGIN)
     assert text.rstrip().endswith(PEER_END) and text.count(mr.END) == 1
+
+
+def test_backward_vectors_follow_the_mode_and_the_size():
+    model = argparse.Namespace(posterior_rank=4)
+    small, large = argparse.Namespace(num_nodes=27), argparse.Namespace(num_nodes=100)
+    assert mr.backward_vectors(model, [small], "auto") == 5  # 27 x 4 <= 256: low-rank
+    assert mr.backward_vectors(model, [small, large], "auto") == 2  # sketched above
+    assert mr.backward_vectors(model, [large], "lowrank") == 5
+    assert mr.floor({"ms": {"plain": 2.0}, "vectors": 5}) is None  # no forward timed
 
 
 def test_calibration_overlap_recomputes_attach_split(tmp_path):

@@ -216,7 +216,7 @@ class _WithBaseEnergy(torch.nn.Module):
         return self.inner(batch), energies
 
 
-@pytest.mark.parametrize("mode", ["energy", "exact", "lowrank", "sampled"])
+@pytest.mark.parametrize("mode", ["energy", "exact", "lowrank", "sketch", "auto", "sampled"])
 def test_base_energy_forces_and_stress_in_every_mode(mode):
     """Forces and stress include the backbone's own energies whichever mode computes them."""
     model = _model()
@@ -245,6 +245,31 @@ def test_base_energy_forces_and_stress_in_every_mode(mode):
             abs((energies[1] - energies[0]) / (2 * h) - float(plain[keys.FORCES][atom, comp]))
             < 1e-6
         )
+
+
+@pytest.mark.parametrize("mode", ["lowrank", "sketch", "sampled"])
+def test_base_energy_joins_the_mean_row_pass(monkeypatch, mode):
+    """The gradient modes take a backbone's own energies in their mean row's backward pass:
+    as many passes as without them (counted), and the same variances."""
+    model = _model()
+    model.gradient_method = "loop"
+    graph, calls = _graph(6), []
+    real_grad = torch.autograd.grad
+
+    def counting_grad(*args, **kwargs):
+        calls.append(1)
+        return real_grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", counting_grad)
+    kw = {"n_samples": 3, "compute_stress": True}
+    plain = model(graph, uncertainty=mode, generator=torch.Generator().manual_seed(0), **kw)
+    n_plain, calls[:] = len(calls), []
+    model.backbone = _WithBaseEnergy(model.backbone)
+    based = model(graph, uncertainty=mode, generator=torch.Generator().manual_seed(0), **kw)
+    assert len(calls) == n_plain == {"lowrank": model.posterior_rank + 1, "sketch": 2}.get(mode, 4)
+    for key in (keys.FORCES_VAR, keys.STRESS_VAR):
+        torch.testing.assert_close(based[key], plain[key])
+    assert not torch.allclose(based[keys.FORCES], plain[keys.FORCES])
 
 
 # ---------------------------------------------------------------- per-element basis
