@@ -58,6 +58,9 @@ from benchmarks.common.format import clean, fmt2, fmt3
 from benchmarks.common.pages import environment
 
 log = logging.getLogger("mace_rows")
+FORWARD = "forward_graph"
+"""The cost record's key of :func:`forward_pass` (a record of the forward alone, without the
+positions' graph, was keyed ``forward`` and is timed again)."""
 REPO = fu.REPO
 RESULTS = fu.RESULTS
 WORK = REPO / "runs" / "mace_rows"
@@ -415,13 +418,14 @@ def eval_modes(
         record = {part: fu.frame_values(model, data, mode, args) for part, data in sets.items()}
         steps.add(step, {**record, "seconds": time.perf_counter() - start})
         log.info("[eval] %s %s %s done", name, row, mode)
+    distance_baselines(name, row, model, split, sets, steps, fresh)
     step = f"cost:{name}:{row}"
     timed = [m for m in modes if steps.get(f"eval:{name}:{row}:{m}")]
     if (
         (done := steps.get(step))
         and done["line"] > fresh
         and done.get("modes") == timed
-        and "forward" in done["ms"]  # older records lack the floor's forward pass
+        and FORWARD in done["ms"]  # older records lack the floor's forward pass
     ):
         return
     check_time(args, "eval", step)
@@ -441,7 +445,7 @@ def eval_modes(
         )
         for m in ("none", *timed)
     }
-    calls["forward"] = lambda k: model(graphs[k], compute_forces=False)  # the floor's f
+    calls[FORWARD] = lambda k: forward_pass(model, graphs[k])  # the floor's f
     if row == ATTACH:  # the same MACE model in mace-torch's own calculator, for reference
         frames = test_atoms(split["test"], split, len(graphs))
         calc = mace_calculator(
@@ -451,6 +455,31 @@ def eval_modes(
     ms = fu.time_calls(calls, list(range(len(graphs))))
     vectors = backward_vectors(model, graphs, default)
     steps.add(step, {"ms": ms, "n_frames": len(graphs), "modes": timed, "vectors": vectors})
+
+
+def distance_baselines(
+    name: str,
+    row: str,
+    model: Any,
+    split: dict[str, Any],
+    sets: dict[str, Any],
+    steps: fu.Steps,
+    fresh: int,
+) -> None:
+    """The native rows' distance-to-training baselines (``fu.distance_scores``: the model's own
+    per-atom latents and an interatomic-distance histogram, against every frame of the split's
+    training file, which both rows train on) for the frames of ``sets``; one step, redone when
+    older than the step at line ``fresh``."""
+    step = f"distance:{name}:{row}"
+    if (done := steps.get(step)) and done["line"] > fresh:
+        return
+    train = fu.load_frames(split["train"], model, split, None)
+    scores = fu.distance_scores(model, train, sets)  # {baseline: {part: (n,)}}
+    steps.add(
+        step,
+        {b: {p: np.asarray(v).tolist() for p, v in parts.items()} for b, parts in scores.items()},
+    )
+    log.info("[eval] %s %s distance baselines done", name, row)
 
 
 def backward_vectors(model: Any, graphs: list, mode: str) -> int:
@@ -464,13 +493,23 @@ def backward_vectors(model: Any, graphs: list, mode: str) -> int:
     return rank + 1 if lowrank else 2
 
 
+def forward_pass(model: Any, graph: Any) -> None:
+    """What an E+F call runs before its backward pass: the latents (and a backbone's own
+    energies) with the positions' autograd graph recorded."""
+    import torch
+
+    with torch.enable_grad():
+        model._state(graph, forces=True, stress=False)
+
+
 def floor(cost: dict[str, Any] | None) -> float | None:
     """What the default mode's backward vectors allow over plain E+F: ``(f + K b) / (f + b)``
-    with ``f`` the forward call, ``b`` = plain E+F - ``f`` and ``K`` the vectors."""
+    with ``f`` the forward pass (:func:`forward_pass`), ``b`` = plain E+F - ``f`` and ``K`` the
+    vectors."""
     ms, k = (cost or {}).get("ms") or {}, (cost or {}).get("vectors")
-    if not k or "forward" not in ms or not ms.get("plain"):
+    if not k or FORWARD not in ms or not ms.get("plain"):
         return None
-    f, b = ms["forward"], ms["plain"] - ms["forward"]
+    f, b = ms[FORWARD], ms["plain"] - ms[FORWARD]
     return (f + k * b) / (f + b)
 
 
@@ -635,16 +674,23 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
                         rec["in"], rec.get("ood"), ratio.get(mode)
                     )
             if modes and (rec := steps.get(f"eval:{name}:{group}:{modes['default']}")):
-                # the trivial baseline on the same predictions: max over atoms of |F_pred|
-                rows[f"{group}:force_magnitude"] = fu.row_metrics(
-                    *(
-                        {**rec[p], "score": rec[p]["force"], "std_over_rmse": None}
-                        if p in rec
-                        else None
-                        for p in ("in", "ood")
-                    ),
-                    1.0,
-                )
+                # the trivial baselines on the same predictions: max over atoms of |F_pred|, and
+                # the distances to the training set (not timed)
+                dist = steps.get(f"distance:{name}:{group}") or {}
+                scores = {
+                    "force_magnitude": {p: rec[p]["force"] for p in ("in", "ood") if p in rec},
+                    **{b: dist[b] for b in fu.DISTANCES if b in dist},
+                }
+                for baseline, score in scores.items():
+                    rows[f"{group}:{baseline}"] = fu.row_metrics(
+                        *(
+                            {**rec[p], "score": score[p], "std_over_rmse": None}
+                            if p in rec and p in score
+                            else None
+                            for p in ("in", "ood")
+                        ),
+                        1.0 if baseline == "force_magnitude" else None,
+                    )
             if modes:
                 defaults[group] = f"{group}:{modes['default']}"
                 cost = steps.get(f"cost:{name}:{group}") or {}
@@ -766,7 +812,10 @@ def section(results: dict[str, Any]) -> list[str]:
         "force std across members, cost = mace-torch's `MACECalculator(model_paths=[members])` E+F / one member's "
         "E+F. The other rows' cost: the model's mode / its own plain E+F (interleaved best-of-3, median over "
         "frames). (default) marks `default_uncertainty_mode(model)`; `<group>:force_magnitude`: the "
-        "trivial baseline, max over atoms of that model's |F_pred| on the same frames.",
+        "trivial baseline, max over atoms of that model's |F_pred| on the same frames; "
+        "`<group>:latent_distance` and `<group>:descriptor_distance`: the native rows' distances to the "
+        "training set (that model's per-atom latents; the interatomic-distance histogram), scored "
+        "against that model's errors (not timed).",
         "",
     ]
     for name, entry in ((n, e) for n, e in results.items() if n != "meta"):
@@ -842,8 +891,8 @@ def section(results: dict[str, Any]) -> list[str]:
                 ms = info.get("cost_ms") or {}
                 lines.append(
                     f"{group}: the default's floor (f + K b) / (f + b) = {bound:.2f} with K = "
-                    f"{info.get('backward_vectors')} backward vectors, forward f = {ms['forward']:.3g} "
-                    f"ms and one backward b = {ms['plain'] - ms['forward']:.3g} ms (plain E+F - f): "
+                    f"{info.get('backward_vectors')} backward vectors, forward f = {ms[FORWARD]:.3g} "
+                    f"ms and one backward b = {ms['plain'] - ms[FORWARD]:.3g} ms (plain E+F - f): "
                     "cost <= 2 needs b / f <= 1 / (K - 2), or fewer vectors."
                 )
         lines += [
@@ -864,6 +913,21 @@ def section(results: dict[str, Any]) -> list[str]:
                     f"{key} {fmt3(a.get('value'))} [{fmt3(a.get('low'))}, {fmt3(a.get('high'))}]: {result}"
                 )
             lines.append(f"- {entry['defaults'][group]}: " + "; ".join(parts) + ".")
+        for group, default in entry["defaults"].items():
+            ours = entry["rows"].get(default) or {}
+            key = "spearman_frame_in_domain"
+            if ahead := [
+                f"{b} {fmt2(r[key])}"
+                for b in ("force_magnitude", *fu.DISTANCES)
+                if (r := entry["rows"].get(f"{group}:{b}"))
+                and r.get(key) is not None
+                and ours.get(key) is not None
+                and r[key] > ours[key]
+            ]:
+                lines.append(
+                    f"- {default}: trivial baselines that rank in-domain frames better than it "
+                    f"({fmt2(ours[key])}): {', '.join(ahead)}."
+                )
         for group, gaps in (entry.get("paired_bootstrap") or {}).items():
             lines += [
                 f"- {entry['defaults'][group]} - {COMMITTEE}, paired bootstrap over the in-domain "

@@ -137,8 +137,12 @@ def test_assemble_and_section_from_steps(tmp_path):
         )
     steps.add(
         f"cost:3bpa:{mr.ATTACH}",
-        {"ms": {"plain": 2.0, "lowrank": 3.0, "energy": 2.1, "forward": 1.5}, "vectors": 5},
+        {"ms": {"plain": 2.0, "lowrank": 3.0, "energy": 2.1, mr.FORWARD: 1.5}, "vectors": 5},
     )
+    dist = {b: {p: rng.random(30).tolist() for p in ("in", "ood")} for b in fu.DISTANCES}
+    # the latent distance ranks the frames perfectly, so it is listed above the default
+    dist["latent_distance"]["in"] = list(steps.get(f"eval:3bpa:{mr.ATTACH}:lowrank")["in"]["error"])
+    steps.add(f"distance:3bpa:{mr.ATTACH}", dist)
     steps.add(
         f"eval:3bpa:{mr.COMMITTEE}",
         {**{p: frame_record(rng, 30, 0.1) for p in ("in", "ood")}, "members": [0, 1, 2]},
@@ -170,6 +174,17 @@ def test_assemble_and_section_from_steps(tmp_path):
     assert base["spearman_frame_in_domain"] == pytest.approx(
         stats.spearmanr(rec["in"]["force"], rec["in"]["error"])[0]
     )
+    # the distance baselines: their own scores against the default's errors, not timed
+    dist = steps.get(f"distance:3bpa:{mr.ATTACH}")
+    for b in fu.DISTANCES:
+        r = entry["rows"][f"{mr.ATTACH}:{b}"]
+        assert r["cost_ratio"] is None and r["std_over_rmse"] is None
+        assert r["spearman_frame_in_domain"] == pytest.approx(
+            stats.spearmanr(dist[b]["in"], rec["in"]["error"])[0]
+        )
+        assert f"{mr.ATTACH}:{b} |" in text
+    assert "trivial baselines that rank in-domain frames better than it" in text
+    assert "latent_distance 1.00" in text
     gap = entry["paired_bootstrap"][mr.ATTACH]["spearman_frame_in_domain"]
     assert gap["gap"] == pytest.approx(
         entry["rows"][f"{mr.ATTACH}:lowrank"]["spearman_frame_in_domain"]
@@ -233,3 +248,25 @@ def test_calibration_overlap_recomputes_attach_split(tmp_path):
     assert out["calibration_frames"] == sorted(list(split.val) + list(split.test))
     assert out["calibration_in_mace_valid"] == sum(k % 10 == 0 for k in out["calibration_frames"])
     assert mr.calibration_overlap(tmp_path, {**meta, "valid": "v.xyz"}) == {}  # --valid given
+
+
+def test_distance_baselines_record_once_per_model(tmp_path, monkeypatch):
+    steps = fu.Steps(tmp_path / "steps.jsonl", {"command": "x"})
+    calls = []
+    monkeypatch.setattr(fu, "load_frames", lambda *a: "train")
+    monkeypatch.setattr(
+        fu,
+        "distance_scores",
+        lambda model, train, sets: (
+            calls.append(train) or {b: {p: np.arange(3.0) for p in sets} for b in fu.DISTANCES}
+        ),
+    )
+    split = {"train": "t.xyz"}
+    mr.distance_baselines("3bpa", mr.ATTACH, None, split, {"in": 0, "ood": 0}, steps, fresh=-1)
+    mr.distance_baselines("3bpa", mr.ATTACH, None, split, {"in": 0, "ood": 0}, steps, fresh=-1)
+    assert calls == ["train"]  # the second call found the step
+    rec = steps.get(f"distance:3bpa:{mr.ATTACH}")
+    assert rec["descriptor_distance"]["ood"] == [0.0, 1.0, 2.0]
+    # a model newer than the step (fresh = a later line) computes them again
+    mr.distance_baselines("3bpa", mr.ATTACH, None, split, {"in": 0}, steps, fresh=rec["line"])
+    assert len(calls) == 2
