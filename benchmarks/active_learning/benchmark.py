@@ -40,6 +40,12 @@ its own (``active_learning_si*``, ``al_runs/si``; every record carries ``system`
     OMP_NUM_THREADS=1 .venv-mace/bin/python -m benchmarks.active_learning.reference_sets_si
     OMP_NUM_THREADS=1 .venv-mace/bin/python -m benchmarks.active_learning --system si --quick --out /tmp/al_si
     OMP_NUM_THREADS=1 .venv-mace/bin/python -m benchmarks.active_learning --system si --strategies ours --seeds 0
+
+``--refit-only`` trains a model from scratch on each finished run's final labels
+(:func:`refit_final`); with ``--refit-rounds 1,2,3,4,5`` one per listed round instead, on the
+labels the run had after that round (a from-scratch learning curve; resumable)::
+
+    OMP_NUM_THREADS=1 .venv-mace/bin/python -m benchmarks.active_learning --system si --refit-only --refit-rounds 1,2,3,4,5
 """
 
 from __future__ import annotations
@@ -296,6 +302,8 @@ def bias_width(model: Path, n_atoms: int) -> float:
     from mlip_unc.calculator import UncertaintyCalculator
 
     level = UncertaintyCalculator(model, uncertainty="energy").uncertainty_levels
+    if level is None:
+        raise ValueError(f"{model}: the checkpoint has no uncertainty levels")
     s2_val = (n_atoms * float(level["energy_std_per_atom"])) ** 2
     return float(np.sqrt(9.0 * s2_val / n_atoms))
 
@@ -555,6 +563,78 @@ def run_stability(
             append_jsonl(path, {**row, **tags})
 
 
+def replay_splits(
+    seed_train: list[Any],
+    seed_valid: list[Any],
+    labelled: list[list[Any]],
+    fraction: float,
+    seed: int,
+) -> list[tuple[list[Any], list[Any]]]:
+    """The cumulative (train, valid) frames after each round, as the loop made them: round r's
+    labels ``labelled[r]`` split by :func:`mlip_unc.active.data.split_labelled` with one
+    generator seeded ``seed`` (the run's ``config.seed``) drawn round after round, each part
+    appended to the seed set's (``run_active_learning``). Element k - 1: the sets after k rounds."""
+    from mlip_unc.active.data import split_labelled
+
+    rng = np.random.default_rng(seed)
+    train, valid = list(seed_train), list(seed_valid)
+    out = []
+    for frames in labelled:
+        new_train, new_valid = split_labelled(frames, fraction, rng)
+        train, valid = train + new_train, valid + new_valid
+        out.append((train, valid))
+    return out
+
+
+def round_sets(folder: Path, strategy: str, k: int) -> tuple[list[Any], list[Any], int | None]:
+    """(train, valid, oracle calls) of run ``folder/strategy`` after ``k`` rounds (1 <= k <= its
+    rounds): the files its k-th retraining read (``round_{k-1}/retrained[/member_0]/{train,
+    valid}.xyz``, exactly the run's split), else the split replayed from the rounds' labels
+    (:func:`replay_splits`; the same frames in the same order, checked on the Si runs). Oracle
+    calls: those of the model before round k - 1 plus that round's labels and dropped frames
+    (the loop's ``oracle_calls`` of the model after k rounds; None: the state has no rows)."""
+    import json
+
+    from mlip_unc.data.readers import read_structures
+
+    run = folder / strategy
+    state = json.loads((run / "state.json").read_text())
+    rounds = [r for r in state["rounds"] if r.get("model")]
+    if not 1 <= k <= len(rounds):
+        raise ValueError(f"{run}: round {k} not in 1..{len(rounds)}")
+    row = rounds[k - 1].get("row") or {}
+    calls = (
+        int(row["oracle_calls"] + row.get("n_labelled", 0) + row.get("n_dropped", 0))
+        if "oracle_calls" in row
+        else None
+    )
+    model_dir = Path(rounds[k - 1]["model"]).parent
+    if (model_dir / "train.xyz").is_file():
+        valid_file = model_dir / "valid.xyz"
+        valid = read_structures(valid_file) if valid_file.is_file() else []
+        return read_structures(model_dir / "train.xyz"), valid, calls
+    labelled = [read_structures(run / f"round_{r}" / "labelled.xyz") for r in range(k)]
+    train, valid = replay_splits(
+        read_structures(folder / "seed_train.xyz"),
+        read_structures(folder / "seed_valid.xyz"),
+        labelled,
+        float(state["config"]["selection"]["valid_fraction"]),
+        int(state["config"]["seed"]),
+    )[-1]
+    return train, valid, calls
+
+
+def final_round(strategy: str, folder: Path) -> int | None:
+    """How many rounds the final model of a finished run was trained after (None: unfinished);
+    the round of a refit record that has no ``round`` field."""
+    import json
+
+    if final_model(strategy, folder) is None:
+        return None
+    state = json.loads((folder / strategy / "state.json").read_text())
+    return sum(1 for r in state["rounds"] if r.get("model"))
+
+
 def refit_final(
     strategy: str,
     seed: int,
@@ -563,42 +643,61 @@ def refit_final(
     out: Path,
     tag: str,
     system: System = THREE_BPA,
+    rounds: list[int] | None = None,
 ) -> None:
     """The data without the training protocol: a model trained from scratch, as the initial
     one (the shipped config's epochs and rate), on the final training and validation frames of
-    a finished run, evaluated on the reference sets; one record in ``REFIT_RECORDS``."""
+    a finished run, evaluated on the reference sets; one record in ``REFIT_RECORDS``.
+
+    ``rounds``: instead, one such model per listed round k, on the frames the run had after k
+    rounds (:func:`round_sets`): a from-scratch learning curve, which separates the labels'
+    worth from the warm-started protocol at every budget. Each record carries ``round`` and
+    ``oracle_calls``; a record without ``round`` is the final round's (not recomputed). Each
+    fit is appended when done, so a rerun skips it."""
     from mlip_unc.active.evaluation import evaluate_structures
     from mlip_unc.active.training import train_model
     from mlip_unc.calculator import UncertaintyCalculator
     from mlip_unc.config import load_active_config
     from mlip_unc.data.readers import read_structures
 
-    model = final_model(strategy, folder)
-    path = out / system.refit_records
-    done = {(r["strategy"], r["seed"], r.get("tag")) for r in read_jsonl(path)}
-    if model is None or (strategy, seed, tag) in done:
+    last = final_round(strategy, folder)
+    if last is None:
         return
+    path = out / system.refit_records
+    done = {
+        (r["strategy"], r["seed"], r.get("tag"), r.get("round", last)) for r in read_jsonl(path)
+    }
     config = load_active_config(system.config, settings["overrides"])
-    train = read_structures(model.parent / "train.xyz")
-    valid = read_structures(model.parent / "valid.xyz")
-    cpu = time.process_time()
-    scratch = train_model(
-        train,
-        valid,
-        config.training,
-        folder / f"refit_{strategy}",
-        seed=seed,
-        refit_offsets=config.refit_offsets,
-    )
-    row: dict[str, Any] = {"strategy": strategy, "seed": seed, "tag": tag, "n_train": len(train)}
-    row.update(system=system.name, cpu_train_s=time.process_time() - cpu)
-    calc = UncertaintyCalculator(scratch)
-    for name in system.reference_sets:
-        metrics = evaluate_structures(calc, read_structures(folder / f"test_{name}.xyz"))
-        row.update(
-            {f"{name}_force_mae": metrics["force_mae"], f"{name}_energy_mae": metrics["energy_mae"]}
+    for k in rounds or [last]:
+        if (strategy, seed, tag, k) in done or not 1 <= k <= last:
+            continue
+        train, valid, calls = round_sets(folder, strategy, k)
+        cpu = time.process_time()
+        scratch = train_model(
+            train,
+            valid,
+            config.training,
+            folder / (f"refit_{strategy}" if rounds is None else f"refit_{strategy}_round_{k}"),
+            seed=seed,
+            refit_offsets=config.refit_offsets,
         )
-    append_jsonl(path, row)
+        row: dict[str, Any] = {"strategy": strategy, "seed": seed, "tag": tag}
+        if rounds is not None:
+            row.update(round=k, oracle_calls=calls, n_valid=len(valid))
+        row.update(n_train=len(train), system=system.name, cpu_train_s=time.process_time() - cpu)
+        calc = UncertaintyCalculator(scratch)
+        for name in system.reference_sets:
+            metrics = evaluate_structures(calc, read_structures(folder / f"test_{name}.xyz"))
+            row.update(
+                {
+                    f"{name}_force_mae": metrics["force_mae"],
+                    f"{name}_energy_mae": metrics["energy_mae"],
+                }
+            )
+        append_jsonl(path, row)
+        log.info(
+            "refit %s seed %d round %s: %d + %d frames", strategy, seed, k, len(train), len(valid)
+        )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -624,11 +723,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="only train from scratch on the final data of finished runs (refit records)",
     )
+    p.add_argument(
+        "--refit-rounds",
+        default=None,
+        help="with --refit-only: train from scratch after each of these rounds (e.g. 1,2,3,4,5) "
+        "instead of the final one only",
+    )
     p.add_argument("--report-only", action="store_true", help="only rewrite the page")
     args = p.parse_args(argv)
     unknown = sorted(set(args.strategies.split(",")) - set(STRATEGIES))
     if unknown:
         p.error(f"--strategies: unknown {', '.join(unknown)}; use {', '.join(STRATEGIES)}")
+    if args.refit_rounds is not None and not args.refit_only:
+        p.error("--refit-rounds needs --refit-only")
     return args
 
 
@@ -668,7 +775,12 @@ def main(argv: list[str] | None = None) -> None:
             seed_data(folder, seed, settings, references, system)
             for strategy in args.strategies.split(","):
                 if args.refit_only:
-                    refit_final(strategy, seed, folder, settings, args.out, tag, system)
+                    rounds = (
+                        [int(k) for k in args.refit_rounds.split(",")]
+                        if args.refit_rounds
+                        else None
+                    )
+                    refit_final(strategy, seed, folder, settings, args.out, tag, system, rounds)
                     continue
                 log.info("%s seed %d, %s", system.name, seed, strategy)
                 run_one(strategy, seed, folder, settings, args.out, tag, system)
