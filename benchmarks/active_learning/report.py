@@ -480,7 +480,8 @@ def si_reading(summary: dict[str, Any], sets: Sequence[str]) -> list[str]:
     if refit := summary.get("refit"):
         out.append(_refit_sentence(refit, spread=True))
     untested = (
-        "more MD frames per round (a wider pool)"
+        "the loop run with `retrain_from_scratch: true` (its MD then driven by models trained "
+        "from scratch), more MD frames per round (a wider pool)"
         if summary.get("scratch")  # read below: trained from scratch at every round
         else "the label target on models retrained from scratch every round, more MD frames "
         "per round (a wider pool)"

@@ -310,19 +310,19 @@ def run_active_learning(
         new_train, new_valid = split_labelled(labelled, config.selection.valid_fraction, rng)
         train, valid = train + new_train, valid + new_valid
         spent += len(labelled) + n_dropped
-        cpu = time.process_time()
+        cpu, scratch = time.process_time(), config.retrain_from_scratch
         models = train_members(
             train,
             valid,
             config.training,
             rdir / "retrained",
             members=config.committee,
-            init_from=models,
-            epochs=config.retrain_epochs,
+            init_from=None if scratch else models,  # anew: the training config's own recipe
+            epochs=None if scratch else config.retrain_epochs,
             seed=config.seed + r + 1,
             refit_offsets=config.refit_offsets,
             resume=resume,
-            lr=config.retrain_lr,
+            lr=None if scratch else config.retrain_lr,
         )
         row["cpu_retrain_s"] = time.process_time() - cpu
         train = read_structures(models[0].parent / "train.xyz")  # as a resumed run reads them

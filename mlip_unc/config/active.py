@@ -162,6 +162,11 @@ class ActiveLearningConfig(Section):
         retrain_epochs: epochs of each retraining (``None``: the training config's).
         retrain_lr: peak learning rate of each retraining (``None``: the training config's); a
             warm start at the first training's rate undoes much of what it learned.
+        retrain_from_scratch: train each round's model anew with the training config's own
+            epochs and rate instead of fine-tuning the last one (``retrain_epochs`` and
+            ``retrain_lr`` then unused). It costs a full training per round; on Si, models
+            trained from scratch on the labels the uncertainty chose were 14 % more accurate
+            than on random labels, while fine-tuned ones were not (docs/tutorials/active-learning.md).
         uncertainty: calculator mode during MD (``exact``, ``lowrank``, ``sketch``, ``auto``
             or ``sampled``).
         thresholds: ``mlip_unc.calculator.Thresholds`` fields (checked when the run starts).
@@ -190,6 +195,7 @@ class ActiveLearningConfig(Section):
     rounds: int = Field(1, gt=0)
     retrain_epochs: int | None = None
     retrain_lr: float | None = Field(None, gt=0)
+    retrain_from_scratch: bool = False
     uncertainty: Literal["exact", "lowrank", "sketch", "auto", "sampled"] = "exact"
     md: MDSettings = MDSettings()
     thresholds: dict[str, Any] = Field(

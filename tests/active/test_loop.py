@@ -239,3 +239,30 @@ def test_a_bootstrap_killed_half_way_is_read_back_not_recomputed(
         np.array_equal(x.positions, y.positions) for x, y in zip(a, b, strict=False)
     )
     assert all(np.array_equal(x.get_forces(), y.get_forces()) for x, y in zip(a, b, strict=False))
+
+
+def test_retraining_from_scratch_uses_the_training_recipe(tmp_path, tiny_training):
+    """``retrain_from_scratch``: each round's model is trained anew (no ``init_from``) with the
+    training config's epochs and rate, not the retraining ones."""
+    tiny_training["train"].update(epochs=2, lr=3e-3)
+    config = validate(
+        ActiveLearningConfig,
+        {
+            "out": str(tmp_path / "al"),
+            "oracle": "emt",
+            "structures": CU,
+            "rounds": 1,
+            "bootstrap": {"frames": 6, "valid_frames": 2, "interval": 3, "equilibration": 0},
+            "training": tiny_training,
+            "retrain_epochs": 1,
+            "retrain_lr": 1e-4,
+            "retrain_from_scratch": True,
+            "md": {"temperature": 1500, "steps": 6, "interval": 2, "timestep": 2.0},
+            "thresholds": {"max_force_std": 1e-9},  # flag everything: the round retrains
+            "selection": {"top_k": 3},
+        },
+    )
+    rows = run_active_learning(config)
+    train_cfg = UncertaintyCalculator(rows[1]["model"]).metadata["training_config"]["train"]
+    assert train_cfg.get("init_from") is None
+    assert (train_cfg["epochs"], train_cfg["lr"]) == (2, 3e-3)
