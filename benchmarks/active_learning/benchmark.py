@@ -215,12 +215,22 @@ def run_overrides(
 ) -> list[str]:
     """Every override of one run: the size (``settings``), the seed, the seed set, the test
     sets, the output folder and, for single-model strategies, the shared initial model."""
-    items = [*settings["overrides"], f"seed={seed}", f"out={folder / strategy}"]
+    items = [*settings["overrides"], f"seed={seed}", f"out={folder / run_name(strategy, settings)}"]
     items += [f"train_data={folder / 'seed_train.xyz'}", f"valid_data={folder / 'seed_valid.xyz'}"]
     items += [f"test_sets.{name}={folder / f'test_{name}.xyz'}" for name in system.reference_sets]
     if strategy != "committee5" and initial_model is not None:
         items.append(f"model={initial_model}")
     return items
+
+
+SCRATCH = "retrain_from_scratch=true"
+"""The override of ``--retrain-from-scratch`` runs (tag ``scratch``, run folders ``<strategy>_scratch``)."""
+
+
+def run_name(strategy: str, settings: dict[str, Any]) -> str:
+    """The run folder of ``strategy`` under a seed folder: ``<strategy>_scratch`` for the runs
+    retrained from scratch, which share the seed set and the initial model."""
+    return f"{strategy}_scratch" if SCRATCH in settings["overrides"] else strategy
 
 
 def seed_data(
@@ -729,6 +739,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --refit-only: train from scratch after each of these rounds (e.g. 1,2,3,4,5) "
         "instead of the final one only",
     )
+    p.add_argument(
+        "--retrain-from-scratch",
+        action="store_true",
+        help="the loop trains each round's model anew (records tagged 'scratch', run folders "
+        "<strategy>_scratch; the same seed sets and initial models)",
+    )
     p.add_argument("--report-only", action="store_true", help="only rewrite the page")
     args = p.parse_args(argv)
     unknown = sorted(set(args.strategies.split(",")) - set(STRATEGIES))
@@ -749,6 +765,9 @@ def main(argv: list[str] | None = None) -> None:
     system = SYSTEMS[args.system]
     settings = system.quick if args.quick else system.full
     tag = "quick" if args.quick else "full"
+    if args.retrain_from_scratch:
+        settings = {**settings, "overrides": [*settings["overrides"], SCRATCH]}
+        tag = f"{tag}_scratch" if args.quick else "scratch"
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         torch.set_num_threads(args.threads)
@@ -788,7 +807,7 @@ def main(argv: list[str] | None = None) -> None:
                     run_stability(
                         strategy, seed, folder, settings, args.out, tag, system, references
                     )
-    write_report(args.out, tag)
+    write_report(args.out, "quick" if args.quick else "full")  # the scratch runs: a section
 
 
 if __name__ == "__main__":

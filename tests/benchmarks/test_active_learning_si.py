@@ -497,3 +497,32 @@ def test_labels_to_target_on_the_from_scratch_curves(tmp_path):
     )
     assert "remains the one the acceptance is judged on" in section
     assert "Trained from scratch at every round (section below)" in text
+
+
+# --- the loop retrained from scratch every round -------------------------------------------------
+
+
+def test_retrain_from_scratch_runs_get_their_own_folders_tag_and_section(tmp_path):
+    settings = {"overrides": ["rounds=2", benchmark.SCRATCH]}
+    items = benchmark.run_overrides(
+        "ours", 0, tmp_path, tmp_path / "m.pt", settings, benchmark.SYSTEMS["si"]
+    )
+    assert f"out={tmp_path / 'ours_scratch'}" in items and benchmark.SCRATCH in items
+    assert benchmark.run_name("ours", {"overrides": []}) == "ours"
+    assert benchmark.parse_args(["--system", "si", "--retrain-from-scratch"]).retrain_from_scratch
+
+    path = tmp_path / f"{report.SI_PREFIX}.jsonl.gz"
+    for strategy, errors in (("random", [90.0, 60.0]), ("ours", [90.0, 40.0])):
+        for r in _si_run(strategy, 0, errors):
+            append_jsonl(path, r)  # the fine-tuned runs (tag full)
+    for strategy, errors in (("random", [90.0, 50.0]), ("ours", [90.0, 30.0])):
+        for r in _si_run(strategy, 0, errors):
+            append_jsonl(path, {**r, "tag": report.SCRATCH_TAG})
+    text = report.write_report(tmp_path, "full").read_text()
+    section = text[text.index("### The loop retrained from scratch every round (Si)") :]
+    assert "Target = random's final error in these runs, 50.0 meV/Å." in section
+    assert "| ours | 1 | 30.0 ± 0.0 |" in section
+    assert "ours reaches random's final error with" in section
+    # the fine-tuned table keeps its own target
+    assert "Target = random's final error, 60.0 meV/Å." in text
+    assert report.scratch_loop_section([]) == []
