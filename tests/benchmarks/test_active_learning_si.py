@@ -522,7 +522,8 @@ def test_retrain_from_scratch_runs_get_their_own_folders_tag_and_section(tmp_pat
     section = text[text.index("### The loop retrained from scratch every round (Si)") :]
     assert "Target = random's final error in these runs, 50.0 meV/Å." in section
     assert "| ours | 1 | 30.0 ± 0.0 |" in section
-    assert "ours reaches random's final error with" in section
+    assert "ours reaches random's final error with" in section and ": missed" in section
+    assert "Final error: ours 30.0 ± 0.0 against random's 50.0 ± 0.0 meV/Å" in section
     # the fine-tuned table keeps its own target
     assert "Target = random's final error, 60.0 meV/Å." in text
     assert report.scratch_loop_section([]) == []
