@@ -516,9 +516,9 @@ def oracle_min_distance(references: Path) -> float:
     return from_manifest(json.loads(path.read_text()))
 
 
-def final_model(strategy: str, folder: Path) -> Path | None:
-    """The last model of a finished run (member 0 for the committee: one model's cost); None
-    while the run is not finished."""
+def finished_models(strategy: str, folder: Path) -> list[Path] | None:
+    """The models of a finished run's rounds, in order (member 0 for the committee: one
+    model's cost); None while the run is not finished or has no model."""
     import json
 
     state = folder / strategy / "state.json"
@@ -529,8 +529,14 @@ def final_model(strategy: str, folder: Path) -> Path | None:
     finished = len(rounds) >= data["config"].get("rounds", 0) or any(
         r.get("model") is None for r in rounds
     )
-    models = [r["model"] for r in rounds if r.get("model")]
-    return Path(models[-1]) if models and finished else None
+    models = [Path(r["model"]) for r in rounds if r.get("model")]
+    return models if models and finished else None
+
+
+def final_model(strategy: str, folder: Path) -> Path | None:
+    """The last model of a finished run; None while the run is not finished."""
+    models = finished_models(strategy, folder)
+    return models[-1] if models else None
 
 
 def run_stability(
@@ -637,12 +643,8 @@ def round_sets(folder: Path, strategy: str, k: int) -> tuple[list[Any], list[Any
 def final_round(strategy: str, folder: Path) -> int | None:
     """How many rounds the final model of a finished run was trained after (None: unfinished);
     the round of a refit record that has no ``round`` field."""
-    import json
-
-    if final_model(strategy, folder) is None:
-        return None
-    state = json.loads((folder / strategy / "state.json").read_text())
-    return sum(1 for r in state["rounds"] if r.get("model"))
+    models = finished_models(strategy, folder)
+    return len(models) if models else None
 
 
 def refit_final(

@@ -486,10 +486,10 @@ def backward_vectors(model: Any, graphs: list, mode: str) -> int:
     """Backward vectors one call of ``mode`` takes on the largest of ``graphs``: the mean forces
     and the sigma directions (``rank + 1`` low-rank, 2 sketched; a backbone's own energies ride on
     the mean's vector)."""
-    from mlip_unc.models.full_posterior import LOWRANK_ATOM_DIRECTIONS
+    from mlip_unc.models.full_posterior import auto_keeps_lowrank
 
     rank, n_max = int(model.posterior_rank), max(int(g.num_nodes) for g in graphs)
-    lowrank = mode == "lowrank" or (mode == "auto" and n_max * rank <= LOWRANK_ATOM_DIRECTIONS)
+    lowrank = mode == "lowrank" or (mode == "auto" and auto_keeps_lowrank(n_max, rank))
     return rank + 1 if lowrank else 2
 
 

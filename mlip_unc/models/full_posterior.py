@@ -396,17 +396,19 @@ def sketch_rows(rows: Tensor) -> Tensor:
     return (signs @ rows)[None]
 
 
+def auto_keeps_lowrank(n_max: int, rank: int) -> bool:
+    """Whether ``auto`` keeps the ``rank`` low-rank directions for a largest structure of
+    ``n_max`` atoms (:data:`LOWRANK_ATOM_DIRECTIONS`), rather than sketching them."""
+    return n_max * rank <= LOWRANK_ATOM_DIRECTIONS
+
+
 def resolve_mode(mode: UncertaintyMode, state: PotentialState, rank: int) -> UncertaintyMode:
-    """``auto`` -> LOWRANK or SKETCH for this batch (:data:`LOWRANK_ATOM_DIRECTIONS`); other
-    modes unchanged."""
+    """``auto`` -> LOWRANK or SKETCH for this batch (:func:`auto_keeps_lowrank`); other modes
+    unchanged."""
     if mode is not UncertaintyMode.AUTO:
         return mode
     n_max = int(torch.bincount(state.graph, minlength=state.n_graphs).max())
-    return (
-        UncertaintyMode.LOWRANK
-        if n_max * rank <= LOWRANK_ATOM_DIRECTIONS
-        else UncertaintyMode.SKETCH
-    )
+    return UncertaintyMode.LOWRANK if auto_keeps_lowrank(n_max, rank) else UncertaintyMode.SKETCH
 
 
 def diagonal_factor(s2: Tensor, rank: int | None) -> Tensor:
@@ -460,10 +462,15 @@ def posterior_uncertainty(
                 )
             )
         else:
-            rank = model.posterior_rank
             out.update(
                 full_derivatives(
-                    state, mu, post, rank=rank, method=method, sketch=sketch, base=base
+                    state,
+                    mu,
+                    post,
+                    rank=model.posterior_rank,
+                    method=method,
+                    sketch=sketch,
+                    base=base,
                 )
             )
     elif mode is UncertaintyMode.SAMPLED:

@@ -72,8 +72,9 @@ def test_train_model_without_validation_levels_on_training_frames(tmp_path, tiny
     )
 
 
-def test_one_round_with_the_emt_oracle(tmp_path, tiny_training, caplog, capsys):
-    config = validate(
+def _one_round(tmp_path, training, **extra) -> ActiveLearningConfig:
+    """One EMT round on Cu that labels 3 frames and retrains (``extra``: more settings)."""
+    return validate(
         ActiveLearningConfig,
         {
             "out": str(tmp_path / "al"),
@@ -81,15 +82,23 @@ def test_one_round_with_the_emt_oracle(tmp_path, tiny_training, caplog, capsys):
             "structures": CU,
             "rounds": 1,
             "bootstrap": {"frames": 6, "valid_frames": 2, "interval": 3, "equilibration": 0},
-            "test": {"temperature": 1000, "frames": 2, "interval": 3, "equilibration": 0},
-            "training": tiny_training,
+            "training": training,
             "retrain_epochs": 1,
             "md": {"temperature": 1500, "steps": 6, "interval": 2, "timestep": 2.0},
             "thresholds": {
                 "max_force_std": 1e-9
             },  # flag everything: the round must label and retrain
             "selection": {"top_k": 3},
+            **extra,
         },
+    )
+
+
+def test_one_round_with_the_emt_oracle(tmp_path, tiny_training, caplog, capsys):
+    config = _one_round(
+        tmp_path,
+        tiny_training,
+        test={"temperature": 1000, "frames": 2, "interval": 3, "equilibration": 0},
     )
     with caplog.at_level("INFO", logger="mlip_unc.active.loop"):
         rows = run_active_learning(config, progress=True)
@@ -245,23 +254,7 @@ def test_retraining_from_scratch_uses_the_training_recipe(tmp_path, tiny_trainin
     """``retrain_from_scratch``: each round's model is trained anew (no ``init_from``) with the
     training config's epochs and rate, not the retraining ones."""
     tiny_training["train"].update(epochs=2, lr=3e-3)
-    config = validate(
-        ActiveLearningConfig,
-        {
-            "out": str(tmp_path / "al"),
-            "oracle": "emt",
-            "structures": CU,
-            "rounds": 1,
-            "bootstrap": {"frames": 6, "valid_frames": 2, "interval": 3, "equilibration": 0},
-            "training": tiny_training,
-            "retrain_epochs": 1,
-            "retrain_lr": 1e-4,
-            "retrain_from_scratch": True,
-            "md": {"temperature": 1500, "steps": 6, "interval": 2, "timestep": 2.0},
-            "thresholds": {"max_force_std": 1e-9},  # flag everything: the round retrains
-            "selection": {"top_k": 3},
-        },
-    )
+    config = _one_round(tmp_path, tiny_training, retrain_lr=1e-4, retrain_from_scratch=True)
     rows = run_active_learning(config)
     train_cfg = UncertaintyCalculator(rows[1]["model"]).metadata["training_config"]["train"]
     assert train_cfg.get("init_from") is None
