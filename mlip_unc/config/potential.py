@@ -137,6 +137,10 @@ class PotentialModelConfig(Section):
             random sign probes per batch (forward-mode products, unbiased;
             ``mlip_unc.train.posterior``) instead of ``min(d, 3 n_atoms)`` exact Jacobian
             products; null = exact. The validation structures, which calibrate, stay exact.
+        posterior_valid_frames: calibrate the full posterior (lambda and its scales) on at most
+            this many validation structures (a random subset, config seed; null = all). Each
+            costs ``min(D, 3 n_atoms)`` exact Jacobian products, the larger part of a MACE
+            backbone's fit. The uncertainty levels still use every validation structure.
     """
 
     backbone: Backbone = Backbone.GIN
@@ -158,6 +162,7 @@ class PotentialModelConfig(Section):
     posterior_basis: PosteriorBasis = PosteriorBasis.SHARED
     posterior_max_frames: int | None = Field(None, gt=0)
     posterior_probes: int | None = Field(None, gt=0)
+    posterior_valid_frames: int | None = Field(None, gt=0)
 
     @field_validator("backbone_kwargs", mode="before")
     @classmethod

@@ -172,15 +172,27 @@ def test_random_subset_caps_in_order_and_is_seeded():
     assert random_subset(items, None, 0) == items and random_subset(items, 100, 0) == items
 
 
-def test_posterior_max_frames_is_validated():
-    import pytest
-
+@pytest.mark.parametrize("key", ["posterior_max_frames", "posterior_valid_frames"])
+def test_posterior_frame_caps_are_validated(key):
     from mlip_unc.config import ConfigError, potential_config_from_dict
 
-    with pytest.raises(ConfigError, match="model.posterior_max_frames"):
-        potential_config_from_dict(
-            {"data": {"train": "x.xyz"}, "model": {"posterior_max_frames": 0}}
-        )
+    with pytest.raises(ConfigError, match=f"model.{key}"):
+        potential_config_from_dict({"data": {"train": "x.xyz"}, "model": {key: 0}})
+
+
+def test_posterior_valid_frames_caps_the_calibration_frames(trained, tmp_path):
+    """Training calibrates on the capped validation subset (4-atom cells: 12 components each);
+    the uncertainty levels still read every validation frame."""
+    config, _ = trained
+    raw = config.to_dict()
+    raw["out"] = str(tmp_path / "run")
+    raw["train"]["epochs"] = 1
+    raw["model"]["posterior_valid_frames"] = 2
+    result = train_potential(potential_config_from_dict(raw))
+    meta = torch.load(result.model_path, weights_only=True)["metadata"]
+    n_valid = len(prepare_data(config).valid)
+    assert n_valid > 2 and meta["posterior"]["n_valid_components"] == 2 * 4 * 3
+    assert meta["uncertainty_levels"]["n_structures"] == n_valid
 
 
 def test_probed_precision_averages_to_the_exact_one(trained):
