@@ -238,8 +238,9 @@ def status_line(st: dict[str, Any], wanted: int = 3, si_run: bool | None = False
     return line + " Only 3BPA so far: the periodic system (Si with the SNAP oracle) is not run yet."
 
 
-def reading(summary: dict[str, Any]) -> list[str]:
-    """What the tables say, in sentences whose numbers come from ``summary``."""
+def reading(summary: dict[str, Any], scratch_loop: bool = False) -> list[str]:
+    """What the tables say, in sentences whose numbers come from ``summary`` (``scratch_loop``:
+    the page has the section on the loop retrained from scratch)."""
     st, out = summary["strategies"], []
     below = ", ".join(f"{s} {v['runs_below_round0']} of {len(v['seeds'])}" for s, v in st.items())
     out.append(
@@ -263,7 +264,12 @@ def reading(summary: dict[str, Any]) -> list[str]:
         "visited frames are distorted, high-energy structures; labelling them teaches the model "
         "where MD goes wrong (the stability rows) but not the thermal frames of the reference "
         "sets (the error rows), and 20 warm-started epochs per round do not absorb them. Not "
-        "yet tested: a larger seed set, MD stopped at the first flag, retraining from scratch."
+        "yet tested: a larger seed set, MD stopped at the first flag"
+        + (
+            "; the loop retrained from scratch every round has its section below."
+            if scratch_loop
+            else ", retraining from scratch."
+        )
     )
     return out
 
@@ -358,8 +364,10 @@ def markdown(
     png: str,
     other_tags: dict[str, int] | None = None,
     si: list[str] | None = None,
+    scratch_loop: list[str] | None = None,
 ) -> str:
-    """The page: 3BPA, then the lines of the Si section (``si``; none: not run yet)."""
+    """The page: 3BPA (``scratch_loop``: its section on the loop retrained from scratch), then
+    the lines of the Si section (``si``; none: not run yet)."""
     st = summary["strategies"]
     lines = [
         "# Active learning on 3BPA with GFN2-xTB as the oracle",
@@ -375,7 +383,7 @@ def markdown(
         *_strategy_table(st),
     ]
     lines += ["", "Targets of the issue:", ""] + [f"- {v}" for v in summary["verdicts"]]
-    lines += ["", "Reading:", ""] + [f"- {v}" for v in reading(summary)]
+    lines += ["", "Reading:", ""] + [f"- {v}" for v in reading(summary, bool(scratch_loop))]
     lines += ["", f"![learning curves]({png})", "", "## Final models per reference set", ""]
     lines += _sets_table(st, SETS)
     lines += ["", "Forces meV/Å, energies meV, mean ± std over seeds.", ""]
@@ -409,6 +417,7 @@ def markdown(
             *_refit_table(refit),
         ]
         lines.append("")
+    lines += scratch_loop or []
     if other_tags:
         lines += ["## Other records in the same files", ""]
         lines += [
@@ -827,13 +836,20 @@ SCRATCH_TAG = "scratch"
 """Records of the loop run with ``--retrain-from-scratch`` (every round trained anew)."""
 
 
-def scratch_loop_section(records: list[dict[str, Any]], wanted: int = 3) -> list[str]:
-    """The Si page's section on the loop itself retrained from scratch every round
+def scratch_loop_section(
+    records: list[dict[str, Any]],
+    wanted: int = 3,
+    *,
+    sets: Sequence[str] = SI_SETS,
+    system: str = "Si",
+    heading: str = "###",
+) -> list[str]:
+    """A system's section on the loop itself retrained from scratch every round
     (``--retrain-from-scratch``; its MD driven by those models): finished runs in the main
     table's form, target = random's final error of these runs; partial runs by rounds done."""
     if not records:
         return []
-    summary = summarise(records, [], SI_SETS)
+    summary = summarise(records, [], sets)
     st = summary["strategies"]
     by = curves(records)
     progress = "; ".join(
@@ -843,7 +859,7 @@ def scratch_loop_section(records: list[dict[str, Any]], wanted: int = 3) -> list
     )
     done = all(len(v["seeds"]) >= wanted for v in st.values()) and bool(st)
     lines = [
-        "### The loop retrained from scratch every round (Si)",
+        f"{heading} The loop retrained from scratch every round ({system})",
         "",
         "The same protocol with `retrain_from_scratch: true`: each round's model is trained anew "
         "with the first training's recipe, and it drives the next round's MD. Same seed sets and "
@@ -871,9 +887,16 @@ def scratch_loop_section(records: list[dict[str, Any]], wanted: int = 3) -> list
             f"{'' if st['ours']['all_reached'] else '; not every ours seed reached it'}). "
             f"Final error: ours {ours['mean']:.1f} ± {ours['std']:.1f} against random's "
             f"{rand['mean']:.1f} ± {rand['std']:.1f} meV/Å at the same 80 calls and the same model "
-            "CPU. The committee was not run this way (five members trained anew each round).",
+            "CPU."
+            + (
+                ""
+                if "committee5" in st
+                else " The committee was not run this way (five members trained anew each round)."
+            ),
             "",
         ]
+    if {"ours", "random", "committee5"} <= set(st):  # against the committee retrained the same way
+        lines += [f"- {v}" for v in verdicts(st)[1:3]] + [""]
     return lines
 
 
@@ -915,6 +938,11 @@ def write_report(out: Path, tag: str) -> Path:
     summary, runs, other = system_summary(
         out, "active_learning", "active_learning.jsonl.gz", tag, SETS
     )
+    other.pop(SCRATCH_TAG, None)  # its own section
+    loop_3bpa = [
+        r for r in read_jsonl(out / "active_learning.jsonl.gz") if r.get("tag") == SCRATCH_TAG
+    ]
+    scratch_loop = scratch_loop_section(loop_3bpa, sets=SETS, system="3BPA", heading="##")
     (out / "active_learning.json").write_text(json.dumps(summary, indent=1))
     if summary["strategies"]:
         plot(summary, out / "active_learning.png")
@@ -927,7 +955,7 @@ def write_report(out: Path, tag: str) -> Path:
         loop = [r for r in read_jsonl(out / f"{SI_PREFIX}.jsonl.gz") if r.get("tag") == SCRATCH_TAG]
         si_lines += scratch_loop_section(loop)
     page = out / "active_learning.md"
-    text = markdown(summary, runs, "active_learning.png", other, si_lines)
+    text = markdown(summary, runs, "active_learning.png", other, si_lines, scratch_loop)
     if si_lines is None:
         text += "\n" + "\n".join(si_section(None, [], "")) + "\n"
     page.write_text(text)

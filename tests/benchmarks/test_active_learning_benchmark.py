@@ -524,6 +524,33 @@ def test_write_report_from_jsonl_files(tmp_path):
     assert np.isnan(json.loads((tmp_path / "active_learning.json").read_text())["target_meV_A"])
 
 
+def test_the_3bpa_loop_retrained_from_scratch_gets_its_own_section(tmp_path):
+    for r in _records():
+        append_jsonl(tmp_path / "active_learning.jsonl.gz", r)
+    for strategy, errors in (("random", [100.0, 50.0]), ("ours", [100.0, 30.0])):
+        for r in _run(strategy, 0, [20, 30], errors, initial=2.0, md=1.0, score=0.5,
+                      retrain=9.0, tag=report.SCRATCH_TAG):  # fmt: skip
+            append_jsonl(tmp_path / "active_learning.jsonl.gz", r)
+    text = report.write_report(tmp_path, "full").read_text()
+    section = text[text.index("## The loop retrained from scratch every round (3BPA)") :]
+    assert "Target = random's final error in these runs, 50.0 meV/Å." in section
+    assert "| ours | 1 | 30.0 ± 0.0 |" in section
+    assert "Final error: ours 30.0 ± 0.0 against random's 50.0 ± 0.0 meV/Å" in section
+    assert "target = random's final error, 40.0 meV/Å." in text  # the main table's own
+    assert "tag `scratch`" not in text and "has its section below" in text
+    assert (
+        "The committee was not run this way" in section and "committee's model CPU" not in section
+    )
+    for r in _run("committee5", 0, [20, 30], [100.0, 20.0], initial=20.0, md=5.0, score=1.0,
+                  retrain=90.0, tag=report.SCRATCH_TAG):  # fmt: skip
+        append_jsonl(tmp_path / "active_learning.jsonl.gz", r)
+    text = report.write_report(tmp_path, "full").read_text()
+    section = text[text.index("## The loop retrained from scratch every round (3BPA)") :]
+    assert "The committee was not run this way" not in section
+    assert "- ours needs " in section and "the committee's oracle calls" in section
+    assert "- ours spends 0.11x the committee's model CPU time (target <= 0.4x): met." in section
+
+
 def test_refit_final_trains_from_scratch_on_the_final_data_once(tmp_path):
     """The final frames of a finished run -> a model from scratch (quick sizes), evaluated on
     every reference set; one record per (strategy, seed, tag), not redone."""
