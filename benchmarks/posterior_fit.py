@@ -137,20 +137,19 @@ def measure(
         else config
     )
     fit_on = random_subset(data.train.graphs, shipped.model.posterior_max_frames, config.seed)
-    valid = (
-        None
-        if data.valid is None
-        else random_subset(
-            list(data.valid.graphs), shipped.model.posterior_valid_frames, config.seed
-        )
-    )
     batch_size = config.train.valid_batch_size
     n_probes = shipped.model.posterior_probes if probes is None else (probes or None)
     jac = _jacobian_seconds(model, fit_on)
     load = os.getloadavg()
     start = time.perf_counter()
     summary = fit_full_posterior(
-        model, fit_on, valid, batch_size=batch_size, probes=n_probes, seed=config.seed
+        model,
+        fit_on,
+        data.valid,
+        batch_size=batch_size,
+        probes=n_probes,
+        seed=config.seed,
+        valid_force_frames=shipped.model.posterior_valid_frames,
     )
     seconds = time.perf_counter() - start
     quality = test_quality(model, data, test_frames)
@@ -163,7 +162,7 @@ def measure(
         "max_atoms": int(max(int(g.num_nodes) for g in fit_on)),
         "n_fit_frames": len(fit_on),
         "probes": n_probes,
-        "n_valid_frames": len(valid or []),
+        "n_valid_frames": summary.get("n_valid_force_frames") or len(data.valid or []),
         "fit_seconds": seconds,
         "train_minutes": train_minutes,
         "fit_share": seconds / (60.0 * train_minutes),
@@ -213,7 +212,8 @@ def write_page(records: list[dict[str, Any]], out: Path) -> None:
         "",
         "The refit runs the fit exactly as training does (`finalize_checkpoint`: "
         "`train.valid_batch_size`, at most `model.posterior_max_frames` training frames and "
-        "`model.posterior_valid_frames` validation frames as the shipped config of that name "
+        "`model.posterior_valid_frames` validation frames for the forces (the energy calibration "
+        "reads all of them) as the shipped config of that name "
         "sets them now, and its `model.posterior_probes`: the training frames' force precision "
         "from that many random sign probes per batch, the validation frames exact). Target (issue 40): fit / training <= 10 %. The Jacobian "
         "column times one batch both ways; the fit uses the mode with fewer products "

@@ -348,20 +348,28 @@ def train_backbone(name: str, args: argparse.Namespace, steps: fu.Steps) -> Path
 
 
 def fit_backbone(name: str, out: Path, args: argparse.Namespace, steps: fu.Steps) -> None:
-    """Row (a)'s post-training fits with the config's own posterior (``finalize_checkpoint``)."""
+    """Row (a)'s post-training fits with the config's own posterior (``finalize_checkpoint``);
+    done again after a new training or when the config's ``model.posterior_valid_frames``
+    changed (the evaluations after it follow)."""
     from mlip_unc.train.potential import finalize_checkpoint
     from mlip_unc.train.potential_data import prepare_data
 
     step = f"fit:{name}:backbone"
-    if (done := steps.get(step)) and done["line"] > steps.get(f"train:{name}:backbone")["line"]:
+    config = fu.train_config(backbone_split(name, args), args, out, 1)
+    valid_frames = config.model.posterior_valid_frames
+    if (
+        (done := steps.get(step))
+        and done["line"] > steps.get(f"train:{name}:backbone")["line"]
+        and done.get("valid_frames") == valid_frames  # absent before the option: all frames
+    ):
         return
     check_time(args, "fit", step)
-    config = fu.train_config(backbone_split(name, args), args, out, 1)
     log.info("[fit] %s backbone mace: posterior %s", name, config.model.posterior.value)
     start = time.perf_counter()
     finalize_checkpoint(out / "model.pt", config, prepare_data(config))
     post = attached_metadata(out / "model.pt").get("posterior")
-    steps.add(step, {"seconds": time.perf_counter() - start, "posterior": post})
+    record = {"seconds": time.perf_counter() - start, "posterior": post}
+    steps.add(step, {**record, "valid_frames": valid_frames})
 
 
 # ================================================================ evaluation

@@ -137,10 +137,11 @@ class PotentialModelConfig(Section):
             random sign probes per batch (forward-mode products, unbiased;
             ``mlip_unc.train.posterior``) instead of ``min(d, 3 n_atoms)`` exact Jacobian
             products; null = exact. The validation structures, which calibrate, stay exact.
-        posterior_valid_frames: calibrate the full posterior (lambda and its scales) on at most
-            this many validation structures (a random subset, config seed; null = all). Each
-            costs ``min(D, 3 n_atoms)`` exact Jacobian products, the larger part of a MACE
-            backbone's fit. The uncertainty levels still use every validation structure.
+        posterior_valid_frames: choose lambda and the force scales of the full posterior on at
+            most this many validation structures (a random subset, config seed; null = all).
+            Each costs ``min(D, 3 n_atoms)`` exact Jacobian products, the larger part of a MACE
+            backbone's fit. The energy scales and the uncertainty levels still use every
+            validation structure (a forward pass each).
     """
 
     backbone: Backbone = Backbone.GIN

@@ -55,7 +55,7 @@ from torch_geometric.loader import DataLoader
 
 from mlip_unc import keys
 from mlip_unc.models.derivatives import graph_index
-from mlip_unc.models.full_posterior import latent_jacobian, latent_probes
+from mlip_unc.models.full_posterior import basis_state, latent_jacobian, latent_probes
 from mlip_unc.train.device import module_device, to_device
 
 __all__ = [
@@ -165,6 +165,44 @@ def _pass(
             {k: torch.cat(v, dim=-1 if k == "jac" else 0).cpu() for k, v in rows.items() if v}
         )
     return result
+
+
+def _energy_rows(model, dataset: Any, batch_size: int) -> dict[str, Tensor]:
+    """The energy calibration's rows of ``dataset`` without Jacobians (one forward pass per
+    batch): ``phi (n_frames, D)``, ``e_err (n_frames,)`` at the posterior mean, ``n_atoms``."""
+    device = module_device(model)
+    mu, _ = model.posterior()
+    rows: dict[str, list[Tensor]] = {"phi": [], "e_err": [], "n_atoms": []}
+    for batch in _batches(dataset, batch_size):
+        batch = to_device(batch, device)
+        has_e = batch[keys.HAS_ENERGY].reshape(-1).bool()
+        with torch.no_grad():
+            state = model._state(batch, forces=False, stress=False)
+            energy = model._energies(state, weights=mu.detach())[keys.ENERGY].double()
+            phi = basis_state(state, model.posterior_blocks).phi.double()  # (n_graphs, D)
+        n_atoms = torch.bincount(state.graph, minlength=state.n_graphs).double()
+        rows["phi"].append(phi[has_e])
+        rows["e_err"].append((energy - batch[keys.ENERGY].double())[has_e])
+        rows["n_atoms"].append(n_atoms[has_e])
+    return {k: torch.cat(v).cpu() for k, v in rows.items()}
+
+
+def _calibration_rows(
+    model, valid: Any, batch_size: int, force_frames: int | None, seed: int
+) -> dict[str, Any]:
+    """The validation pass (``_pass(keep=True)``) on at most ``force_frames`` of ``valid`` (a
+    random subset, ``seed``), whose exact Jacobians calibrate lambda and the force scales; the
+    energy rows of the other frames join without Jacobians."""
+    graphs = list(getattr(valid, "graphs", valid))
+    chosen = random_subset(list(range(len(graphs))), force_frames, seed)
+    val = _pass(model, [graphs[k] for k in chosen], batch_size, keep=True)
+    val["n_force_frames"] = len(chosen)
+    rest = sorted(set(range(len(graphs))) - set(chosen))
+    if rest:
+        more = _energy_rows(model, [graphs[k] for k in rest], batch_size)
+        for key, extra in more.items():
+            val[key] = torch.cat([val[key], extra]) if key in val else extra
+    return val
 
 
 def gaussian_scale_fit(
@@ -308,9 +346,14 @@ def fit_full_posterior(
     calibration: str = "nll",
     probes: int | None = None,
     seed: int = 0,
+    valid_force_frames: int | None = None,
 ) -> dict[str, Any]:
     """Fit and attach the full posterior to ``model`` (module docstring); returns a summary
     (lambda, calibration scalars, validation NLL per lambda, effective rank of ``A``).
+
+    ``valid_force_frames``: lambda and the force scales from at most that many validation
+    frames (a random subset, ``seed``; their exact Jacobians are most of a MACE fit's time);
+    the energy scales from every validation frame, which costs a forward pass each.
 
     ``calibration``: ``"nll"`` (the scales by maximum likelihood; after training) or ``"rmse"``
     (moment matching, ``mlip-unc attach``; may raise :class:`PosteriorCalibrationError`).
@@ -328,7 +371,7 @@ def fit_full_posterior(
         else _pass(model, train, batch_size, keep=True)
     )
     val = (
-        _pass(model, valid, batch_size, keep=True) if has_valid else fit
+        _calibration_rows(model, valid, batch_size, valid_force_frames, seed) if has_valid else fit
     )  # one pass when calibrating in-sample
     a = fit["a_energy"] + fit["a_forces"]
     eig, vec = torch.linalg.eigh(a)  # ascending
@@ -380,6 +423,8 @@ def fit_full_posterior(
         "precision_effective_rank": eff_rank,
         "valid_nll_forces_by_lambda": {f"{s[1] / scale:.0e}": s[0] for s in scores},
         "n_valid_components": int(val["f_err"].numel()),
+        "n_valid_force_frames": val.get("n_force_frames"),
+        "n_valid_energies": int(val["e_err"].numel()),
         "calibration": calibration,
         "probes": fit["probes"],
         **checks,

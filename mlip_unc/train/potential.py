@@ -364,18 +364,12 @@ def finalize_checkpoint(
         best.posterior_rank = config.model.posterior_rank
         best.posterior_basis = config.model.posterior_basis.value
         fit_on = random_subset(data.train.graphs, config.model.posterior_max_frames, config.seed)
-        calibrate_on = (
-            None
-            if data.valid is None
-            else random_subset(
-                list(data.valid.graphs), config.model.posterior_valid_frames, config.seed
-            )
-        )
         fit_start = time.perf_counter()
         metadata["posterior"] = fit_full_posterior(
             best,
             fit_on,
-            calibrate_on,
+            data.valid,
+            valid_force_frames=config.model.posterior_valid_frames,
             batch_size=batch_size,
             probes=config.model.posterior_probes,
             seed=config.seed,

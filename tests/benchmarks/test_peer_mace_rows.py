@@ -270,3 +270,35 @@ def test_distance_baselines_record_once_per_model(tmp_path, monkeypatch):
     # a model newer than the step (fresh = a later line) computes them again
     mr.distance_baselines("3bpa", mr.ATTACH, None, split, {"in": 0}, steps, fresh=rec["line"])
     assert len(calls) == 2
+
+
+def test_fit_backbone_again_after_training_or_a_new_validation_cap(tmp_path, monkeypatch):
+    import mlip_unc.train.potential as potential
+    import mlip_unc.train.potential_data as potential_data
+
+    steps = fu.Steps(tmp_path / "steps.jsonl", {"command": "x"})
+    fits, cap = [], {"frames": None}
+    config = argparse.Namespace(
+        model=argparse.Namespace(posterior=argparse.Namespace(value="full"))
+    )
+
+    def train_config(*a):
+        config.model.posterior_valid_frames = cap["frames"]
+        return config
+
+    monkeypatch.setattr(mr, "backbone_split", lambda name, args: {})
+    monkeypatch.setattr(fu, "train_config", train_config)
+    monkeypatch.setattr(potential_data, "prepare_data", lambda c: None)
+    monkeypatch.setattr(potential, "finalize_checkpoint", lambda *a: fits.append(a))
+    monkeypatch.setattr(mr, "attached_metadata", lambda path: {"posterior": {}})
+    args = argparse.Namespace(deadline=None)
+    steps.add("train:3bpa:backbone", {})
+    mr.fit_backbone("3bpa", tmp_path, args, steps)
+    mr.fit_backbone("3bpa", tmp_path, args, steps)
+    assert len(fits) == 1  # done once
+    cap["frames"] = 16
+    mr.fit_backbone("3bpa", tmp_path, args, steps)
+    assert len(fits) == 2 and steps.get("fit:3bpa:backbone")["valid_frames"] == 16
+    steps.add("train:3bpa:backbone", {})  # a new training
+    mr.fit_backbone("3bpa", tmp_path, args, steps)
+    assert len(fits) == 3

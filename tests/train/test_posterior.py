@@ -180,9 +180,9 @@ def test_posterior_frame_caps_are_validated(key):
         potential_config_from_dict({"data": {"train": "x.xyz"}, "model": {key: 0}})
 
 
-def test_posterior_valid_frames_caps_the_calibration_frames(trained, tmp_path):
-    """Training calibrates on the capped validation subset (4-atom cells: 12 components each);
-    the uncertainty levels still read every validation frame."""
+def test_posterior_valid_frames_caps_the_force_calibration_frames(trained, tmp_path):
+    """Training calibrates the forces on the capped validation subset (4-atom cells: 12
+    components each); the energy calibration and the uncertainty levels read every frame."""
     config, _ = trained
     raw = config.to_dict()
     raw["out"] = str(tmp_path / "run")
@@ -192,6 +192,8 @@ def test_posterior_valid_frames_caps_the_calibration_frames(trained, tmp_path):
     meta = torch.load(result.model_path, weights_only=True)["metadata"]
     n_valid = len(prepare_data(config).valid)
     assert n_valid > 2 and meta["posterior"]["n_valid_components"] == 2 * 4 * 3
+    assert meta["posterior"]["n_valid_force_frames"] == 2
+    assert meta["posterior"]["n_valid_energies"] == n_valid
     assert meta["uncertainty_levels"]["n_structures"] == n_valid
 
 
@@ -248,3 +250,21 @@ def test_probes_fall_back_to_the_exact_fit_without_forward_mode(trained, monkeyp
     fit_full_posterior(exact, data.train, data.valid)
     assert summary["probes"] is None
     torch.testing.assert_close(model.posterior_factor, exact.posterior_factor)
+
+
+def test_calibration_rows_of_a_force_subset_keep_every_energy_row(trained):
+    """The frames outside the force subset add their energy rows from a forward pass alone:
+    the same rows as the full pass, in another order; the force rows are the subset's."""
+    from mlip_unc.train.posterior import _calibration_rows
+
+    config, result = trained
+    valid = prepare_data(config).valid
+    model = BayesianPotential.from_checkpoint(result.model_path)
+    full = _calibration_rows(model, valid, 4, None, seed=0)
+    part = _calibration_rows(model, valid, 4, 2, seed=0)
+    assert full["n_force_frames"] == len(valid) and part["n_force_frames"] == 2
+    assert part["f_err"].numel() == 2 * 4 * 3 and part["jac"].shape[1] == 2 * 4 * 3
+    for key in ("e_err", "n_atoms"):
+        torch.testing.assert_close(part[key].sort().values, full[key].sort().values)
+    order_full, order_part = full["e_err"].argsort(), part["e_err"].argsort()
+    torch.testing.assert_close(part["phi"][order_part], full["phi"][order_full])
