@@ -670,7 +670,7 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
             "notes": list(getattr(args, "notes", [])),
         }
     }
-    for name in args.datasets:
+    for name in DATASETS:  # every data set with records, also those this invocation skipped
         rows, defaults, info = {}, {}, {}
         for group in (BACKBONE, ATTACH):
             ratio = ratios(steps.get(f"cost:{name}:{group}"))

@@ -193,6 +193,9 @@ def test_assemble_and_section_from_steps(tmp_path):
     assert (
         gap["std"] > 0 and f"{mr.ATTACH}:force_magnitude |" in text and "paired bootstrap" in text
     )
+    # an invocation on another data set keeps this one's rows on the page
+    other = mr.assemble(steps, argparse.Namespace(datasets=["ethanol"], seed=0, notes=[]), "x")
+    assert other["3bpa"]["rows"] == results["3bpa"]["rows"]
 
 
 def test_write_section_keeps_the_page_and_the_peer_section(tmp_path):
