@@ -205,7 +205,7 @@ def verdicts(st: dict[str, Any]) -> list[str]:
     r2 = ours["calls_to_target_mean"] / com["calls_to_target_mean"]
     lines.append(
         f"ours needs {r2:.2f}x the committee's oracle calls to that error (target <= 1.1x): "
-        f"{'met' if r2 <= 1.1 and ours['all_reached'] else 'missed'}."
+        f"{'met' if r2 <= 1.1 and ours['all_reached'] else 'missed'}{censored}."
     )
     r3 = ours["model_cpu_s"]["mean"] / com["model_cpu_s"]["mean"]
     lines.append(
@@ -273,7 +273,13 @@ def reading(summary: dict[str, Any]) -> list[str]:
         out.append(
             "With the loop retrained from scratch every round (section below), ours ends at "
             f"{o['mean']:.1f} ± {o['std']:.1f} meV/Å against random's {r['mean']:.1f} ± "
-            f"{r['std']:.1f}: "
+            f"{r['std']:.1f}"
+            + (
+                f" and the committee's {c['mean']:.1f} ± {c['std']:.1f}"
+                if (c := (loop.get("committee5") or {}).get("final_error"))
+                else ""
+            )
+            + ": "
             + (
                 "the warm-started retraining alone does not explain the miss here."
                 if o["mean"] >= r["mean"] - r["std"]
