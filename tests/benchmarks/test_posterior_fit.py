@@ -47,6 +47,7 @@ def checkpoint(tmp_path_factory):
                 "backbone_kwargs": {"hidden": 8, "num_layers": 2},
                 "latent_dim": 6,
                 "posterior_probes": 2,
+                "posterior_valid_frames": 2,
             },
             "train": {"epochs": 2, "batch_size": 4, "progress": False},
         }
@@ -65,7 +66,8 @@ def test_refit_record_page_and_resume(checkpoint, tmp_path):
         assert record["refit"][key] == pytest.approx(record["stored"][key], rel=1e-6)
     assert set(record["first_frame_jacobian_seconds"]) == {"forward", "reverse"}
     page = (tmp_path / "posterior_fit.md").read_text()
-    assert "| tiny_cu | - | gin | shared (6) | 12 (2) |" in page
+    assert record["n_valid_frames"] == 2  # the checkpoint's cap, as training fitted
+    assert "| tiny_cu | - | gin | shared (6) | 12 (2) + 2 |" in page
     posterior_fit.main(argv)  # done: skipped, the page rewritten from the one record
     assert len((tmp_path / posterior_fit.RECORDS).read_text().splitlines()) == 1
     posterior_fit.main([*argv, "--probes", "0", "--tag", "exact", "--test-frames", "3"])
@@ -75,6 +77,6 @@ def test_refit_record_page_and_resume(checkpoint, tmp_path):
     assert -1 <= exact["test"]["spearman_frame"] <= 1 and exact["test"]["std_over_rmse"] > 0
     assert exact["refit"]["alpha2_forces"] != pytest.approx(record["refit"]["alpha2_forces"])
     assert (
-        "| tiny_cu | exact | gin | shared (6) | 12 (exact) |"
+        "| tiny_cu | exact | gin | shared (6) | 12 (exact) + 2 |"
         in (tmp_path / "posterior_fit.md").read_text()
     )
