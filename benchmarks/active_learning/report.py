@@ -916,11 +916,17 @@ def scratch_loop_section(
 
 
 def system_summary(
-    out: Path, prefix: str, records_name: str, tag: str, sets: Sequence[str]
+    out: Path,
+    prefix: str,
+    records_name: str,
+    tag: str,
+    sets: Sequence[str],
+    every: list[dict[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, int]]:
     """(summary, run records, round counts of other tags but ``quick``) of one system's records
-    of ``tag``: ``records_name`` and ``<prefix>_{stability,runs,refit}.jsonl`` under ``out``."""
-    every = read_jsonl(out / records_name)
+    of ``tag``: ``records_name`` (``every``: its records, already read) and
+    ``<prefix>_{stability,runs,refit}.jsonl`` under ``out``."""
+    every = read_jsonl(out / records_name) if every is None else every
     records = [r for r in every if r.get("tag") == tag]
     other: dict[str, int] = {}
     for r in every:
@@ -950,26 +956,26 @@ def write_report(out: Path, tag: str) -> Path:
     """Rewrite ``out/active_learning.{md,json,png}`` from the records of ``tag`` (3BPA), with
     the Si section from the ``active_learning_si*`` records (``active_learning_si.{json,png}``
     where there are any)."""
+    every = read_jsonl(out / "active_learning.jsonl.gz")
     summary, runs, other = system_summary(
-        out, "active_learning", "active_learning.jsonl.gz", tag, SETS
+        out, "active_learning", "active_learning.jsonl.gz", tag, SETS, every
     )
     other.pop(SCRATCH_TAG, None)  # its own section
-    loop_3bpa = [
-        r for r in read_jsonl(out / "active_learning.jsonl.gz") if r.get("tag") == SCRATCH_TAG
-    ]
+    loop_3bpa = [r for r in every if r.get("tag") == SCRATCH_TAG]
     scratch_loop = scratch_loop_section(loop_3bpa, sets=SETS, system="3BPA", heading="##")
     if loop_3bpa:
         summary["scratch_loop"] = summarise(loop_3bpa, [], SETS)["strategies"]
     (out / "active_learning.json").write_text(json.dumps(summary, indent=1))
     if summary["strategies"]:
         plot(summary, out / "active_learning.png")
-    si, si_runs, _ = system_summary(out, SI_PREFIX, f"{SI_PREFIX}.jsonl.gz", tag, SI_SETS)
+    every_si = read_jsonl(out / f"{SI_PREFIX}.jsonl.gz")
+    si, si_runs, _ = system_summary(out, SI_PREFIX, f"{SI_PREFIX}.jsonl.gz", tag, SI_SETS, every_si)
     si_lines = None
     if si["strategies"]:
         (out / f"{SI_PREFIX}.json").write_text(json.dumps(si, indent=1))
         plot(si, out / f"{SI_PREFIX}.png", oracle="SNAP", n_sets=len(SI_SETS))
         si_lines = si_section(si, si_runs, f"{SI_PREFIX}.png")
-        loop = [r for r in read_jsonl(out / f"{SI_PREFIX}.jsonl.gz") if r.get("tag") == SCRATCH_TAG]
+        loop = [r for r in every_si if r.get("tag") == SCRATCH_TAG]
         si_lines += scratch_loop_section(loop)
     page = out / "active_learning.md"
     text = markdown(summary, runs, "active_learning.png", other, si_lines, scratch_loop)

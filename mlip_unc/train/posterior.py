@@ -102,6 +102,18 @@ def _batches(dataset: Any, batch_size: int):
     return DataLoader(graphs, batch_size=batch_size, shuffle=False)
 
 
+def _labelled_energies(state, batch, energy: Tensor | None = None) -> dict[str, Tensor]:
+    """One batch's energy rows on its frames with an energy label: ``phi (n, D)`` of ``state``
+    (in the posterior's basis), ``n_atoms (n,)`` and, given the predicted ``energy
+    (n_graphs,)``, its error ``e_err (n,)``."""
+    has_e = batch[keys.HAS_ENERGY].reshape(-1).bool()
+    n_atoms = torch.bincount(state.graph, minlength=state.n_graphs).double()
+    rows = {"phi": state.phi.detach().double()[has_e], "n_atoms": n_atoms[has_e]}
+    if energy is not None:
+        rows["e_err"] = (energy.double() - batch[keys.ENERGY].double())[has_e]
+    return rows
+
+
 def _pass(
     model, dataset: Any, batch_size: int, *, keep: bool, probes: int | None = None, seed: int = 0
 ) -> dict[str, Any]:
@@ -120,7 +132,6 @@ def _pass(
     rows: dict[str, list[Tensor]] = {"phi": [], "e_err": [], "n_atoms": [], "jac": [], "f_err": []}
     for batch in _batches(dataset, batch_size):
         batch = to_device(batch, device)
-        has_e = batch[keys.HAS_ENERGY].reshape(-1).bool()
         y: Tensor | None = None
         if probes and not keep:
             try:
@@ -144,13 +155,12 @@ def _pass(
             has_f = batch[keys.HAS_FORCES].reshape(-1).bool()[state.graph]  # (n_atoms,)
             jf = jac.double()[:, has_f].reshape(d, -1)  # (D, 3 n_labelled_atoms)
             a_forces += jf @ jf.T / sig_f2
-        phi = state.phi.detach().double()  # (n_graphs, D)
-        n_atoms = torch.bincount(state.graph, minlength=state.n_graphs).double()
-        a_energy += (phi[has_e] / (n_atoms[has_e, None] * sig_e2)).T @ phi[has_e]
+        energy = _labelled_energies(state, batch, out[keys.ENERGY] if keep else None)
+        phi = energy["phi"]  # (n_labelled, D)
+        a_energy += (phi / (energy["n_atoms"][:, None] * sig_e2)).T @ phi
         if keep:
-            rows["phi"].append(phi[has_e])
-            rows["n_atoms"].append(n_atoms[has_e])
-            rows["e_err"].append((out[keys.ENERGY].double() - batch[keys.ENERGY].double())[has_e])
+            for key, value in energy.items():
+                rows[key].append(value)
             rows["jac"].append(jf)
             rows["f_err"].append(
                 (out[keys.FORCES].double() - batch[keys.FORCES].double())[has_f].reshape(-1)
@@ -175,15 +185,12 @@ def _energy_rows(model, dataset: Any, batch_size: int) -> dict[str, Tensor]:
     rows: dict[str, list[Tensor]] = {"phi": [], "e_err": [], "n_atoms": []}
     for batch in _batches(dataset, batch_size):
         batch = to_device(batch, device)
-        has_e = batch[keys.HAS_ENERGY].reshape(-1).bool()
         with torch.no_grad():
             state = model._state(batch, forces=False, stress=False)
-            energy = model._energies(state, weights=mu.detach())[keys.ENERGY].double()
-            phi = basis_state(state, model.posterior_blocks).phi.double()  # (n_graphs, D)
-        n_atoms = torch.bincount(state.graph, minlength=state.n_graphs).double()
-        rows["phi"].append(phi[has_e])
-        rows["e_err"].append((energy - batch[keys.ENERGY].double())[has_e])
-        rows["n_atoms"].append(n_atoms[has_e])
+            energy = model._energies(state, weights=mu.detach())[keys.ENERGY]
+            based = basis_state(state, model.posterior_blocks)
+        for key, value in _labelled_energies(based, batch, energy).items():
+            rows[key].append(value)
     return {k: torch.cat(v).cpu() for k, v in rows.items()}
 
 
