@@ -12,6 +12,21 @@ the shipped ``configs/al_xtb_3bpa.yaml``; only what the strategy names changes:
 - ``committee5``: 5 models trained on the same data (seeds ``s + 1000 m``), each fine-tuned
   every round; MD, scoring and flags with the committee's force std.
 
+Three variants of the selection rule (:data:`VARIANTS`, run only when named in ``--strategies``):
+
+- ``ours_top``: ours with ``selection.pool_factor: 1``: the ``top_k`` most uncertain frames.
+  With the shipped pool (``4 * top_k`` = 40) and 30-50 logged frames per round, the diverse
+  selection is farthest-point sampling over (nearly) every frame, and sigma only picks the first;
+- ``true_error``: the same rule ranked by each frame's true largest atomic force error
+  (:class:`TrueErrorScore`): what a perfect error estimate would buy in this loop. Its scoring
+  labels every logged frame with the oracle; those labels are not counted as oracle calls and
+  never trained on. Each round also records how the model's sigma_F and |F_pred| rank the
+  frames' true errors (Spearman over the pool, ``<prefix>_pool.jsonl``);
+- ``ours_early``: ours_top with the round's MD stopped at its tenth flagged frame
+  (``md.max_flags: 10``), so the labels come from where the trajectory first leaves what the
+  model knows rather than from the distorted frames it reaches later (the same 10 labels: when
+  the MD flags fewer, it runs all its steps and ours_top's rule applies).
+
 Per seed ``s``: one seed set (oracle MD at 300 K from 3BPA's first DFT geometry, 16 training +
 4 validation frames, :func:`seed_data`) and one initial model trained on it, shared by every
 single-model strategy (the committee trains its own 5, member 0 being that model); then
@@ -70,6 +85,7 @@ log = logging.getLogger("active_learning")
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "al_xtb_3bpa.yaml"
 STRATEGIES = ("random", "force_magnitude", "ours", "ours_biased", "committee5")
+VARIANTS = ("ours_top", "true_error", "ours_early")
 REFERENCE_SETS = ("md_300K", "md_600K", "md_1200K", "torsion_scan")
 CACHE = Path(os.environ.get("MLIP_UNC_CACHE", "~/.cache/mlip_unc")).expanduser()
 DEFAULT_WORK = CACHE / "al_runs" / "3bpa"
@@ -152,6 +168,10 @@ class System:
     def run_records(self) -> str:
         return f"{self.prefix}_runs.jsonl"
 
+    @property
+    def pool_records(self) -> str:
+        return f"{self.prefix}_pool.jsonl"
+
     def default_references(self) -> Path:
         """The cached oracle reference sets of this system."""
         if self.name == "si":
@@ -198,11 +218,17 @@ def strategy_overrides(strategy: str, bias_width: float | None = None) -> list[s
         return ["selection.metric=max_force"]
     if strategy == "committee5":
         return ["committee=5"]
+    if strategy == "ours_early":
+        return ["selection.pool_factor=1", "md.max_flags=10"]
+    if strategy in VARIANTS:
+        return ["selection.pool_factor=1"]
     if strategy == "ours_biased":
         if bias_width is None:
             raise ValueError("ours_biased needs the bias width (from the initial model)")
         return ["md.bias=udd", f"md.bias_strength={UDD_DEPTH}", f"md.bias_width={bias_width:.6g}"]
-    raise ValueError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+    raise ValueError(
+        f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES + VARIANTS)}"
+    )
 
 
 def run_overrides(
@@ -380,7 +406,85 @@ def run_one(
     Path(config.out).mkdir(parents=True, exist_ok=True)
     take_lock(Path(config.out) / ".lock", "active-learning run")  # one invocation per run
     resume = (Path(config.out) / "state.json").is_file()
-    return run_active_learning(config, resume=resume, on_round=on_round)
+    score = None
+    if strategy == "true_error":
+        from mlip_unc.active.oracles import make_oracle
+
+        tags = {"strategy": strategy, "seed": seed, "tag": tag, "system": system.name}
+        score = TrueErrorScore(
+            make_oracle(config.oracle),
+            Path(config.out) / "pool_labels",
+            out / system.pool_records,
+            tags,
+            config.selection.max_label_force,
+        )
+    return run_active_learning(config, resume=resume, on_round=on_round, score=score)
+
+
+class TrueErrorScore:
+    """The ``true_error`` ranking: each candidate's largest atomic force error
+    ``max_i |F_i - F_i^ref|`` (eV/A) under the round's model, the reference from ``oracle``
+    (labels kept in ``folder``, apart from the run's own). It knows the labels, so it does not
+    spend calls the loop would drop: a frame whose reference forces exceed ``max_label_force``
+    scores -1 (below every kept frame), one the oracle fails on -inf. Per round one record in
+    ``path`` (once, whatever the resumes), over the frames with a label: the pool's size, its
+    mean and largest error, and the Spearman of the model's ``max_force_std`` and of its largest
+    ``|F_pred|`` against the error."""
+
+    def __init__(
+        self,
+        oracle: Any,
+        folder: Path,
+        path: Path,
+        tags: dict[str, Any],
+        max_label_force: float | None = None,
+    ) -> None:
+        from mlip_unc.active.state import CachedLabels
+
+        self.oracle, self.cache, self.path, self.tags = oracle, CachedLabels(folder), path, tags
+        self.max_label_force = max_label_force
+
+    def __call__(self, calc: Any, frames: list[Any], r: int) -> np.ndarray:
+        from scipy.stats import spearmanr
+
+        from mlip_unc.active.oracles import label_structures
+
+        error, sigma, magnitude = (np.full(len(frames), -np.inf) for _ in range(3))
+        for k, atoms in enumerate(frames):
+            labelled = label_structures([atoms], self.oracle, cache=self.cache, skip_failed=True)
+            if not labelled:
+                continue
+            calc.calculate(atoms.copy(), ["forces", "max_force_std"])
+            forces = calc.results["forces"]  # (n_atoms, 3)
+            error[k] = np.linalg.norm(forces - labelled[0].get_forces(), axis=1).max()
+            sigma[k] = float(calc.results["max_force_std"])
+            magnitude[k] = np.linalg.norm(forces, axis=1).max()
+        ok = np.isfinite(error)
+        score = error.copy()
+        if self.max_label_force is not None:
+            for k in np.flatnonzero(ok):
+                reference = self.cache.lookup(frames[k])
+                assert reference is not None  # labelled just above
+                if np.abs(reference["forces"]).max() > self.max_label_force:
+                    score[k] = -1.0
+        done = {
+            r_["round"]
+            for r_ in read_jsonl(self.path)
+            if all(r_.get(k) == v for k, v in self.tags.items())
+        }
+        if r not in done and ok.sum() > 2:
+            row = {
+                **self.tags,
+                "round": r,
+                "n_frames": len(frames),
+                "n_labelled": int(ok.sum()),
+                "mean_max_force_error": float(error[ok].mean()),
+                "max_max_force_error": float(error[ok].max()),
+                "spearman_sigma": float(spearmanr(sigma[ok], error[ok])[0]),
+                "spearman_force": float(spearmanr(magnitude[ok], error[ok])[0]),
+            }
+            append_jsonl(self.path, row)
+        return score
 
 
 def nvt_until(
@@ -749,9 +853,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--report-only", action="store_true", help="only rewrite the page")
     args = p.parse_args(argv)
-    unknown = sorted(set(args.strategies.split(",")) - set(STRATEGIES))
+    unknown = sorted(set(args.strategies.split(",")) - set(STRATEGIES + VARIANTS))
     if unknown:
-        p.error(f"--strategies: unknown {', '.join(unknown)}; use {', '.join(STRATEGIES)}")
+        p.error(
+            f"--strategies: unknown {', '.join(unknown)}; use {', '.join(STRATEGIES + VARIANTS)}"
+        )
     if args.refit_rounds is not None and not args.refit_only:
         p.error("--refit-rounds needs --refit-only")
     return args

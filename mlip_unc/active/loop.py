@@ -50,21 +50,28 @@ def select_flagged(
     *,
     calc: Any = None,
     rng: np.random.Generator | None = None,
+    scores: np.ndarray | None = None,
 ) -> list[Atoms]:
     """The ``top_k`` candidate frames by ``selection.metric``, FPS-diversified when
     ``selection.diverse``: scores from the frames' info (the monitor's) where present, else
     computed with ``calc`` (:func:`~mlip_unc.active.candidates.candidate_scores`; ``rng`` for
-    ``random``)."""
+    ``random``). ``scores`` (n,): given, they replace ``selection.metric``."""
     if not flagged:
         return []
-    if calc is None and not all(selection.metric in a.info for a in flagged):
-        raise ValueError(f"selection.metric {selection.metric}: the frames need a calculator")
-    scores = candidate_scores(
-        calc, flagged, selection.metric, rng if rng is not None else np.random.default_rng(0)
-    )  # (n,)
+    if scores is None:
+        if calc is None and not all(selection.metric in a.info for a in flagged):
+            raise ValueError(f"selection.metric {selection.metric}: the frames need a calculator")
+        scores = candidate_scores(
+            calc, flagged, selection.metric, rng if rng is not None else np.random.default_rng(0)
+        )  # (n,)
+    elif len(scores) != len(flagged):
+        raise ValueError(f"{len(scores)} scores for {len(flagged)} candidate frames")
     scores = np.nan_to_num(scores, nan=-np.inf)
     features = distance_histograms(flagged) if selection.diverse else None  # (n, n_bins)
-    return [flagged[k] for k in select(scores, top_k=selection.top_k, features=features)]
+    chosen = select(
+        scores, top_k=selection.top_k, features=features, pool_factor=selection.pool_factor
+    )
+    return [flagged[k] for k in chosen]
 
 
 def label_selected(
@@ -199,6 +206,7 @@ def run_active_learning(
     overwrite: bool = False,
     progress: bool = False,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    score: Callable[[Any, list[Atoms], int], np.ndarray] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``config.rounds`` rounds; returns one row per model (row k: the model after k rounds).
 
@@ -206,6 +214,8 @@ def run_active_learning(
     dropped ones included), CPU seconds (``cpu_initial_train_s`` in row 0, ``cpu_md_s``,
     ``cpu_score_s``, ``cpu_retrain_s``, ``cpu_eval_s``), the round's MD and labels and, with
     ``config.audit``, the flag audit. ``on_round(row)`` is called when a row is final.
+    ``score(calc, candidates, round)``: (n,) ranking scores that replace ``selection.metric``
+    (a benchmark's diagnostic, e.g. the true force error; the selection rules stay the same).
 
     Every finished stage is committed to ``out/state.json`` and every oracle result to
     ``out/labels/`` (:mod:`mlip_unc.active.state`): ``resume=True`` continues a killed run
@@ -276,7 +286,11 @@ def run_active_learning(
         visited = visited_frames([rdir / f"md_{k}" for k in range(len(starts))])
         candidates = visited if config.selection.candidates == "visited" else flagged
         chosen = select_flagged(
-            candidates, config.selection, calc=calc, rng=np.random.default_rng([config.seed, r, 1])
+            candidates,
+            config.selection,
+            calc=calc,
+            rng=np.random.default_rng([config.seed, r, 1]),
+            scores=None if score is None or not candidates else score(calc, candidates, r),
         )
         row["cpu_score_s"] = time.process_time() - cpu
         labelled, n_dropped = label_selected(

@@ -110,8 +110,11 @@ class SelectionSettings(Section):
             ``visited`` (every logged MD frame: ``top_k`` labels each round whatever the
             thresholds, a fixed reference budget).
         top_k: label at most this many per round.
-        diverse: farthest-point sampling among the ``4 * top_k`` most uncertain flagged frames
-            (in the distance-histogram descriptor), so one excursion is not labelled k times.
+        diverse: farthest-point sampling among the ``pool_factor * top_k`` most uncertain
+            candidates (in the distance-histogram descriptor), so one excursion is not labelled
+            k times. Where the pool holds every candidate, the score only picks the first frame.
+        pool_factor: size of that pool relative to ``top_k`` (1: the ``top_k`` most uncertain,
+            no diversity).
         valid_fraction: share of the labelled frames added to the validation set.
         max_label_force: drop labelled frames whose largest reference force component exceeds
             this (eV/A): MD with a poor model can squeeze atoms together, and such frames teach
@@ -122,6 +125,7 @@ class SelectionSettings(Section):
     candidates: Literal["flagged", "visited"] = "flagged"
     top_k: int = Field(10, gt=0)
     diverse: bool = True
+    pool_factor: int = Field(4, ge=1)
     valid_fraction: float = Field(0.2, ge=0, lt=1)
     max_label_force: float | None = None
 

@@ -243,3 +243,55 @@ def test_retraining_takes_its_own_learning_rate(tmp_path, tiny_training):
     assert config.retrain_lr == 1e-3
     with pytest.raises(ConfigError, match=r"^retrain_lr"):
         validate(ActiveLearningConfig, {"structures": CU, "bootstrap": {}, "retrain_lr": 0})
+
+
+def test_a_score_hook_ranks_the_candidates_and_pool_factor_one_takes_the_top_k(
+    tmp_path, tiny_training
+):
+    """``score(calc, candidates, round)`` replaces ``selection.metric``; with ``pool_factor: 1``
+    the diverse selection labels exactly the ``top_k`` best-scored frames (a 4 x top_k pool
+    would hold every one of the 4 candidates, and farthest-point sampling would choose)."""
+    calls: list[tuple[int, int]] = []
+
+    def score(calc, frames, r):
+        assert isinstance(calc, UncertaintyCalculator)
+        calls.append((r, len(frames)))
+        return -np.linalg.norm([a.positions - frames[0].positions for a in frames], axis=(1, 2))
+
+    config = _config(
+        tmp_path / "al",
+        tiny_training,
+        rounds=1,
+        md={"steps": 8},
+        thresholds={"max_force_std": 1e6},
+        selection={"candidates": "visited", "diverse": True, "pool_factor": 1, "top_k": 2},
+    )
+    rows = run_active_learning(config, score=score)
+    assert calls == [(0, 5)] and rows[0]["n_labelled"] == 2
+    visited = ase.io.read(tmp_path / "al" / "round_0" / "md_0" / "md.traj", ":")
+    labelled = ase.io.read(tmp_path / "al" / "round_0" / "labelled.xyz", ":")
+    assert _positions(labelled) == _positions(visited[:2])  # the two closest to the first frame
+    with pytest.raises(ConfigError, match=r"^selection.pool_factor"):
+        validate(
+            ActiveLearningConfig,
+            {"structures": CU, "bootstrap": {}, "selection": {"pool_factor": 0}},
+        )
+
+
+def test_select_flagged_takes_given_scores_and_checks_their_number():
+    from mlip_unc.config import SelectionSettings
+
+    frames = _frames(5)
+    rule = SelectionSettings(top_k=2, diverse=True, pool_factor=1)
+    chosen = loop.select_flagged(frames, rule, scores=np.array([0.0, 3.0, 1.0, 2.0, -1.0]))
+    assert _positions(chosen) == _positions([frames[1], frames[3]])
+    # the shipped pool (4 x top_k) holds all five: farthest-point sampling picks another pair
+    fps = select(
+        np.array([0.0, 3.0, 1.0, 2.0, -1.0]), top_k=2, features=loop.distance_histograms(frames)
+    )
+    assert sorted(fps.tolist()) != [1, 3]
+    wide = SelectionSettings(top_k=2, diverse=True)
+    chosen = loop.select_flagged(frames, wide, scores=np.array([0.0, 3.0, 1.0, 2.0, -1.0]))
+    assert _positions(chosen) == _positions([frames[k] for k in fps])
+    with pytest.raises(ValueError, match="3 scores for 5 candidate frames"):
+        loop.select_flagged(frames, rule, scores=np.zeros(3))

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ase import Atoms
+from ase.build import bulk
 from ase.calculators.calculator import Calculator, all_changes
 from ase.calculators.emt import EMT
 from ase.calculators.singlepoint import SinglePointCalculator
@@ -36,6 +37,12 @@ def test_strategy_overrides():
         "md.bias_strength=0.9",
         "md.bias_width=0.0123457",
     ]
+    assert benchmark.strategy_overrides("ours_top") == ["selection.pool_factor=1"]
+    assert benchmark.strategy_overrides("true_error") == ["selection.pool_factor=1"]
+    assert benchmark.strategy_overrides("ours_early") == [
+        "selection.pool_factor=1",
+        "md.max_flags=10",
+    ]
     with pytest.raises(ValueError, match="ours_biased needs the bias width"):
         benchmark.strategy_overrides("ours_biased")
     with pytest.raises(ValueError, match=r"unknown strategy 'ensemble': use one of random, "):
@@ -59,7 +66,7 @@ def test_run_overrides_share_the_initial_model_except_for_the_committee(tmp_path
     )
 
 
-@pytest.mark.parametrize("strategy", benchmark.STRATEGIES)
+@pytest.mark.parametrize("strategy", benchmark.STRATEGIES + benchmark.VARIANTS)
 def test_every_strategy_makes_a_valid_config_from_the_shipped_one(tmp_path, strategy):
     """The shipped config with the quick size, the run's and the strategy's overrides validates
     (no oracle is made, no file is read)."""
@@ -85,6 +92,9 @@ def test_every_strategy_makes_a_valid_config_from_the_shipped_one(tmp_path, stra
         "ours": ("max_force_std", True, 1, shared, "none"),
         "ours_biased": ("max_force_std", True, 1, shared, "udd"),
         "committee5": ("max_force_std", True, 5, None, "none"),
+        "ours_top": ("max_force_std", True, 1, shared, "none"),
+        "true_error": ("max_force_std", True, 1, shared, "none"),  # its score replaces the metric
+        "ours_early": ("max_force_std", True, 1, shared, "none"),
     }[strategy]
     got = (
         config.selection.metric,
@@ -93,6 +103,8 @@ def test_every_strategy_makes_a_valid_config_from_the_shipped_one(tmp_path, stra
         config.model,
         config.md.bias,
     )
+    assert config.selection.pool_factor == (1 if strategy in benchmark.VARIANTS else 4)
+    assert config.md.max_flags == (10 if strategy == "ours_early" else None)
     assert got == expected
     if strategy == "ours_biased":
         assert (config.md.bias_strength, config.md.bias_width) == (0.9, 0.05)
@@ -559,6 +571,67 @@ def test_the_3bpa_loop_retrained_from_scratch_gets_its_own_section(tmp_path):
     assert "- ours spends 0.11x the committee's model CPU time (target <= 0.4x): met." in section
 
 
+def test_the_selection_variants_get_their_section_with_the_pool_ranking(tmp_path):
+    """ours_top and true_error beside ours and random in the loop retrained from scratch: calls
+    to random's final error as a ratio, and the true_error runs' pool Spearman per round."""
+    for r in _records():
+        append_jsonl(tmp_path / "active_learning.jsonl.gz", r)
+    runs = (("random", [100.0, 50.0]), ("ours", [100.0, 60.0]), ("ours_top", [100.0, 40.0]),
+            ("true_error", [100.0, 25.0]))  # fmt: skip
+    for strategy, errors in runs:
+        for r in _run(strategy, 0, [20, 30], errors, initial=2.0, md=1.0, score=0.5,
+                      retrain=9.0, tag=report.SCRATCH_TAG):  # fmt: skip
+            append_jsonl(tmp_path / "active_learning.jsonl.gz", {**r, "n_md_frames": 31})
+    pool = {"strategy": "true_error", "tag": report.SCRATCH_TAG, "system": "3bpa", "round": 0,
+            "n_frames": 31, "n_labelled": 30, "mean_max_force_error": 9.0,
+            "spearman_sigma": 0.7, "spearman_force": 0.6}  # fmt: skip
+    for seed, rho in ((0, 0.7), (1, 0.5)):
+        append_jsonl(
+            tmp_path / "active_learning_pool.jsonl", {**pool, "seed": seed, "spearman_sigma": rho}
+        )
+    append_jsonl(tmp_path / "active_learning_pool.jsonl", {**pool, "seed": 0, "tag": "full"})
+    text = report.write_report(tmp_path, "full").read_text()
+    section = text[text.index("### How much the score chooses (3BPA, the loop retrained") :]
+    assert "A round logs 31 MD frames and labels 10." in section
+    # random reaches its own final error (50) at 30 calls; ours never does (60 at 30 calls)
+    assert "| random | 1 | 50.0 ± 0.0 | 30 | 1.00 |" in section
+    assert "| ours | 1 | 60.0 ± 0.0 | 30 (not every seed reached it) | 1.00 |" in section
+    assert "| ours_top | 1 | 40.0 ± 0.0 | 28 | 0.94 |" in section  # 20 + 10 x (100-50)/(100-40)
+    assert "| true_error | 1 | 25.0 ± 0.0 | 27 | 0.89 |" in section
+    assert "the loop needs 0.89x random's oracle calls to random's final error: above" in section
+    assert "`ours_early`" not in section.split("| strategy |")[1]  # not run: no row, no sentence
+    early = _run("ours_early", 0, [20, 30], [100.0, 45.0], initial=2.0, md=1.0, score=0.5,
+                 retrain=9.0, tag=report.SCRATCH_TAG)  # fmt: skip
+    for r, n in zip(early, (13, None), strict=True):
+        append_jsonl(tmp_path / "active_learning.jsonl.gz", {**r, "n_md_frames": n})
+    text = report.write_report(tmp_path, "full").read_text()
+    section = text[text.index("### How much the score chooses (3BPA, the loop retrained") :]
+    assert "| ours_early | 1 | 45.0 ± 0.0 |" in section
+    assert "`ours_early`'s MD stopped at its tenth flagged frame in 1 of 1 rounds" in section
+    assert (
+        "labelling the frames with the largest true force error (true_error, section 'How much "
+        "the score chooses') ends at 25.0 ± 0.0 meV/Å against random's 50.0, at 0.89x random's "
+        "calls to its final error: the frames where the model is most wrong teach the reference "
+        "sets more than a uniform draw, so a better error ranking, which is what sigma_F offers, "
+        "cannot reach the 0.6x target" in text
+    )
+    # two seeds of the scratch tag on round 0 (the full-tag record is another protocol's)
+    assert "| 0 | 2 | 60 | 9.00 ± 0.00 | 0.60 ± 0.10 | 0.60 ± 0.00 |" in section
+    summary = report.summarise(
+        [r for r in read_jsonl(tmp_path / "active_learning.jsonl.gz") if r["tag"] == "full"], []
+    )
+    assert report.selection_section(summary["strategies"], [], system="x", frames=31) == []
+    met = _run("random", 0, [20, 40], [100.0, 50.0], initial=2.0, md=1.0, score=0.5, retrain=9.0)
+    met += _run("true_error", 0, [20, 40], [45.0, 25.0], initial=2.0, md=1.0, score=0.5,
+                retrain=9.0)  # fmt: skip
+    lines = report.selection_section(
+        report.summarise(met, [])["strategies"], [], system="x", frames=31
+    )
+    assert any(
+        "needs 0.50x random's oracle calls" in x and "would meet the target" in x for x in lines
+    )
+
+
 def test_refit_final_trains_from_scratch_on_the_final_data_once(tmp_path):
     """The final frames of a finished run -> a model from scratch (quick sizes), evaluated on
     every reference set; one record per (strategy, seed, tag), not redone."""
@@ -601,3 +674,69 @@ def test_run_one_refuses_a_run_another_live_process_holds(tmp_path, monkeypatch)
     (tmp_path / "ours" / ".lock").write_text("999999999")  # a dead one: taken over
     assert benchmark.run_one("ours", 0, tmp_path, benchmark.QUICK, tmp_path, "t") == []
     assert called == [1]
+
+
+class _Flaky(Calculator):
+    """EMT, except on frames whose first atom sits beyond x = 100 (an oracle failure)."""
+
+    implemented_properties = ["energy", "forces"]
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+        from ase.calculators.calculator import CalculationFailed
+
+        super().calculate(atoms, properties, system_changes)
+        if self.atoms.positions[0, 0] > 100:
+            raise CalculationFailed("no SCF")
+        emt = EMT()
+        self.results = {
+            "energy": emt.get_potential_energy(self.atoms),
+            "forces": emt.get_forces(self.atoms),
+        }
+
+
+def test_true_error_score_ranks_by_the_largest_force_error_and_records_each_round_once(tmp_path):
+    import torch
+
+    from mlip_unc.calculator import UncertaintyCalculator
+    from mlip_unc.models.potential import BayesianPotential, build_backbone
+
+    rng = np.random.default_rng(0)
+    base = bulk("Cu", cubic=True, a=3.61)
+    frames = []
+    for k in range(5):
+        atoms = base.copy()
+        atoms.positions += rng.normal(scale=0.02 * (k + 1), size=atoms.positions.shape)
+        frames.append(atoms)
+    frames[4].positions[0, 0] += 200.0  # the oracle fails on it
+    torch.manual_seed(0)
+    backbone = build_backbone(
+        "gin", num_types=1, r_max=4.0, hidden=8, latent_dim=4, num_layers=1, num_basis=4
+    )
+    model = BayesianPotential(backbone, [29], 4.0, torch.tensor([-0.01]), init_std=0.3).double()
+    calc = UncertaintyCalculator(model, uncertainty="exact")
+    tags = {"strategy": "true_error", "seed": 0, "tag": "t", "system": "si"}
+    path = tmp_path / "pool.jsonl"
+    score = benchmark.TrueErrorScore(_Flaky(), tmp_path / "labels", path, tags)
+    got = score(calc, frames, 0)
+    assert got[4] == -np.inf
+    for k in range(4):
+        calc.calculate(frames[k].copy(), ["forces"])
+        error = np.linalg.norm(calc.results["forces"] - EMT().get_forces(frames[k]), axis=1).max()
+        assert got[k] == pytest.approx(error)
+    score(calc, frames, 0)  # a resumed round: no second record
+    score(calc, frames, 1)
+    rows = read_jsonl(path)
+    assert [r["round"] for r in rows] == [0, 1]
+    assert rows[0]["n_frames"] == 5 and rows[0]["n_labelled"] == 4
+    assert rows[0]["max_max_force_error"] == pytest.approx(max(got[:4]))
+    assert -1 <= rows[0]["spearman_sigma"] <= 1 and -1 <= rows[0]["spearman_force"] <= 1
+    assert all(rows[0][k] == v for k, v in tags.items())
+    # labels over max_label_force would be dropped by the loop: they rank below every kept frame
+    largest = [np.abs(EMT().get_forces(frames[k])).max() for k in range(4)]
+    limit = float(np.sort(largest)[-2] + 1e-6)  # only the frame with the largest forces is over
+    capped = benchmark.TrueErrorScore(_Flaky(), tmp_path / "labels", path, tags, limit)(
+        calc, frames, 1
+    )
+    over = int(np.argmax(largest))
+    assert capped[over] == -1.0 and capped[4] == -np.inf
+    assert all(capped[k] == pytest.approx(got[k]) for k in range(4) if k != over)
