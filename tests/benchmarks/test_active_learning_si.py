@@ -527,3 +527,17 @@ def test_retrain_from_scratch_runs_get_their_own_folders_tag_and_section(tmp_pat
     # the fine-tuned table keeps its own target
     assert "Target = random's final error, 60.0 meV/Å." in text
     assert report.scratch_loop_section([]) == []
+    assert "How much the score chooses (Si" not in text
+    for tag, errors in (("full", [90.0, 55.0]), (report.SCRATCH_TAG, [90.0, 45.0])):
+        for r in _si_run("true_error", 0, errors):
+            append_jsonl(path, {**r, "tag": tag})
+    pool = {"strategy": "true_error", "seed": 0, "system": "si", "round": 0, "n_frames": 51,
+            "n_labelled": 51, "mean_max_force_error": 0.2, "spearman_sigma": 0.55,
+            "spearman_force": 0.4}  # fmt: skip
+    append_jsonl(tmp_path / f"{report.SI_PREFIX}_pool.jsonl", {**pool, "tag": "full"})
+    text = report.write_report(tmp_path, "full").read_text()
+    warm = text[text.index("### How much the score chooses (Si, fine-tuned each round)") :]
+    assert "| true_error | 1 | 55.0 ± 0.0 |" in warm.split("###")[1]
+    assert "| 0 | 1 | 51 | 0.20 ± 0.00 | 0.55 ± 0.00 | 0.40 ± 0.00 |" in warm.split("###")[1]
+    loop = text[text.index("### How much the score chooses (Si, the loop retrained") :]
+    assert "| true_error | 1 | 45.0 ± 0.0 |" in loop and "Spearman sigma_F" not in loop
