@@ -1016,9 +1016,9 @@ def selection_section(
         "largest sigma_F (`selection.pool_factor: 1`); `ours_early` does the same with the MD "
         "stopped at its tenth flagged frame (`md.max_flags: 10`); `true_error` labels the 10 "
         "with the largest true force error, found by labelling every logged frame with the "
-        "oracle (those "
-        "labels are not counted as calls and never trained on; their CPU is in its model CPU). "
-        "`true_error` is what a perfect error estimate would choose with this rule.",
+        "oracle (those labels are not counted as calls and never trained on; their CPU is in "
+        "its model CPU). `true_error` is what a perfect error estimate would choose with this "
+        "rule.",
         "",
         "| strategy | seeds | final error (meV/Å) | calls to random's final error | x random's |",
         "|---|---|---|---|---|",
