@@ -445,6 +445,9 @@ class TrueErrorScore:
 
         self.oracle, self.cache, self.path, self.tags = oracle, CachedLabels(folder), path, tags
         self.max_label_force = max_label_force
+        self.done = {  # rounds recorded by earlier invocations
+            r["round"] for r in read_jsonl(path) if all(r.get(k) == v for k, v in tags.items())
+        }
 
     def __call__(self, calc: Any, frames: list[Any], r: int) -> np.ndarray:
         from scipy.stats import spearmanr
@@ -467,12 +470,7 @@ class TrueErrorScore:
             dropped[k] = np.abs(reference).max() > limit
         ok = np.isfinite(error)
         score = np.where(dropped, -1.0, error)
-        done = {
-            r_["round"]
-            for r_ in read_jsonl(self.path)
-            if all(r_.get(k) == v for k, v in self.tags.items())
-        }
-        if r not in done and ok.sum() > 2:
+        if r not in self.done and ok.sum() > 2:
             row = {
                 **self.tags,
                 "round": r,
@@ -484,6 +482,7 @@ class TrueErrorScore:
                 "spearman_force": float(spearmanr(magnitude[ok], error[ok])[0]),
             }
             append_jsonl(self.path, row)
+            self.done.add(r)
         return score
 
 

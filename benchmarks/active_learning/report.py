@@ -1070,6 +1070,24 @@ def selection_section(
     return lines
 
 
+def protocol_selection(
+    st: dict[str, Any],
+    records: list[dict[str, Any]],
+    pool: list[dict[str, Any]],
+    tag: str,
+    **kwargs: Any,
+) -> list[str]:
+    """:func:`selection_section` of one protocol: its ``records`` (for the logged frames and
+    the early stops) and the ``pool`` records of its ``tag``; ``kwargs`` go through."""
+    return selection_section(
+        st,
+        [r for r in pool if r.get("tag") == tag],
+        frames=logged_frames(records),
+        early=early_rounds(records),
+        **kwargs,
+    )
+
+
 def system_summary(
     out: Path,
     prefix: str,
@@ -1121,24 +1139,24 @@ def write_report(out: Path, tag: str) -> Path:
     pool = read_jsonl(out / "active_learning_pool.jsonl")
     warm = [r for r in every if r.get("tag") == tag]
     scratch_loop = [
-        *selection_section(
+        *protocol_selection(
             summary["strategies"],
-            [r for r in pool if r.get("tag") == tag],
+            warm,
+            pool,
+            tag,
             system="3BPA, fine-tuned each round",
-            frames=logged_frames(warm),
-            early=early_rounds(warm),
             heading="##",
         ),
         *scratch_loop,
     ]
     if loop_3bpa:
         summary["scratch_loop"] = summarise(loop_3bpa, [], SETS)["strategies"]
-        scratch_loop += selection_section(
+        scratch_loop += protocol_selection(
             summary["scratch_loop"],
-            [r for r in pool if r.get("tag") == SCRATCH_TAG],
+            loop_3bpa,
+            pool,
+            SCRATCH_TAG,
             system="3BPA, the loop retrained from scratch",
-            frames=logged_frames(loop_3bpa),
-            early=early_rounds(loop_3bpa),
         )
     (out / "active_learning.json").write_text(json.dumps(summary, indent=1))
     if summary["strategies"]:
@@ -1152,23 +1170,23 @@ def write_report(out: Path, tag: str) -> Path:
         si_lines = si_section(si, si_runs, f"{SI_PREFIX}.png")
         si_pool = read_jsonl(out / f"{SI_PREFIX}_pool.jsonl")
         warm_si = [r for r in every_si if r.get("tag") == tag]
-        si_lines += selection_section(
+        si_lines += protocol_selection(
             si["strategies"],
-            [r for r in si_pool if r.get("tag") == tag],
+            warm_si,
+            si_pool,
+            tag,
             system="Si, fine-tuned each round",
-            frames=logged_frames(warm_si),
-            early=early_rounds(warm_si),
             sets=SI_SETS,
         )
         loop = [r for r in every_si if r.get("tag") == SCRATCH_TAG]
         si_lines += scratch_loop_section(loop)
         if loop:
-            si_lines += selection_section(
+            si_lines += protocol_selection(
                 summarise(loop, [], SI_SETS)["strategies"],
-                [r for r in si_pool if r.get("tag") == SCRATCH_TAG],
+                loop,
+                si_pool,
+                SCRATCH_TAG,
                 system="Si, the loop retrained from scratch",
-                frames=logged_frames(loop),
-                early=early_rounds(loop),
                 sets=SI_SETS,
             )
     page = out / "active_learning.md"
