@@ -144,9 +144,10 @@ def _raise_if_coincident(numbers: np.ndarray, i: np.ndarray, j: np.ndarray, d: n
     k = close[np.argmin(d[close])]
     a, b = sorted((int(i[k]), int(j[k])))
     image = " (a periodic image)" if a == b else ""
+    shown = np.floor(d[k] * 1e4) / 1e4  # rounded down, so never printed at the limit
     raise CoincidentAtomsError(
         f"atoms {a} ({_symbol(numbers[a])}) and {b} ({_symbol(numbers[b])}){image} are "
-        f"{d[k]:.4f} A apart (< {COINCIDENT_DISTANCE} A): coincident atoms, the model is undefined "
+        f"{shown:.4f} A apart (< {COINCIDENT_DISTANCE} A): coincident atoms, the model is undefined "
         f"there ({close.size // 2 or 1} such pair(s) in this {len(numbers)}-atom structure)"
     )
 

@@ -166,3 +166,12 @@ def test_fit_errors():
         DomainGuard.fit([], R_MAX)
     with pytest.raises(ValueError, match="exceeds"):
         DomainGuard.fit(StructureDataset.from_atoms(cells(), 3.0), R_MAX)
+
+
+def test_a_pair_just_under_the_limit_is_not_printed_at_it(guard):
+    """The distance is rounded down: 0.0099996 A reads 0.0099, never '0.0100 A apart (< 0.01 A)'
+    (a case the calculator fuzz test found)."""
+    atoms = cells()[0]
+    atoms.positions[2] = atoms.positions[0] + [0.0099996, 0.0, 0.0]
+    with pytest.raises(CoincidentAtomsError, match=r"are 0\.0099 A apart \(< 0\.01 A\)"):
+        guard.check(atoms)
