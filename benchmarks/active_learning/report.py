@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.active_learning.benchmark import STRATEGIES, VARIANTS
+from benchmarks.active_learning.benchmark import STRATEGIES, VARIANTS, WIDE_POOL
 from benchmarks.common.figures import save_png
 from benchmarks.common.pages import run_section
 from benchmarks.common.records import read_jsonl
@@ -374,11 +374,14 @@ def _curves_table(st: dict[str, Any]) -> list[str]:
     lines = ["| strategy | " + " | ".join(f"round {k}" for k in range(n)) + " |"]
     lines.append("|---|" + "---|" * n)
     for s, v in st.items():
-        lines.append(
-            f"| {s} | "
-            + " | ".join(f"{p['error']:.1f} @ {p['calls']:.0f}" for p in v["curve"])
-            + " |"
-        )
+        cells = [f"{p['error']:.1f} @ {p['calls']:.0f}" for p in v["curve"]]
+        lines.append(f"| {s} | " + " | ".join(cells + ["–"] * (n - len(cells))) + " |")
+    if any(len(v["curve"]) < n for v in st.values()):
+        lines += [
+            "",
+            "–: a run of that strategy ended before this round (a round whose chosen frames "
+            "could none be labelled ends the loop), and the mean covers the rounds every seed has.",
+        ]
     return lines
 
 
@@ -792,26 +795,36 @@ def scratch_verdicts(st: dict[str, Any]) -> list[str]:
     censored = "" if ok else " (censored: not every ours seed reached the target)"
     r1, r2 = calls["ours"] / calls["random"], calls["ours"] / calls["committee5"]
 
-    def bound(s: str) -> str:
-        """A note where ``s`` has seeds counted at their final calls (the target not reached):
-        its true calls are larger, so the ratio is an upper bound."""
-        short = [c for c in st[s]["calls_to_target"].values() if not c["reached"]]
-        if not short:
-            return ""
-        return (
-            f" ({s}: {len(short)} of {len(st[s]['calls_to_target'])} seeds never reach it and "
-            "count at their final calls, so the ratio is an upper bound: missed as measured, met "
-            f"only if {s} took at least {calls['ours'] / limit[s]:.0f} calls on average)"
-        )
-
-    limit = {"random": 0.6, "committee5": 1.1}
+    def bound(name: str, limit: float) -> str:
+        note = censored_bound(st[name]["calls_to_target"], name, calls["ours"], limit)
+        return f" ({note})" if note else ""
 
     return [
         f"ours reaches random's final from-scratch error with {r1:.2f}x random's oracle calls "
-        f"(target <= 0.6x): {'met' if r1 <= 0.6 and ok else 'missed'}{censored}{bound('random')}.",
+        f"(target <= 0.6x): {'met' if r1 <= 0.6 and ok else 'missed'}{censored}"
+        f"{bound('random', 0.6)}.",
         f"ours needs {r2:.2f}x the committee's oracle calls to that error (target <= 1.1x): "
-        f"{'met' if r2 <= 1.1 and ok else 'missed'}{bound('committee5')}.",
+        f"{'met' if r2 <= 1.1 and ok else 'missed'}{bound('committee5', 1.1)}.",
     ]
+
+
+def censored_bound(
+    reach: dict[str, dict[str, Any]], name: str, ours_calls: float, limit: float | None
+) -> str:
+    """A note (empty if none) where ``name`` has seeds counted at their final calls (``reach``:
+    per seed its calls and whether it reached the target): its true calls are larger, so ours'
+    ratio to it is an upper bound, and the target ``limit`` would be met only above
+    ``ours_calls / limit`` (``limit`` None: ours itself falls short, so no such condition)."""
+    short = [c for c in reach.values() if not c["reached"]]
+    if not short:
+        return ""
+    note = (
+        f"{name}: {len(short)} of {len(reach)} seeds never reach it and count at their final "
+        "calls, so the ratio is an upper bound"
+    )
+    if limit is None:
+        return note
+    return f"{note}: missed as measured, met only if {name} took at least {ours_calls / limit:.0f} calls on average"
 
 
 def _scratch_table(scratch: dict[str, Any]) -> list[str]:
@@ -884,6 +897,85 @@ def scratch_section(scratch: dict[str, Any], wanted: int = 3) -> list[str]:
 
 SCRATCH_TAG = "scratch"
 """Records of the loop run with ``--retrain-from-scratch`` (every round trained anew)."""
+WIDE_TAGS = {"wide": "fine-tuned each round", "scratch_wide": "retrained from scratch every round"}
+"""Records of ``--wide-pool`` runs, by tag: the protocol they widen."""
+SCRATCH_INTRO = (
+    "The same protocol with `retrain_from_scratch: true`: each round's model is trained anew "
+    "with the first training's recipe, and it drives the next round's MD. Same seed sets and "
+    "initial models as above; no stability runs."
+)
+
+
+def wide_pool_summary(every: list[dict[str, Any]], sets: Sequence[str]) -> dict[str, Any]:
+    """Per ``--wide-pool`` tag with records, :func:`summarise`'s strategies (for the JSON)."""
+    return {
+        tag: summarise(records, [], sets)["strategies"]
+        for tag in WIDE_TAGS
+        if (records := [r for r in every if r.get("tag") == tag])
+    }
+
+
+def _after_calls(st: dict[str, Any]) -> str:
+    """``at the same N oracle calls`` for ours and random, or each one's mean final calls."""
+    ours, rand = (round(st[s]["final_calls"]["mean"]) for s in ("ours", "random"))
+    if ours == rand:
+        return f"at the same {ours} oracle calls"
+    return f"after {ours} and {rand} oracle calls (mean over seeds)"
+
+
+def other_references(runs: list[dict[str, Any]], tag: str) -> bool:
+    """Whether the runs of ``tag`` were evaluated on a generation of the reference sets that no
+    run of another tag records (run records' ``references`` checksums; older records have
+    none): then its rows compare with each other only."""
+    own = {
+        json.dumps(r["references"], sort_keys=True)
+        for r in runs
+        if r.get("tag") == tag and r.get("references")
+    }
+    others = {json.dumps(r.get("references"), sort_keys=True) for r in runs if r.get("tag") != tag}
+    return bool(own) and not own & others
+
+
+def wide_pool_sections(
+    every: list[dict[str, Any]],
+    *,
+    sets: Sequence[str],
+    system: str,
+    heading: str,
+    runs: list[dict[str, Any]] | None = None,
+) -> list[str]:
+    """One section per ``--wide-pool`` protocol with records in ``every``
+    (:func:`scratch_loop_section` with its own title and introduction; ``runs``: the system's
+    run records, for :func:`other_references`)."""
+    lines: list[str] = []
+    for tag, protocol in WIDE_TAGS.items():
+        records = [r for r in every if r.get("tag") == tag]
+        frames = logged_frames(records)
+        fresh = records and other_references(runs or [], tag)
+        intro = (
+            f"The loop {protocol}, with each round's MD {WIDE_POOL}x longer at the same logging "
+            f"interval (`--wide-pool`): a round logs {frames} frames and the 10 labels are chosen "
+            "among them, so the score, not the farthest-point rule over nearly every frame, "
+            "decides. No stability runs. "
+            + (
+                "Its runs used seed sets, initial models and reference sets generated again for "
+                "them (the checksums in their run records): the oracle's MD is chaotic and its "
+                "results differ between generations in the 7th digit, so the sets are "
+                "statistically alike, not identical, to those above: compare its rows with each "
+                "other."
+                if fresh
+                else "Same seed sets and initial models as above."
+            )
+        )
+        lines += scratch_loop_section(
+            records,
+            sets=sets,
+            system=system,
+            heading=heading,
+            title=f"A wider pool, {protocol}",
+            intro=intro,
+        )
+    return lines
 
 
 def scratch_loop_section(
@@ -893,10 +985,13 @@ def scratch_loop_section(
     sets: Sequence[str] = SI_SETS,
     system: str = "Si",
     heading: str = "###",
+    title: str = "The loop retrained from scratch every round",
+    intro: str = SCRATCH_INTRO,
 ) -> list[str]:
-    """A system's section on the loop itself retrained from scratch every round
-    (``--retrain-from-scratch``; its MD driven by those models): finished runs in the main
-    table's form, target = random's final error of these runs; partial runs by rounds done."""
+    """A system's section on one other protocol of the loop, by default the loop retrained from
+    scratch every round (``--retrain-from-scratch``; its MD driven by those models; ``title``
+    and ``intro`` name another): finished runs in the main table's form, target = random's
+    final error of these runs; partial runs by rounds done."""
     if not records:
         return []
     summary = summarise(records, [], sets)
@@ -909,12 +1004,9 @@ def scratch_loop_section(
     )
     done = all(len(v["seeds"]) >= wanted for v in st.values()) and bool(st)
     lines = [
-        f"{heading} The loop retrained from scratch every round ({system})",
+        f"{heading} {title} ({system})",
         "",
-        "The same protocol with `retrain_from_scratch: true`: each round's model is trained anew "
-        "with the first training's recipe, and it drives the next round's MD. Same seed sets and "
-        "initial models as above; no stability runs. "
-        f"Status: {'complete' if done else 'partial'} (rows per run: {progress}).",
+        f"{intro} Status: {'complete' if done else 'partial'} (rows per run: {progress}).",
         "",
     ]
     if not st:
@@ -931,23 +1023,47 @@ def scratch_loop_section(
         ratio = st["ours"]["calls_to_target_mean"] / st["random"]["calls_to_target_mean"]
         ours, rand = st["ours"]["final_error"], st["random"]["final_error"]
         met = ratio <= 0.6 and st["ours"]["all_reached"]
+        bound = censored_bound(
+            st["random"]["calls_to_target"],
+            "random",
+            st["ours"]["calls_to_target_mean"],
+            0.6 if st["ours"]["all_reached"] else None,
+        )
         lines += [
             f"ours reaches random's final error with {ratio:.2f}x random's oracle calls (the "
             f"issue's target <= 0.6x: {'met' if met else 'missed'}"
-            f"{'' if st['ours']['all_reached'] else '; not every ours seed reached it'}). "
+            f"{'' if st['ours']['all_reached'] else '; not every ours seed reached it'}"
+            f"{f'; {bound}' if bound else ''}). "
             f"Final error: ours {ours['mean']:.1f} ± {ours['std']:.1f} against random's "
-            f"{rand['mean']:.1f} ± {rand['std']:.1f} meV/Å at the same 80 calls and the same model "
-            "CPU."
-            + (
-                ""
-                if "committee5" in st
-                else " The committee was not run this way (five members trained anew each round)."
-            ),
+            f"{rand['mean']:.1f} ± {rand['std']:.1f} meV/Å {_after_calls(st)}."
+            + ("" if "committee5" in st else " The committee was not run in this protocol."),
             "",
         ]
     if {"ours", "random", "committee5"} <= set(st):  # against the committee retrained the same way
         lines += [f"- {v}" for v in verdicts(st)[1:3]] + [""]
+    if dropped := dropped_labels(records, list(st)):
+        lines += [dropped, ""]
     return lines
+
+
+def dropped_labels(records: list[dict[str, Any]], strategies: Sequence[str]) -> str:
+    """A sentence on the chosen frames whose labels the loop dropped (the oracle failed, or
+    their reference forces exceed ``max_label_force``): spent calls that trained nothing, per
+    strategy (empty when none was dropped)."""
+    counts = {s: [0, 0] for s in strategies}
+    for r in records:
+        if r["strategy"] in counts and "n_labelled" in r:
+            dropped = int(r.get("n_dropped") or 0)
+            counts[r["strategy"]][0] += dropped
+            counts[r["strategy"]][1] += int(r["n_labelled"]) + dropped
+    if not any(d for d, _ in counts.values()):
+        return ""
+    return (
+        "Chosen frames whose labels were dropped (the oracle failed, or their reference forces "
+        "exceed max_label_force): oracle calls that trained nothing: "
+        + ", ".join(f"{s} {d} of {n}" for s, (d, n) in counts.items())
+        + "."
+    )
 
 
 def pool_table(pool: list[dict[str, Any]]) -> list[str]:
@@ -1133,7 +1249,8 @@ def write_report(out: Path, tag: str) -> Path:
     summary, runs, other = system_summary(
         out, "active_learning", "active_learning.jsonl.gz", tag, SETS, every
     )
-    other.pop(SCRATCH_TAG, None)  # its own section
+    for own in (SCRATCH_TAG, *WIDE_TAGS):  # their own sections
+        other.pop(own, None)
     loop_3bpa = [r for r in every if r.get("tag") == SCRATCH_TAG]
     scratch_loop = scratch_loop_section(loop_3bpa, sets=SETS, system="3BPA", heading="##")
     pool = read_jsonl(out / "active_learning_pool.jsonl")
@@ -1158,6 +1275,14 @@ def write_report(out: Path, tag: str) -> Path:
             SCRATCH_TAG,
             system="3BPA, the loop retrained from scratch",
         )
+    scratch_loop += wide_pool_sections(
+        every,
+        sets=SETS,
+        system="3BPA",
+        heading="##",
+        runs=read_jsonl(out / "active_learning_runs.jsonl"),
+    )
+    summary["wide_pool"] = wide_pool_summary(every, SETS)
     (out / "active_learning.json").write_text(json.dumps(summary, indent=1))
     if summary["strategies"]:
         plot(summary, out / "active_learning.png")
@@ -1165,6 +1290,7 @@ def write_report(out: Path, tag: str) -> Path:
     si, si_runs, _ = system_summary(out, SI_PREFIX, f"{SI_PREFIX}.jsonl.gz", tag, SI_SETS, every_si)
     si_lines = None
     if si["strategies"]:
+        si["wide_pool"] = wide_pool_summary(every_si, SI_SETS)
         (out / f"{SI_PREFIX}.json").write_text(json.dumps(si, indent=1))
         plot(si, out / f"{SI_PREFIX}.png", oracle="SNAP", n_sets=len(SI_SETS))
         si_lines = si_section(si, si_runs, f"{SI_PREFIX}.png")
@@ -1189,6 +1315,13 @@ def write_report(out: Path, tag: str) -> Path:
                 system="Si, the loop retrained from scratch",
                 sets=SI_SETS,
             )
+        si_lines += wide_pool_sections(
+            every_si,
+            sets=SI_SETS,
+            system="Si",
+            heading="###",
+            runs=read_jsonl(out / f"{SI_PREFIX}_runs.jsonl"),
+        )
     page = out / "active_learning.md"
     text = markdown(summary, runs, "active_learning.png", other, si_lines, scratch_loop)
     if si_lines is None:

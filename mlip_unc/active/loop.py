@@ -93,6 +93,17 @@ def label_selected(
     return kept, len(chosen) - len(kept)
 
 
+def no_labels_reason(row: dict[str, Any]) -> str:
+    """Why a round labelled nothing (``row``: its ``n_dropped``): every chosen frame dropped,
+    or none chosen."""
+    if row.get("n_dropped"):
+        return (
+            f"all {row['n_dropped']} chosen frames dropped (the oracle failed on them, or their "
+            "reference forces exceed selection.max_label_force)"
+        )
+    return "nothing to label (no frame over the thresholds)"
+
+
 _TEST_KEYS = (
     "force_rmse",
     "force_mae",
@@ -308,11 +319,7 @@ def run_active_learning(
             row.update(_audit(config, calc, visited, r, oracle, cache))
         if not labelled:
             row["minutes"] = (time.monotonic() - t0) / 60
-            log.info(
-                "round %d: %s; nothing to label (the model stayed under the thresholds): stopping",
-                r,
-                round_summary(row),
-            )
+            log.info("round %d: %s; %s: stopping", r, round_summary(row), no_labels_reason(row))
             state.data["rounds"].append(
                 {"round": r, "row": row, "model": None, "rng": rng.bit_generator.state}
             )

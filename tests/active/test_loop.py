@@ -6,7 +6,7 @@ from ase.build import bulk
 
 from mlip_unc.active.data import oracle_md
 from mlip_unc.active.evaluation import evaluate_structures
-from mlip_unc.active.loop import run_active_learning
+from mlip_unc.active.loop import no_labels_reason, run_active_learning
 from mlip_unc.active.oracles import make_oracle
 from mlip_unc.active.training import refit_energy_offsets, train_model
 from mlip_unc.calculator import ThresholdError, UncertaintyCalculator
@@ -129,6 +129,22 @@ def test_one_round_with_the_emt_oracle(tmp_path, tiny_training, caplog, capsys):
         calc.model.backbone.config()
         == UncertaintyCalculator(rows[0]["model"]).model.backbone.config()
     )
+
+
+def test_a_round_whose_chosen_frames_are_all_dropped_says_so_and_stops(
+    tmp_path, tiny_training, caplog
+):
+    """max_label_force below every EMT force: the 3 chosen frames are dropped, and the log
+    names that cause, not the thresholds."""
+    config = _one_round(tmp_path, tiny_training)
+    config = config.updated(selection=config.selection.updated(max_label_force=1e-6))
+    with caplog.at_level("INFO", logger="mlip_unc.active.loop"):
+        rows = run_active_learning(config)
+    assert rows[0]["n_labelled"] == 0 and rows[0]["n_dropped"] == 3 and len(rows) == 1
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("round 0:"))
+    assert "all 3 chosen frames dropped (the oracle failed on them, or their reference" in line
+    assert line.endswith("selection.max_label_force): stopping")
+    assert no_labels_reason({"n_dropped": 0}) == "nothing to label (no frame over the thresholds)"
 
 
 class _Killed(Exception):

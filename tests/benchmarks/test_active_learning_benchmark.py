@@ -558,17 +558,66 @@ def test_the_3bpa_loop_retrained_from_scratch_gets_its_own_section(tmp_path):
         "0.0 meV/Å against random's 50.0 ± 0.0: the warm-started retraining hid part" in text
     )
     assert (
-        "The committee was not run this way" in section and "committee's model CPU" not in section
+        "The committee was not run in this protocol" in section
+        and "committee's model CPU" not in section
     )
     for r in _run("committee5", 0, [20, 30], [100.0, 20.0], initial=20.0, md=5.0, score=1.0,
                   retrain=90.0, tag=report.SCRATCH_TAG):  # fmt: skip
         append_jsonl(tmp_path / "active_learning.jsonl.gz", r)
     text = report.write_report(tmp_path, "full").read_text()
     section = text[text.index("## The loop retrained from scratch every round (3BPA)") :]
-    assert "The committee was not run this way" not in section
+    assert "The committee was not run in this protocol" not in section
     assert "- ours needs " in section and "the committee's oracle calls" in section
     assert "(target <= 1.1x): met." in section  # ours reached random's final error
     assert "- ours spends 0.11x the committee's model CPU time (target <= 0.4x): met." in section
+
+
+def test_wide_pool_runs_get_their_own_folders_overrides_and_section(tmp_path):
+    """--wide-pool: MD 5x the config's steps, run folders <strategy>[_scratch]_wide, tags wide
+    and scratch_wide, and a section per protocol with the logged frames and the label target."""
+    wide = benchmark.wide_pool({"overrides": ["rounds=2"]}, benchmark.THREE_BPA)
+    assert wide["overrides"] == ["rounds=2", "md.steps=3000"]  # 5 x the shipped 600
+    items = benchmark.run_overrides("ours", 0, tmp_path, tmp_path / "m.pt", wide)
+    assert f"out={tmp_path / 'ours_wide'}" in items and "md.steps=3000" in items
+    assert load_active_config(benchmark.CONFIG, wide["overrides"]).md.steps == 3000
+    scratch = benchmark.wide_pool({"overrides": [benchmark.SCRATCH]}, benchmark.THREE_BPA)
+    assert benchmark.run_name("random", scratch) == "random_scratch_wide"
+    assert benchmark.parse_args(["--wide-pool"]).wide_pool
+
+    for r in _records():
+        append_jsonl(tmp_path / "active_learning.jsonl.gz", r)
+    for strategy, errors in (("random", [100.0, 50.0]), ("ours", [100.0, 30.0])):
+        for r in _run(strategy, 0, [20, 30], errors, initial=2.0, md=1.0, score=0.5,
+                      retrain=9.0, tag="wide"):  # fmt: skip
+            append_jsonl(tmp_path / "active_learning.jsonl.gz", {**r, "n_md_frames": 151})
+    text = report.write_report(tmp_path, "full").read_text()
+    section = text[text.index("## A wider pool, fine-tuned each round (3BPA)") :]
+    assert "MD 5x longer at the same logging interval (`--wide-pool`): a round logs 151" in section
+    assert "Target = random's final error in these runs, 50.0 meV/Å." in section
+    assert "| ours | 1 | 30.0 ± 0.0 |" in section
+    # random reaches 50 at 30 calls, ours at 20 + 10 x 50/70 = 27.1: 0.90x
+    assert "ours reaches random's final error with 0.90x random's oracle calls" in section
+    assert "The committee was not run in this protocol." in section
+    assert "tag `wide`" not in text and "retrained from scratch every round (3BPA)" not in text
+    wide_json = json.loads((tmp_path / "active_learning.json").read_text())["wide_pool"]
+    assert set(wide_json) == {"wide"} and wide_json["wide"]["ours"]["final_error"]["mean"] == 30
+    assert "Same seed sets and initial models as above." in section
+    # runs on another generation of the reference sets: said, and their rows kept apart
+    runs = tmp_path / "active_learning_runs.jsonl"
+    append_jsonl(runs, {"command": "c", "tag": "full"})  # an older record: no checksums
+    append_jsonl(runs, {"command": "c", "tag": "wide", "references": {"md_300K": "ab"}})
+    text = report.write_report(tmp_path, "full").read_text()
+    section = text[text.index("## A wider pool, fine-tuned each round (3BPA)") :]
+    assert "reference sets generated again for them" in section and "compare its rows" in section
+    append_jsonl(runs, {"command": "c", "tag": "full", "references": {"md_300K": "ab"}})
+    assert not report.other_references(read_jsonl(runs), "wide")  # the same sets as full
+
+
+def test_reference_checksums_read_the_manifest(tmp_path):
+    assert benchmark.reference_checksums(tmp_path) == {}
+    manifest = {"settings": {}, "sets": {"md_300K": {"sha256": "ab", "frames": 2}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert benchmark.reference_checksums(tmp_path) == {"md_300K": "ab"}
 
 
 def test_the_selection_variants_get_their_section_with_the_pool_ranking(tmp_path):
@@ -749,3 +798,29 @@ def test_true_error_score_ranks_by_the_largest_force_error_and_records_each_roun
     over = int(np.argmax(largest))
     assert capped[over] == -1.0 and capped[4] == -np.inf
     assert all(capped[k] == pytest.approx(got[k]) for k in range(4) if k != over)
+
+
+def test_censored_bound_says_when_the_ratio_is_an_upper_bound():
+    reach = {"0": {"calls": 80, "reached": False}, "1": {"calls": 37, "reached": True}}
+    assert report.censored_bound({"1": reach["1"]}, "random", 60.0, 0.6) == ""
+    note = report.censored_bound(reach, "random", 60.0, 0.6)
+    assert note == (
+        "random: 1 of 2 seeds never reach it and count at their final calls, so the ratio is an "
+        "upper bound: missed as measured, met only if random took at least 100 calls on average"
+    )
+    assert report.censored_bound(reach, "random", 60.0, None).endswith("an upper bound")
+
+
+def test_dropped_labels_counts_the_spent_calls_that_trained_nothing():
+    records = [
+        {"strategy": "random", "n_labelled": 7, "n_dropped": 3},
+        {"strategy": "random", "n_labelled": 10},
+        {"strategy": "ours", "n_labelled": 10, "n_dropped": 0},
+        {"strategy": "ours"},  # the final model's row: no labels
+    ]
+    assert report.dropped_labels(records, ["random", "ours"]) == (
+        "Chosen frames whose labels were dropped (the oracle failed, or their reference forces "
+        "exceed max_label_force): oracle calls that trained nothing: random 3 of 20, "
+        "ours 0 of 10."
+    )
+    assert report.dropped_labels(records[1:], ["random", "ours"]) == ""

@@ -528,6 +528,8 @@ def test_retrain_from_scratch_runs_get_their_own_folders_tag_and_section(tmp_pat
     assert "Target = random's final error, 60.0 meV/Å." in text
     assert report.scratch_loop_section([]) == []
     assert "How much the score chooses (Si" not in text
+    assert "A wider pool" not in text
+
     for tag, errors in (("full", [90.0, 55.0]), (report.SCRATCH_TAG, [90.0, 45.0])):
         for r in _si_run("true_error", 0, errors):
             append_jsonl(path, {**r, "tag": tag})
@@ -541,3 +543,26 @@ def test_retrain_from_scratch_runs_get_their_own_folders_tag_and_section(tmp_pat
     assert "| 0 | 1 | 51 | 0.20 ± 0.00 | 0.55 ± 0.00 | 0.40 ± 0.00 |" in warm.split("###")[1]
     loop = text[text.index("### How much the score chooses (Si, the loop retrained") :]
     assert "| true_error | 1 | 45.0 ± 0.0 |" in loop and "Spearman sigma_F" not in loop
+
+
+def test_wide_pool_si_runs_five_times_the_steps_and_get_their_section(tmp_path):
+    si = benchmark.SYSTEMS["si"]
+    wide = benchmark.wide_pool({"overrides": [benchmark.SCRATCH]}, si)
+    assert wide["overrides"] == [benchmark.SCRATCH, "md.steps=5000"]  # 5 x the shipped 1000
+    path = tmp_path / f"{report.SI_PREFIX}.jsonl.gz"
+    for strategy, errors in (("random", [90.0, 60.0]), ("ours", [90.0, 40.0])):
+        for r in _si_run(strategy, 0, errors):
+            append_jsonl(path, r)  # the fine-tuned runs (tag full)
+            append_jsonl(path, {**r, "tag": "scratch_wide", "n_md_frames": 251})
+    text = report.write_report(tmp_path, "full").read_text()
+    section = text[text.index("### A wider pool, retrained from scratch every round (Si)") :]
+    assert "a round logs 251 frames" in section
+    assert "Target = random's final error in these runs, 60.0 meV/Å." in section
+    assert "| ours | 1 | 40.0 ± 0.0 |" in section
+    assert "wide_pool" in json.loads((tmp_path / f"{report.SI_PREFIX}.json").read_text())
+    # a run that ended a round early: its strategy's mean curve stops, the table says so
+    for r in _si_run("random", 1, [90.0]):
+        append_jsonl(path, {**r, "tag": "scratch_wide", "n_md_frames": 251})
+    text = report.write_report(tmp_path, "full").read_text()
+    section = text[text.index("### A wider pool, retrained from scratch every round (Si)") :]
+    assert "| random | 90.0 @ 20 | – |" in section and "–: a run of that strategy ended" in section
