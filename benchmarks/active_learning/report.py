@@ -319,7 +319,7 @@ def reading(summary: dict[str, Any]) -> list[str]:
                     else "an error ranking as good as the truth would reach the 0.6x target."
                 )
             )
-    return out
+    return out + wide_reading(summary)
 
 
 def _pm(stat: dict[str, float], spec: str = "{:.0f}") -> str:
@@ -539,11 +539,11 @@ def si_reading(summary: dict[str, Any], sets: Sequence[str]) -> list[str]:
         )
     if refit := summary.get("refit"):
         out.append(_refit_sentence(refit, spread=True))
+    wider = "" if summary.get("wide_pool") else ", more MD frames per round (a wider pool)"
     untested = (
-        "a committee retrained from scratch, more MD frames per round (a wider pool)"
+        f"a committee retrained from scratch{wider}"
         if summary.get("scratch")  # read below: trained from scratch at every round
-        else "the label target on models retrained from scratch every round, more MD frames "
-        "per round (a wider pool)"
+        else f"the label target on models retrained from scratch every round{wider}"
     )
     out.append(
         "Why we think the target is missed here: the warm-started models' error follows the "
@@ -555,6 +555,27 @@ def si_reading(summary: dict[str, Any], sets: Sequence[str]) -> list[str]:
         out.append(
             "Trained from scratch at every round (section below), the label target reads: "
             + " ".join(scratch["verdicts"])
+        )
+    return out + wide_reading(summary)
+
+
+def wide_reading(summary: dict[str, Any]) -> list[str]:
+    """One sentence per ``--wide-pool`` protocol with ours and random finished
+    (``summary["wide_pool"]``, :func:`wide_pool_summary`)."""
+    out = []
+    for tag, st in (summary.get("wide_pool") or {}).items():
+        if not {"ours", "random"} <= set(st):
+            continue
+        o, r = st["ours"]["final_error"], st["random"]["final_error"]
+        ratio = st["ours"]["calls_to_target_mean"] / st["random"]["calls_to_target_mean"]
+        met = ratio <= 0.6 and st["ours"]["all_reached"]
+        out.append(
+            f"Choosing the labels among {WIDE_POOL}x more MD frames per round ({WIDE_TAGS[tag]}, "
+            f"section 'A wider pool'), ours ends at {o['mean']:.1f} ± {o['std']:.1f} meV/Å "
+            f"against random's {r['mean']:.1f} ± {r['std']:.1f}, at {ratio:.2f}x random's calls "
+            "to its final error: "
+            + ("within" if met else "a wider pool does not bring it within")
+            + " the 0.6x target."
         )
     return out
 

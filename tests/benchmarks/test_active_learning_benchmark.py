@@ -598,6 +598,12 @@ def test_wide_pool_runs_get_their_own_folders_overrides_and_section(tmp_path):
     # random reaches 50 at 30 calls, ours at 20 + 10 x 50/70 = 27.1: 0.90x
     assert "ours reaches random's final error with 0.90x random's oracle calls" in section
     assert "The committee was not run in this protocol." in section
+    assert (
+        "- Choosing the labels among 5x more MD frames per round (fine-tuned each round, section "
+        "'A wider pool'), ours ends at 30.0 ± 0.0 meV/Å against random's 50.0 ± 0.0, at 0.90x "
+        "random's calls to its final error: a wider pool does not bring it within the 0.6x target."
+        in text
+    )
     assert "tag `wide`" not in text and "retrained from scratch every round (3BPA)" not in text
     wide_json = json.loads((tmp_path / "active_learning.json").read_text())["wide_pool"]
     assert set(wide_json) == {"wide"} and wide_json["wide"]["ours"]["final_error"]["mean"] == 30

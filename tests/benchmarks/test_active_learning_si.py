@@ -557,6 +557,8 @@ def test_wide_pool_si_runs_five_times_the_steps_and_get_their_section(tmp_path):
     text = report.write_report(tmp_path, "full").read_text()
     section = text[text.index("### A wider pool, retrained from scratch every round (Si)") :]
     assert "a round logs 251 frames" in section
+    assert "Choosing the labels among 5x more MD frames per round (retrained" in text
+    assert "(a wider pool)" not in text  # no longer 'not yet tested'
     assert "Target = random's final error in these runs, 60.0 meV/Å." in section
     assert "| ours | 1 | 40.0 ± 0.0 |" in section
     assert "wide_pool" in json.loads((tmp_path / f"{report.SI_PREFIX}.json").read_text())
