@@ -944,16 +944,20 @@ def _after_calls(st: dict[str, Any]) -> str:
     return f"after {ours} and {rand} oracle calls (mean over seeds)"
 
 
-def other_references(runs: list[dict[str, Any]], tag: str) -> bool:
+def other_references(runs: list[dict[str, Any]], tag: str, besides: Sequence[str] = ()) -> bool:
     """Whether the runs of ``tag`` were evaluated on a generation of the reference sets that no
-    run of another tag records (run records' ``references`` checksums; older records have
-    none): then its rows compare with each other only."""
+    run of another tag records, the tags ``besides`` aside (run records' ``references``
+    checksums; older records have none): then its rows compare with those tags' only."""
     own = {
         json.dumps(r["references"], sort_keys=True)
         for r in runs
         if r.get("tag") == tag and r.get("references")
     }
-    others = {json.dumps(r.get("references"), sort_keys=True) for r in runs if r.get("tag") != tag}
+    others = {
+        json.dumps(r.get("references"), sort_keys=True)
+        for r in runs
+        if r.get("tag") != tag and r.get("tag") not in besides
+    }
     return bool(own) and not own & others
 
 
@@ -972,7 +976,7 @@ def wide_pool_sections(
     for tag, protocol in WIDE_TAGS.items():
         records = [r for r in every if r.get("tag") == tag]
         frames = logged_frames(records)
-        fresh = records and other_references(runs or [], tag)
+        fresh = records and other_references(runs or [], tag, besides=list(WIDE_TAGS))
         intro = (
             f"The loop {protocol}, with each round's MD {WIDE_POOL}x longer at the same logging "
             f"interval (`--wide-pool`): a round logs {frames} frames and the 10 labels are chosen "
@@ -982,8 +986,8 @@ def wide_pool_sections(
                 "Its runs used seed sets, initial models and reference sets generated again for "
                 "them (the checksums in their run records): the oracle's MD is chaotic and its "
                 "results differ between generations in the 7th digit, so the sets are "
-                "statistically alike, not identical, to those above: compare its rows with each "
-                "other."
+                "statistically alike, not identical, to those of the other protocols: compare "
+                "its rows with each other and with the other wide-pool section's."
                 if fresh
                 else "Same seed sets and initial models as above."
             )

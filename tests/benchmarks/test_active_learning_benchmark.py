@@ -615,8 +615,11 @@ def test_wide_pool_runs_get_their_own_folders_overrides_and_section(tmp_path):
     text = report.write_report(tmp_path, "full").read_text()
     section = text[text.index("## A wider pool, fine-tuned each round (3BPA)") :]
     assert "reference sets generated again for them" in section and "compare its rows" in section
+    append_jsonl(runs, {"command": "c", "tag": "scratch_wide", "references": {"md_300K": "ab"}})
+    assert report.other_references(read_jsonl(runs), "wide", besides=["scratch_wide"])
+    assert not report.other_references(read_jsonl(runs), "wide")  # the same sets as scratch_wide
     append_jsonl(runs, {"command": "c", "tag": "full", "references": {"md_300K": "ab"}})
-    assert not report.other_references(read_jsonl(runs), "wide")  # the same sets as full
+    assert not report.other_references(read_jsonl(runs), "wide", besides=["scratch_wide"])
 
 
 def test_reference_checksums_read_the_manifest(tmp_path):
