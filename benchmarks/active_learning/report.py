@@ -561,7 +561,7 @@ def si_reading(summary: dict[str, Any], sets: Sequence[str]) -> list[str]:
 
 def wide_reading(summary: dict[str, Any]) -> list[str]:
     """One sentence per ``--wide-pool`` protocol with ours and random finished
-    (``summary["wide_pool"]``, :func:`wide_pool_summary`)."""
+    (``summary["wide_pool"]``, :func:`wide_pool_report`)."""
     out = []
     for tag, st in (summary.get("wide_pool") or {}).items():
         if not {"ours", "random"} <= set(st):
@@ -927,15 +927,6 @@ SCRATCH_INTRO = (
 )
 
 
-def wide_pool_summary(every: list[dict[str, Any]], sets: Sequence[str]) -> dict[str, Any]:
-    """Per ``--wide-pool`` tag with records, :func:`summarise`'s strategies (for the JSON)."""
-    return {
-        tag: summarise(records, [], sets)["strategies"]
-        for tag in WIDE_TAGS
-        if (records := [r for r in every if r.get("tag") == tag])
-    }
-
-
 def _after_calls(st: dict[str, Any]) -> str:
     """``at the same N oracle calls`` for ours and random, or each one's mean final calls."""
     ours, rand = (round(st[s]["final_calls"]["mean"]) for s in ("ours", "random"))
@@ -961,27 +952,32 @@ def other_references(runs: list[dict[str, Any]], tag: str, besides: Sequence[str
     return bool(own) and not own & others
 
 
-def wide_pool_sections(
+def wide_pool_report(
     every: list[dict[str, Any]],
     *,
     sets: Sequence[str],
     system: str,
     heading: str,
     runs: list[dict[str, Any]] | None = None,
-) -> list[str]:
-    """One section per ``--wide-pool`` protocol with records in ``every``
+) -> tuple[dict[str, Any], list[str]]:
+    """Per ``--wide-pool`` protocol with records in ``every``: :func:`summarise`'s strategies
+    (``{tag: strategies}``, for the JSON and :func:`wide_reading`) and its section
     (:func:`scratch_loop_section` with its own title and introduction; ``runs``: the system's
     run records, for :func:`other_references`)."""
+    summaries: dict[str, Any] = {}
     lines: list[str] = []
     for tag, protocol in WIDE_TAGS.items():
         records = [r for r in every if r.get("tag") == tag]
-        frames = logged_frames(records)
-        fresh = records and other_references(runs or [], tag, besides=list(WIDE_TAGS))
+        if not records:
+            continue
+        summary = summarise(records, [], sets)
+        summaries[tag] = summary["strategies"]
+        fresh = other_references(runs or [], tag, besides=list(WIDE_TAGS))
         intro = (
             f"The loop {protocol}, with each round's MD {WIDE_POOL}x longer at the same logging "
-            f"interval (`--wide-pool`): a round logs {frames} frames and the 10 labels are chosen "
-            "among them, so the score, not the farthest-point rule over nearly every frame, "
-            "decides. No stability runs. "
+            f"interval (`--wide-pool`): a round logs {logged_frames(records)} frames and the 10 "
+            "labels are chosen among them, so the score, not the farthest-point rule over nearly "
+            "every frame, decides. No stability runs. "
             + (
                 "Its runs used seed sets, initial models and reference sets generated again for "
                 "them (the checksums in their run records): the oracle's MD is chaotic and its "
@@ -999,8 +995,9 @@ def wide_pool_sections(
             heading=heading,
             title=f"A wider pool, {protocol}",
             intro=intro,
+            summary=summary,
         )
-    return lines
+    return summaries, lines
 
 
 def scratch_loop_section(
@@ -1012,14 +1009,16 @@ def scratch_loop_section(
     heading: str = "###",
     title: str = "The loop retrained from scratch every round",
     intro: str = SCRATCH_INTRO,
+    summary: dict[str, Any] | None = None,
 ) -> list[str]:
     """A system's section on one other protocol of the loop, by default the loop retrained from
     scratch every round (``--retrain-from-scratch``; its MD driven by those models; ``title``
     and ``intro`` name another): finished runs in the main table's form, target = random's
-    final error of these runs; partial runs by rounds done."""
+    final error of these runs; partial runs by rounds done. ``summary``: the records'
+    :func:`summarise`, when the caller has it."""
     if not records:
         return []
-    summary = summarise(records, [], sets)
+    summary = summary or summarise(records, [], sets)
     st = summary["strategies"]
     by = curves(records)
     progress = "; ".join(
@@ -1300,14 +1299,14 @@ def write_report(out: Path, tag: str) -> Path:
             SCRATCH_TAG,
             system="3BPA, the loop retrained from scratch",
         )
-    scratch_loop += wide_pool_sections(
+    summary["wide_pool"], wide = wide_pool_report(
         every,
         sets=SETS,
         system="3BPA",
         heading="##",
         runs=read_jsonl(out / "active_learning_runs.jsonl"),
     )
-    summary["wide_pool"] = wide_pool_summary(every, SETS)
+    scratch_loop += wide
     (out / "active_learning.json").write_text(json.dumps(summary, indent=1))
     if summary["strategies"]:
         plot(summary, out / "active_learning.png")
@@ -1315,7 +1314,13 @@ def write_report(out: Path, tag: str) -> Path:
     si, si_runs, _ = system_summary(out, SI_PREFIX, f"{SI_PREFIX}.jsonl.gz", tag, SI_SETS, every_si)
     si_lines = None
     if si["strategies"]:
-        si["wide_pool"] = wide_pool_summary(every_si, SI_SETS)
+        si["wide_pool"], si_wide = wide_pool_report(
+            every_si,
+            sets=SI_SETS,
+            system="Si",
+            heading="###",
+            runs=read_jsonl(out / f"{SI_PREFIX}_runs.jsonl"),
+        )
         (out / f"{SI_PREFIX}.json").write_text(json.dumps(si, indent=1))
         plot(si, out / f"{SI_PREFIX}.png", oracle="SNAP", n_sets=len(SI_SETS))
         si_lines = si_section(si, si_runs, f"{SI_PREFIX}.png")
@@ -1340,13 +1345,7 @@ def write_report(out: Path, tag: str) -> Path:
                 system="Si, the loop retrained from scratch",
                 sets=SI_SETS,
             )
-        si_lines += wide_pool_sections(
-            every_si,
-            sets=SI_SETS,
-            system="Si",
-            heading="###",
-            runs=read_jsonl(out / f"{SI_PREFIX}_runs.jsonl"),
-        )
+        si_lines += si_wide
     page = out / "active_learning.md"
     text = markdown(summary, runs, "active_learning.png", other, si_lines, scratch_loop)
     if si_lines is None:
