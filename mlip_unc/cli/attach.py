@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from mlip_unc.cli._common import fail, require_files, set_threads, threads_option, user_errors
+from mlip_unc.config.enums import PosteriorBasis
 
 
 class AttachDType(str, Enum):
@@ -55,6 +56,12 @@ def attach(
     ),
     posterior_rank: int = typer.Option(
         4, "--posterior-rank", help="Directions of the lowrank uncertainty mode."
+    ),
+    posterior_basis: PosteriorBasis = typer.Option(
+        PosteriorBasis.SHARED,
+        "--posterior-basis",
+        help="Weight space of the posterior: shared (MACE's features) or per_element (one "
+        "weight vector per element; exact fit up to n_types x the products per structure).",
     ),
     max_train: int = typer.Option(
         200, "--max-train", help="Training structures the posterior sees (random; 0: all)."
@@ -101,6 +108,7 @@ def attach(
             index=index,
             dtype=getattr(torch, dtype.value),
             posterior_rank=posterior_rank,
+            posterior_basis=posterior_basis.value,
             max_train=max_train,
             max_valid=max_valid,
             batch_size=batch_size,

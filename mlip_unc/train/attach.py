@@ -134,8 +134,10 @@ def potential_from_mace(
     energy_noise: float = 0.01,
     force_noise: float = 0.1,
     posterior_rank: int = 4,
+    posterior_basis: str = "shared",
 ) -> BayesianPotential:
-    """The MACE model as a frozen backbone under a zero-mean head: it predicts what MACE does."""
+    """The MACE model as a frozen backbone under a zero-mean head: it predicts what MACE does
+    (``posterior_basis``: the full posterior's weight space, as the config option)."""
     name, config = plain_mace_config(mace_model)
     backbone = cast(
         MACEModelFeatures, build_backbone("mace_model", mace_class=name, mace_config=config)
@@ -150,6 +152,7 @@ def potential_from_mace(
         force_noise=force_noise,
         learn_noise=False,
         posterior_rank=posterior_rank,
+        posterior_basis=posterior_basis,
         gradient_method="loop",  # vmapped backward passes through MACE measured ~3x slower on CPU
     ).to(dtype)
     try:
@@ -247,6 +250,7 @@ def attach_uncertainty(
     index: str = ":",
     dtype: torch.dtype = torch.float64,
     posterior_rank: int = 4,
+    posterior_basis: str = "shared",
     max_train: int | None = 200,
     max_valid: int | None = 100,
     batch_size: int = 8,
@@ -259,7 +263,10 @@ def attach_uncertainty(
     calibrates; ``valid_fraction=0`` calibrates in-sample on the training structures.
     ``max_train``/``max_valid`` cap the structures the posterior sees (random subsets; None or
     0: all). ``posterior_probes``: sketch the training structures' force precision with that many
-    random sign probes per batch (forward-mode products, ``fit_full_posterior``; 0: exact)."""
+    random sign probes per batch (forward-mode products, ``fit_full_posterior``; 0: exact).
+    ``posterior_basis``: ``shared`` (MACE's ``d`` features) or ``per_element`` (``n_types * d``;
+    exact, each structure costs ``min(n_types * d, 3 n_atoms)`` products instead of
+    ``min(d, 3 n_atoms)``)."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
@@ -322,6 +329,7 @@ def attach_uncertainty(
         energy_noise=noise_e,
         force_noise=noise_f,
         posterior_rank=posterior_rank,
+        posterior_basis=posterior_basis,
     )
     try:
         posterior = fit_full_posterior(

@@ -321,6 +321,26 @@ def test_caps_and_probes_limit_what_the_posterior_fit_costs(trained, tmp_path):
     assert meta["domain"]["n_structures"] == 18
 
 
+def test_a_per_element_basis_keeps_the_predictions_and_widens_the_posterior(trained, tmp_path):
+    out = tmp_path / "per_element.pt"
+    args = [*_attach_args(trained, out), "--max-train", "10", "--max-valid", "3"]
+    result = runner.invoke(app, [*args, "--posterior-basis", "per_element"])
+    assert result.exit_code == 0, result.output
+    shared = tmp_path / "shared.pt"
+    assert runner.invoke(app, [*_attach_args(trained, shared), "--max-train", "10"]).exit_code == 0
+    payload = load_checkpoint(out, kind="potential")
+    assert payload["config"]["posterior"]["basis"] == "per_element"
+    atoms = ase.io.read(trained / "test.xyz", "0")
+    got = {}
+    for path in (out, shared):
+        a = atoms.copy()
+        a.calc = UncertaintyCalculator(path, uncertainty="exact")
+        got[path] = (a.get_forces(), a.calc.get_property("forces_std", a))
+    assert np.allclose(got[out][0], got[shared][0], rtol=0, atol=1e-12)  # MACE's own forces
+    assert np.all(got[out][1] > 0) and not np.allclose(got[out][1], got[shared][1])
+    assert load_checkpoint(shared, kind="potential")["config"]["posterior"]["basis"] == "shared"
+
+
 def test_the_fit_sees_the_mace_models_own_errors(trained, attached):
     """Issue 40: the force errors the calibration fits are those of the MACE model's
     predictions (its own forces included), not those of the zero-mean head alone."""
