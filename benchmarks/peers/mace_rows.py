@@ -28,7 +28,9 @@ each model's own plain E+F. Finished trainings, fits, evaluations and timings ar
 ``WORK/steps.jsonl`` and skipped when the command is run again; ``--stop-by HH:MM`` (UTC) starts
 no step that would not end before it. The results (metrics only) go to
 ``OUT/force_uncertainty_mace.json`` and a section of ``OUT/force_uncertainty.md`` between
-:data:`BEGIN` and :data:`END` (the rest of the page is kept).
+:data:`BEGIN` and :data:`END` (the rest of the page is kept). A data set without records in
+``WORK`` keeps its entry in that JSON, with the run that made it (:func:`carry_over`): a data set
+run again in a new ``--work`` leaves the other on the page.
 
     .venv-mace/bin/python -m benchmarks.peers.mace_rows --datasets 3bpa,ethanol --budget-minutes 8 --threads 1
     .venv-mace/bin/python -m benchmarks.peers.mace_rows --report-only   # the page from the JSON
@@ -131,6 +133,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.data_root = args.data_root or Path(
         os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data"
     )
+    args.work = args.work.resolve()  # mace_run_train runs in its own folder
     args.quick = False  # read by force_uncertainty's helpers
     return args
 
@@ -808,7 +811,6 @@ def acceptance(row: dict[str, Any] | None, committee: dict[str, Any] | None) -> 
 def section(results: dict[str, Any]) -> list[str]:
     """The page section (markdown lines) from the results JSON."""
     meta = results["meta"]
-    env = meta.get("environment") or {}
     lines = [
         "## MACE users' rows (issue 40)",
         "",
@@ -947,18 +949,23 @@ def section(results: dict[str, Any]) -> list[str]:
                 )
                 + "."
             ]
+        if run := entry.get("run"):
+            lines += ["", f"{name} is kept from an earlier run. " + run_line(run)]
         lines.append("")
-    cmds = meta.get("commands") or []
-    lines += [
+    return [*lines, run_line(meta), *(f"- {n}" for n in meta.get("notes") or [])]
+
+
+def run_line(meta: dict[str, Any]) -> str:
+    """The commands, times, load average and versions of the run that ``meta`` describes."""
+    env = meta.get("environment") or {}
+    return (
         "Run: "
-        + "; ".join(f"`{c}`" for c in cmds)
+        + "; ".join(f"`{c}`" for c in meta.get("commands") or [])
         + f". Started {meta.get('started')}, updated {meta.get('updated')}; "
         f"status {meta.get('status')}; {meta.get('budget_minutes'):g} min per model, {meta.get('threads')} thread(s); "
         f"load average {env.get('load_avg')}; {env.get('machine')}; versions {env.get('versions')}. "
-        "Records: force_uncertainty_mace.json.",
-        *(f"- {n}" for n in meta.get("notes") or []),
-    ]
-    return lines
+        "Records: force_uncertainty_mace.json."
+    )
 
 
 def shorten(command: str) -> str:
@@ -988,8 +995,24 @@ def write_section(path: Path, lines: list[str]) -> None:
     path.write_text(text)
 
 
+def carry_over(results: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``results`` with the data sets it lacks taken from the records at ``path`` (an earlier run in
+    another work folder), each with the ``run`` (meta) that made it: a run of one data set keeps
+    the others on the page."""
+    if not path.is_file():
+        return results
+    old = json.loads(path.read_text())
+    kept = {
+        name: {**old[name], "run": old[name].get("run") or old["meta"]}
+        for name in DATASETS
+        if name in old and name not in results
+    }
+    merged = {**results, **kept}
+    return {"meta": merged.pop("meta"), **{n: merged[n] for n in DATASETS if n in merged}}
+
+
 def save(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
-    results = assemble(steps, args, status)
+    results = carry_over(assemble(steps, args, status), args.out / "force_uncertainty_mace.json")
     (args.out / "force_uncertainty_mace.json").write_text(json.dumps(results, indent=1))
     write_section(args.out / "force_uncertainty.md", section(results))
     return results

@@ -4,6 +4,7 @@ acceptance lines and the page section, on fake records (no data, no mace-torch t
 import argparse
 import datetime
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -305,3 +306,32 @@ def test_fit_backbone_again_after_training_or_a_new_validation_cap(tmp_path, mon
     steps.add("train:3bpa:backbone", {})  # a new training
     mr.fit_backbone("3bpa", tmp_path, args, steps)
     assert len(fits) == 3
+
+
+def test_a_run_in_another_work_folder_keeps_the_other_data_sets_with_their_run(tmp_path):
+    def meta(command: str) -> dict:
+        return {"command": command, "commands": [command], "budget_minutes": 8.0, "threads": 1}
+
+    row = {"rows": {mr.COMMITTEE: {"auroc_ood": 0.5}}, "defaults": {}}
+    path = tmp_path / "force_uncertainty_mace.json"
+    path.write_text(json.dumps({"meta": meta("old"), "3bpa": row, "ethanol": row}))
+    new = {"meta": meta("new"), "ethanol": {**row, "rows": {mr.COMMITTEE: {"auroc_ood": 0.9}}}}
+    merged = mr.carry_over(new, path)
+    assert list(merged) == ["meta", "3bpa", "ethanol"]  # the data sets in their usual order
+    assert merged["meta"]["command"] == "new"
+    assert (
+        merged["ethanol"]["rows"][mr.COMMITTEE]["auroc_ood"] == 0.9
+        and "run" not in merged["ethanol"]
+    )
+    assert merged["3bpa"]["run"]["command"] == "old"  # kept, with the run that made it
+    path.write_text(json.dumps(merged))  # kept again: still the run that made it
+    assert mr.carry_over({"meta": meta("third")}, path)["3bpa"]["run"]["command"] == "old"
+    text = "\n".join(mr.section(merged))
+    assert "3bpa is kept from an earlier run. Run: `old`" in text
+    assert text.rstrip().splitlines()[-1].startswith("Run: `new`")
+    assert mr.carry_over(new, tmp_path / "none.json") == new
+
+
+def test_a_relative_work_folder_is_made_absolute():  # mace_run_train runs in its own folder
+    args = mr.parse_args(["--work", "runs/x"])
+    assert args.work.is_absolute() and args.work == (Path.cwd() / "runs" / "x").resolve()
