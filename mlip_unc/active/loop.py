@@ -238,7 +238,7 @@ def run_active_learning(
         ThresholdError: ``config.thresholds`` are invalid (checked before anything is done).
         FileExistsError: ``out`` holds a run, and neither ``resume`` nor ``overwrite``.
     """
-    from mlip_unc.active.report import write_rounds_report
+    from mlip_unc.active.report import calls_sentence, oracle_calls_in_all, write_rounds_report
     from mlip_unc.data.readers import read_structures
 
     _check_thresholds(config)
@@ -371,7 +371,12 @@ def run_active_learning(
         write_rounds_report(rows, out)
     rounds.close()
     report = write_rounds_report(rows, out)
-    log.info("report: %s (%d oracle calls in this invocation)", report, cache.calls)
+    log.info(
+        "report: %s (%d oracle calls in this invocation). %s",
+        report,
+        cache.calls,
+        calls_sentence(oracle_calls_in_all(rows)),
+    )
     return rows
 
 

@@ -155,6 +155,8 @@ _ROUND_COLUMNS = (
     "n_md_frames",
     "n_flagged",
     "n_labelled",
+    "n_dropped",
+    "oracle_calls",
     "test_energy_mae_per_atom",
     "test_force_rmse",
     "test_mean_max_force_std",
@@ -162,6 +164,19 @@ _ROUND_COLUMNS = (
     "level_energy_std_per_atom",
     "threshold_max_force_std",
 )
+
+
+def oracle_calls_in_all(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """A run's labels, from its rows: ``labels`` (the last model's ``oracle_calls``, the starting
+    training and validation data included, plus the labels of its own round when that round
+    ended the run without training), of them ``dropped`` (the oracle failed, or over
+    ``max_label_force``), and ``audit`` labels (never trained on)."""
+    last = rows[-1] if rows else {}
+    labels = int(last.get("oracle_calls") or 0)
+    labels += int(last.get("n_labelled") or 0) + int(last.get("n_dropped") or 0)
+    audit = sum(int(row.get("audit_calls") or 0) for row in rows)
+    dropped = sum(int(row.get("n_dropped") or 0) for row in rows)
+    return {"labels": labels, "dropped": dropped, "audit": audit}
 
 
 def write_rounds_report(
@@ -178,11 +193,22 @@ def write_rounds_report(
         "are those of the model *at the start* of the round (round k = after k retrainings). "
         "Units: eV/atom (energy), eV/Å (forces and force stds).\n",
         markdown_table(rows, columns),
+        "\n`oracle_calls`: labels spent on that model's training data, dropped ones included. "
+        + calls_sentence(oracle_calls_in_all(rows)),
         f"\n![rounds]({png.name})\n",
     ]
     md = out_dir / "report.md"
     md.write_text("\n".join(text))
     return md
+
+
+def calls_sentence(calls: Mapping[str, int]) -> str:
+    """One sentence of :func:`oracle_calls_in_all`'s counts."""
+    audit = f", and {calls['audit']} audit labels (never trained on)" if calls["audit"] else ""
+    return (
+        f"Labels in all: {calls['labels']}, the starting data included ({calls['dropped']} "
+        f"dropped: the oracle failed, or over selection.max_label_force){audit}."
+    )
 
 
 def _stages(numbers: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -8,6 +8,7 @@ from mlip_unc.active.data import oracle_md
 from mlip_unc.active.evaluation import evaluate_structures
 from mlip_unc.active.loop import no_labels_reason, run_active_learning
 from mlip_unc.active.oracles import make_oracle
+from mlip_unc.active.report import oracle_calls_in_all
 from mlip_unc.active.training import refit_energy_offsets, train_model
 from mlip_unc.calculator import ThresholdError, UncertaintyCalculator
 from mlip_unc.config import ActiveLearningConfig, ConfigError, GenerateSettings, validate
@@ -145,6 +146,13 @@ def test_a_round_whose_chosen_frames_are_all_dropped_says_so_and_stops(
     assert "all 3 chosen frames dropped (the oracle failed on them, or their reference" in line
     assert line.endswith("selection.max_label_force): stopping")
     assert no_labels_reason({"n_dropped": 0}) == "nothing to label (no frame over the thresholds)"
+    # the dropped labels count among the run's labels, though no model was trained on them
+    spent = rows[0]["oracle_calls"]  # the bootstrap's 6 + 2
+    assert oracle_calls_in_all(rows) == {"labels": spent + 3, "dropped": 3, "audit": 0}
+    report = (tmp_path / "al" / "report.md").read_text()
+    assert f"Labels in all: {spent + 3}, the starting data included (3 dropped" in report
+    assert "| n_dropped | oracle_calls |" in report
+    assert any(f"Labels in all: {spent + 3}" in r.getMessage() for r in caplog.records)
 
 
 class _Killed(Exception):
