@@ -206,8 +206,9 @@ def calls_sentence(calls: Mapping[str, int]) -> str:
     """One sentence of :func:`oracle_calls_in_all`'s counts."""
     audit = f", and {calls['audit']} audit labels (never trained on)" if calls["audit"] else ""
     return (
-        f"Labels in all: {calls['labels']}, the starting data included ({calls['dropped']} "
-        f"dropped: the oracle failed, or over selection.max_label_force){audit}."
+        f"Labels spent on training data in all: {calls['labels']}, the starting training and "
+        f"validation data included ({calls['dropped']} dropped: the oracle failed, or over "
+        f"selection.max_label_force){audit}; the test set's are not counted."
     )
 
 

@@ -150,9 +150,10 @@ def test_a_round_whose_chosen_frames_are_all_dropped_says_so_and_stops(
     spent = rows[0]["oracle_calls"]  # the bootstrap's 6 + 2
     assert oracle_calls_in_all(rows) == {"labels": spent + 3, "dropped": 3, "audit": 0}
     report = (tmp_path / "al" / "report.md").read_text()
-    assert f"Labels in all: {spent + 3}, the starting data included (3 dropped" in report
+    assert f"training data in all: {spent + 3}, the starting training and validation" in report
+    assert "(3 dropped: the oracle failed" in report
     assert "| n_dropped | oracle_calls |" in report
-    assert any(f"Labels in all: {spent + 3}" in r.getMessage() for r in caplog.records)
+    assert any(f"training data in all: {spent + 3}" in r.getMessage() for r in caplog.records)
 
 
 class _Killed(Exception):
