@@ -559,6 +559,13 @@ def si_reading(summary: dict[str, Any], sets: Sequence[str]) -> list[str]:
     return out + wide_reading(summary)
 
 
+def label_target(strategy: dict[str, Any], random_calls: float) -> tuple[float, bool]:
+    """A strategy's calls to the target over random's ``random_calls``, and whether that meets the
+    issue's 0.6x (every seed of the strategy reaching the target)."""
+    ratio = strategy["calls_to_target_mean"] / random_calls
+    return ratio, ratio <= 0.6 and strategy["all_reached"]
+
+
 def wide_reading(summary: dict[str, Any]) -> list[str]:
     """One sentence per ``--wide-pool`` protocol with ours and random finished
     (``summary["wide_pool"]``, :func:`wide_pool_report`)."""
@@ -567,8 +574,7 @@ def wide_reading(summary: dict[str, Any]) -> list[str]:
         if not {"ours", "random"} <= set(st):
             continue
         o, r = st["ours"]["final_error"], st["random"]["final_error"]
-        ratio = st["ours"]["calls_to_target_mean"] / st["random"]["calls_to_target_mean"]
-        met = ratio <= 0.6 and st["ours"]["all_reached"]
+        ratio, met = label_target(st["ours"], st["random"]["calls_to_target_mean"])
         out.append(
             f"Choosing the labels among {WIDE_POOL}x more MD frames per round ({WIDE_TAGS[tag]}, "
             f"section 'A wider pool'), ours ends at {o['mean']:.1f} ± {o['std']:.1f} meV/Å "
@@ -1044,9 +1050,8 @@ def scratch_loop_section(
         "",
     ]
     if {"ours", "random"} <= set(st):
-        ratio = st["ours"]["calls_to_target_mean"] / st["random"]["calls_to_target_mean"]
+        ratio, met = label_target(st["ours"], st["random"]["calls_to_target_mean"])
         ours, rand = st["ours"]["final_error"], st["random"]["final_error"]
-        met = ratio <= 0.6 and st["ours"]["all_reached"]
         bound = censored_bound(
             st["random"]["calls_to_target"],
             "random",
@@ -1185,8 +1190,7 @@ def selection_section(
         ]
     if "true_error" in st:
         v = st["true_error"]
-        ratio = v["calls_to_target_mean"] / base
-        met = ratio <= 0.6 and v["all_reached"]
+        ratio, met = label_target(v, base)
         lines += [
             f"Ranked by the true error, the loop needs {ratio:.2f}x random's oracle calls to "
             f"random's final error{'' if v['all_reached'] else ' (not every seed reached it)'}: "
