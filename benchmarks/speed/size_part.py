@@ -16,8 +16,10 @@ Each call is on a new structure (positions moved by 1e-4 A, alternately up and d
 cache hides work; the wall time of the ``get_*`` calls is timed. The rows of a system are timed
 in interleaved rounds (the order rotated), so drifts of the machine's load hit all rows alike,
 and every ratio (to ours E+F, to mace E+F) is of medians of the same run. Per row: at most
-``repeats`` timed calls, fewer when they would take more than ``row_budget_s`` (at least one);
-one untimed warm-up call first when a call is predicted to be short; a row is skipped where one
+``repeats`` timed calls, fewer when they would take more than ``row_budget_s`` (at least one;
+at least ``verdict_calls``, after a warm-up, for ours E+F and the default mode, whose ratio is the
+page's verdict); one untimed warm-up call first when a call is predicted to be short; a row is
+skipped where one
 call is predicted (its time at the previous size of the kind, scaled by the atom count) to take
 more than ``max_call_s`` (the exact mode and the committee at the large sizes).
 
@@ -96,6 +98,7 @@ class Settings:
     md_max_steps: int = 20
     memory_fraction: float = 0.8
     first_warmup: int = 2
+    verdict_calls: int = 3  # timed calls (and one warm-up) at least, of the rows the verdict reads
     quick: bool = False
 
 
@@ -241,20 +244,29 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Plan:
-    """How a row is timed on one system: warm-up calls, at most ``calls`` timed ones."""
+    """How a row is timed on one system: warm-up calls, at most ``calls`` timed ones (at least
+    ``min_calls``, whatever the row budget)."""
 
     warmup: int
     calls: int
     predicted_s: float | None
+    min_calls: int = 1
 
 
 def plan_row(
-    pred: Prediction | None, settings: Settings, available_mib: float | None = None
+    pred: Prediction | None,
+    settings: Settings,
+    available_mib: float | None = None,
+    *,
+    verdict: bool = False,
 ) -> Plan | str:
     """The row's plan, or why it is skipped: one call predicted over ``max_call_s``, or to need
-    more than ``memory_fraction`` of the memory available now."""
+    more than ``memory_fraction`` of the memory available now. A ``verdict`` row (ours E+F, the
+    default mode: the page's <= 2x column reads them) gets one warm-up and at least
+    ``verdict_calls`` timed calls at every size, so that no verdict rests on a single call."""
+    least = min(settings.verdict_calls, settings.repeats) if verdict else 1
     if pred is None:  # the first size of a kind: its first call pays one-time costs
-        return Plan(settings.first_warmup, settings.repeats, None)
+        return Plan(settings.first_warmup, settings.repeats, None, least)
     if pred.seconds > settings.max_call_s:
         return f"one call predicted to take {pred.seconds:.3g} s (> {settings.max_call_s:g} s)"
     limit = None if available_mib is None else settings.memory_fraction * available_mib
@@ -263,8 +275,8 @@ def plan_row(
             f"does not fit in memory: one call predicted to add {pred.added_mib / 1024:.1f} GiB "
             f"(> {settings.memory_fraction:g} x {available_mib / 1024:.1f} GiB available)"
         )
-    warm = int(pred.seconds < settings.warmup_below_s)
-    return Plan(warm, calls_for(pred.seconds, settings), pred.seconds)
+    warm = int(verdict or pred.seconds < settings.warmup_below_s)
+    return Plan(warm, max(least, calls_for(pred.seconds, settings)), pred.seconds, least)
 
 
 def calls_for(seconds: float | None, settings: Settings) -> int:
@@ -297,7 +309,7 @@ def time_rows(rows: list[Row], plans: dict[str, Plan], settings: Settings) -> No
             plan = plans[row.key]
             seconds = [guarded_call(row, counter, timed=False) for _ in range(plan.warmup)]
             last = seconds[-1] if seconds else None
-            calls[row.key] = calls_for(last, settings) if last else plan.calls
+            calls[row.key] = max(plan.min_calls, calls_for(last, settings) if last else plan.calls)
         for r in range(max(calls.values(), default=0)):
             shift = (r * 7) % len(rows)
             for row in rows[shift:] + rows[:shift]:
@@ -491,15 +503,21 @@ def predict(history: History, key: str, n_atoms: int) -> Prediction | None:
     return Prediction(seconds * scale, None if mib is None else mib * scale)
 
 
+def verdict_keys(default: str) -> set[str]:
+    """The rows the page's <= 2x verdict reads: ours E+F and the default mode in both orders."""
+    return {"ours E+F", *(f"ours {default} {order}" for order in ORDERS)}
+
+
 def plan_rows(
-    rows: list[Row], history: History, n_atoms: int, settings: Settings
+    rows: list[Row], history: History, n_atoms: int, settings: Settings, verdict: set[str]
 ) -> tuple[list[Row], dict[str, Plan], dict[str, str]]:
-    """(rows to time, their plans, {key: why skipped})."""
+    """(rows to time, their plans, {key: why skipped}); ``verdict``: keys of the verdict rows."""
     plans: dict[str, Plan] = {}
     skipped: dict[str, str] = {}
     available = instruments.available_mib()
     for row in rows:
-        plan = plan_row(predict(history, row.key, n_atoms), settings, available)
+        pred = predict(history, row.key, n_atoms)
+        plan = plan_row(pred, settings, available, verdict=row.key in verdict)
         if isinstance(plan, str):
             skipped[row.key] = plan
         else:
@@ -539,7 +557,9 @@ def measure_system(
     start = time.perf_counter()
     ours, skipped = ours_rows(models, system)
     theirs, why = mace_rows(models, system)
-    rows, plans, too_big = plan_rows(ours + theirs, history, system.n_atoms, settings)
+    rows, plans, too_big = plan_rows(
+        ours + theirs, history, system.n_atoms, settings, verdict_keys(models.default)
+    )
     skipped = {**skipped, **why, **too_big}
     print(f"[size] {system.name}: {len(rows)} rows", flush=True)
     time_rows(rows, plans, settings)

@@ -80,3 +80,29 @@ def test_refit_record_page_and_resume(checkpoint, tmp_path):
         "| tiny_cu | exact | gin | shared (6) | 12 (exact) + 2 |"
         in (tmp_path / "posterior_fit.md").read_text()
     )
+
+
+def _record(model: str, command: str, share: float) -> dict:
+    return {
+        "model": model,
+        "backbone": "gin",
+        "posterior_basis": "shared",
+        "width": 6,
+        "fit_seconds": 60.0 * 8 * share,
+        "train_minutes": 8,
+        "fit_share": share,
+        "load_average": [0.3, 0.4, 0.5],
+        "command": command,
+        "tag": "",
+    }
+
+
+def test_the_page_opens_with_the_latest_run_against_the_target():
+    old = _record("a", "run one", 0.05)
+    records = [old, _record("a", "run two", 0.02), _record("b", "run two", 0.12)]
+    assert posterior_fit.latest_run(records) == records[1:]  # the last command's records only
+    section = "\n".join(posterior_fit.latest_section(records))
+    assert "`run two`" in section and "run one" not in section
+    assert "| a | gin | shared (6) | 9.6 | 8 | 2.0 % | yes |" in section
+    assert "| b | gin | shared (6) | 57.6 | 8 | 12.0 % | no |" in section
+    assert posterior_fit.latest_section([]) == []

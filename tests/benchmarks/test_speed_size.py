@@ -7,6 +7,7 @@ imported already) on the liquid only (no data files needed): < 20 s on 2 shared 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,11 @@ def test_plans_skip_slow_or_too_big_rows_and_cap_the_calls():
     assert plan(None, settings) == size_part.Plan(2, 10, None)  # the first size: two warm-ups
     assert plan(pred(0.1, 10.0), settings, 1000.0) == size_part.Plan(1, 10, 0.1)
     assert plan(pred(20.0, None), settings) == size_part.Plan(0, 1, 20.0)
+    # a row the verdict reads: a warm-up and three timed calls however long a call is
+    assert plan(pred(20.0, None), settings, verdict=True) == size_part.Plan(1, 3, 20.0, 3)
+    assert plan(pred(0.1, None), settings, verdict=True) == size_part.Plan(1, 10, 0.1, 3)
+    assert "predicted to take 90 s" in plan(pred(90.0, None), settings, verdict=True)
+    assert size_part.verdict_keys("auto") == {"ours E+F", "ours auto README", "ours auto reverse"}
     assert "predicted to take 90 s" in plan(pred(90.0, None), settings)
     assert "does not fit in memory" in plan(pred(1.0, 900.0), settings, 1000.0)  # > 0.8 x
     assert size_part.calls_for(2.0, settings) == 2 and size_part.calls_for(None, settings) == 10
@@ -103,6 +109,29 @@ def test_each_call_is_a_new_structure_so_no_cache_hides_work():
         reverse.call()
     assert isinstance(reverse.calc, UncertaintyCalculator) and reverse.calc.n_model_calls == 3
     assert models.default == default_uncertainty_mode(models.ours)
+
+
+class _SlowCalc:
+    """A calculator whose every call takes 20 ms: over the row budget of the test below."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def get_property(self, name: str, atoms: object) -> None:
+        self.calls += 1
+        time.sleep(0.02)
+
+
+def test_a_verdict_row_is_timed_at_least_its_minimum_whatever_the_budget():
+    settings = size_part.Settings(repeats=10, row_budget_s=0.001)  # budget: one call per row
+    cu = bulk("Cu", "fcc", a=3.61, cubic=True)
+    rows = [
+        size_part.Row(key, "ours", "E+F", "", ("forces",), _SlowCalc(), cu.copy()) for key in "ab"
+    ]
+    plans = {"a": size_part.Plan(1, 10, None, 3), "b": size_part.Plan(1, 10, None)}
+    size_part.time_rows(rows, plans, settings)
+    assert [len(r.ms) for r in rows] == [3, 1]  # the verdict row three times, the other once
+    assert [r.calc.calls for r in rows] == [4, 2]  # each after one warm-up
 
 
 @pytest.fixture
