@@ -600,8 +600,15 @@ def describe(system: System) -> dict[str, Any]:
     }
 
 
-def meta(models: Models, systems: list[System], settings: Settings, command: str) -> dict[str, Any]:
-    """What the page records about the run (before it starts)."""
+def meta(
+    models: Models,
+    systems: list[System],
+    settings: Settings,
+    command: str,
+    load_start: list[float],
+) -> dict[str, Any]:
+    """What the page records about the run (before it starts); ``load_start``: the load average
+    when the part started, before its own work (building the models) added to it."""
     return {
         "part": PART,
         "command": command,
@@ -611,7 +618,8 @@ def meta(models: Models, systems: list[System], settings: Settings, command: str
         "cpu_count": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(),
         "started": time.strftime("%Y-%m-%d %H:%M"),
-        "load_avg_start": load_avg(),
+        "load_avg_start": load_start,
+        "load_avg_models_built": load_avg(),
         "versions": versions(),
         "settings": {k: getattr(settings, k) for k in Settings.__dataclass_fields__},
         "modes": models.modes,
@@ -637,16 +645,16 @@ def run(
     settings: Settings, data_root: Path, command: str, save: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
     """The whole part: every thread count, every system; ``save(entry)`` after each system."""
-    wall = time.perf_counter()
-    if os.getloadavg()[0] >= QUIET_LOAD:
+    wall, load_start = time.perf_counter(), load_avg()
+    if load_start[0] >= QUIET_LOAD:
         print(
-            f"[size] WARNING: load average {load_avg()} (>= {QUIET_LOAD:g}): not quiet", flush=True
+            f"[size] WARNING: load average {load_start} (>= {QUIET_LOAD:g}): not quiet", flush=True
         )
     models = build_models(settings.quick)
     systems = size_series(
         data_root, quick=settings.quick, kinds=settings.kinds, max_atoms=settings.max_atoms
     )
-    entry: dict[str, Any] = {"meta": meta(models, systems, settings, command), "groups": []}
+    entry: dict[str, Any] = {"meta": meta(models, systems, settings, command, load_start), "groups": []}
     total = len(settings.threads) * len(systems)
     for threads in settings.threads:
         torch.set_num_threads(threads)

@@ -258,8 +258,13 @@ def run_lines(entry: dict[str, Any]) -> list[str]:
         f"- Date: {m['started']} - {m.get('finished', 'unfinished')}"
         + (f"; wall time of the whole part {wall / 60:.1f} min" if wall else ""),
         f"- Machine: {m['cpu']}, {m['cpu_count']} CPUs; torch threads {m['threads']}; "
-        f"load average (1, 5, 15 min) {m['load_avg_start']} at the start, "
-        f"{m.get('load_avg_end', m.get('load_avg_last', 'n/a'))} at the end",
+        f"load average (1, 5, 15 min) {m['load_avg_start']} at the start"
+        + (
+            f" ({m['load_avg_models_built']} once the models were built)"
+            if "load_avg_models_built" in m
+            else ""
+        )
+        + f", {m.get('load_avg_end', m.get('load_avg_last', 'n/a'))} at the end",
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
         "",
     ]

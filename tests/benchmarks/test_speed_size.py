@@ -141,7 +141,11 @@ def torch_threads():
     torch.set_num_threads(previous)
 
 
-def test_quick_part_writes_every_row_ratio_floor_memory_and_md(tmp_path: Path, torch_threads):
+def test_quick_part_writes_every_row_ratio_floor_memory_and_md(
+    tmp_path: Path, torch_threads, monkeypatch
+):
+    loads = iter([[0.1, 0.2, 0.3]])  # the first reading; the part's own work loads the machine
+    monkeypatch.setattr(size_part, "load_avg", lambda: next(loads, [9.0, 9.0, 9.0]))
     argv = [
         "--part",
         "size",
@@ -157,7 +161,11 @@ def test_quick_part_writes_every_row_ratio_floor_memory_and_md(tmp_path: Path, t
     entry = json.loads((tmp_path / "speed.json").read_text())["parts"]["size"]
     meta = entry["meta"]
     assert meta["status"] == "complete" and meta["quick"] and meta["threads"] == [1]
-    assert len(meta["load_avg_start"]) == 3 and len(meta["load_avg_end"]) == 3
+    assert meta["load_avg_start"] == [0.1, 0.2, 0.3]  # read before the models were built
+    assert meta["load_avg_models_built"] == [9.0, 9.0, 9.0] and len(meta["load_avg_end"]) == 3
+    page = (tmp_path / "speed.md").read_text()
+    assert "[0.1, 0.2, 0.3] at the start: a quiet machine" in page
+    assert "([9.0, 9.0, 9.0] once the models were built)" in page
     assert {"python", "torch", "e3nn", "ase"} <= set(meta["versions"])
     assert meta["modes"] == [m.value for m in UncertaintyMode if m is not UncertaintyMode.NONE]
     assert [g["n_atoms"] for g in entry["groups"]] == [6, 12]
