@@ -654,7 +654,10 @@ def run(
     systems = size_series(
         data_root, quick=settings.quick, kinds=settings.kinds, max_atoms=settings.max_atoms
     )
-    entry: dict[str, Any] = {"meta": meta(models, systems, settings, command, load_start), "groups": []}
+    entry: dict[str, Any] = {
+        "meta": meta(models, systems, settings, command, load_start),
+        "groups": [],
+    }
     total = len(settings.threads) * len(systems)
     for threads in settings.threads:
         torch.set_num_threads(threads)
