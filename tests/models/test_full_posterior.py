@@ -11,6 +11,7 @@ from torch_geometric.data import Batch
 
 from mlip_unc import keys
 from mlip_unc.data import TypeMap, atoms_to_graph
+from mlip_unc.models import full_posterior
 from mlip_unc.models.backbones import build_backbone
 from mlip_unc.models.full_posterior import latent_jacobian, latent_probes
 from mlip_unc.models.potential import BayesianPotential
@@ -412,6 +413,18 @@ def test_forward_mode_jacobian_equals_the_reverse_one(name, n_blocks):
     moved[1].pos[a, c] -= h
     phis = [latent_jacobian(model, m, n_blocks, method="reverse")[0].phi for m in moved]
     torch.testing.assert_close(rev[:, a, c], (phis[0] - phis[1])[2] / (2 * h), rtol=1e-5, atol=1e-8)
+
+
+def test_large_batches_take_fewer_tangents_at_once_and_the_same_jacobian(monkeypatch):
+    assert full_posterior.jvp_chunk(27) == 64 and full_posterior.jvp_chunk(32 * 27) == 4
+    assert full_posterior.jvp_chunk(10**6) == 1 and full_posterior.jvp_chunk(0) == 64
+    model = _model("equivariant")
+    batch = Batch.from_data_list([_graph(0), _graph(3)])
+    _, _, whole = latent_jacobian(model, batch, 2, method="forward")
+    monkeypatch.setattr(full_posterior, "JVP_ATOMS", 2 * batch.num_nodes)  # chunks of 2 tangents
+    assert full_posterior.jvp_chunk(batch.num_nodes) == 2
+    _, _, chunked = latent_jacobian(model, batch, 2, method="forward")
+    torch.testing.assert_close(chunked, whole, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["gin", "equivariant"])
