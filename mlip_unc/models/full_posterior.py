@@ -305,10 +305,9 @@ JVP_ATOMS = 3456  # tangents x atoms vmapped at once (jvp_chunk)
 
 def jvp_chunk(n_atoms: int) -> int:
     """Tangents vmapped at once over a batch of ``n_atoms``: at most 64, fewer on large batches so
-    that the vmapped activations (tangents x atoms x features) stay small. Measured on the 3BPA
-    config (27 atoms, 256 features, 1 thread): a 32-frame batch took 0.385 s a frame in chunks of
-    64 tangents, 0.115 s in chunks of 4 (this rule), 0.198 s one tangent at a time; an 8-frame
-    batch 0.150 s in chunks of 64, 0.127 s in chunks of 16 (this rule)."""
+    that the vmapped activations (tangents x atoms x features) stay small: on a 32-frame 3BPA
+    batch, chunks of 64 cost three times as much a frame as chunks of 4, and one tangent at a
+    time costs more again (docs/what-we-tried.md, "Sign probes for the 3BPA fit")."""
     return max(1, min(64, JVP_ATOMS // max(n_atoms, 1)))
 
 
