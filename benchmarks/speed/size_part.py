@@ -19,9 +19,9 @@ and every ratio (to ours E+F, to mace E+F) is of medians of the same run. Per ro
 ``repeats`` timed calls, fewer when they would take more than ``row_budget_s`` (at least one;
 at least ``verdict_calls``, after a warm-up, for ours E+F and the default mode, whose ratio is the
 page's verdict); one untimed warm-up call first when a call is predicted to be short; a row is
-skipped where one
-call is predicted (its time at the previous size of the kind, scaled by the atom count) to take
-more than ``max_call_s`` (the exact mode and the committee at the large sizes).
+skipped where one call is predicted (its time at the previous size of the kind, scaled by the
+atom count) to take more than ``max_call_s`` (the exact mode and the committee at the large
+sizes).
 
 Per system also: the floor of the method (graph + forward ``f``, a one-vector backward ``b``,
 the batched K-vector backward ``linear_gradients`` as the model runs it), the peak resident
