@@ -140,7 +140,7 @@ def measure(
     batch_size = config.train.valid_batch_size
     n_probes = shipped.model.posterior_probes if probes is None else (probes or None)
     jac = _jacobian_seconds(model, fit_on)
-    load = os.getloadavg()
+    load = list(os.getloadavg())  # as the JSONL reads back: the page is the same either way
     start = time.perf_counter()
     summary = fit_full_posterior(
         model,
@@ -189,15 +189,11 @@ TARGET = 0.10  # issue 40: the fit takes at most 10 % of the training it follows
 
 
 def latest_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records of the last command (one process: its ratios compare like with like)."""
+    """The records of the last command (one process: its ratios compare like with like; the
+    command line holds the tag)."""
     if not records:
         return []
-    last = records[-1]
-    return [
-        r
-        for r in records
-        if r.get("command") == last.get("command") and r.get("tag") == last.get("tag")
-    ]
+    return [r for r in records if r.get("command") == records[-1].get("command")]
 
 
 def latest_section(records: list[dict[str, Any]]) -> list[str]:

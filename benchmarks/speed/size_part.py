@@ -276,14 +276,15 @@ def plan_row(
             f"(> {settings.memory_fraction:g} x {available_mib / 1024:.1f} GiB available)"
         )
     warm = int(verdict or pred.seconds < settings.warmup_below_s)
-    return Plan(warm, max(least, calls_for(pred.seconds, settings)), pred.seconds, least)
+    return Plan(warm, calls_for(pred.seconds, settings, least), pred.seconds, least)
 
 
-def calls_for(seconds: float | None, settings: Settings) -> int:
-    """Timed calls of a row whose call takes ``seconds``: ``repeats``, fewer beyond the budget."""
+def calls_for(seconds: float | None, settings: Settings, least: int = 1) -> int:
+    """Timed calls of a row whose call takes ``seconds``: ``repeats``, fewer beyond the budget,
+    never fewer than ``least``."""
     if not seconds:
         return settings.repeats
-    return max(1, min(settings.repeats, int(settings.row_budget_s / seconds)))
+    return max(least, min(settings.repeats, int(settings.row_budget_s / seconds)))
 
 
 ROW_ERRORS = (RuntimeError, ValueError, MemoryError, NotImplementedError, FloatingPointError)
@@ -309,7 +310,7 @@ def time_rows(rows: list[Row], plans: dict[str, Plan], settings: Settings) -> No
             plan = plans[row.key]
             seconds = [guarded_call(row, counter, timed=False) for _ in range(plan.warmup)]
             last = seconds[-1] if seconds else None
-            calls[row.key] = max(plan.min_calls, calls_for(last, settings) if last else plan.calls)
+            calls[row.key] = calls_for(last, settings, plan.min_calls) if last else plan.calls
         for r in range(max(calls.values(), default=0)):
             shift = (r * 7) % len(rows)
             for row in rows[shift:] + rows[:shift]:
