@@ -17,8 +17,9 @@ cache hides work; the wall time of the ``get_*`` calls is timed. The rows of a s
 in interleaved rounds (the order rotated), so drifts of the machine's load hit all rows alike,
 and every ratio (to ours E+F, to mace E+F) is of medians of the same run. Per row: at most
 ``repeats`` timed calls, fewer when they would take more than ``row_budget_s`` (at least one;
-at least ``verdict_calls``, after a warm-up, for ours E+F and the default mode, whose ratio is the
-page's verdict); one untimed warm-up call first when a call is predicted to be short; a row is
+for ours E+F and the default mode, whose ratio is the page's verdict: a warm-up, at least
+``verdict_calls`` and at most ``verdict_repeats``, so that the verdict's medians at small sizes,
+where a call takes milliseconds and the load moves it most, rest on many calls); one untimed warm-up call first when a call is predicted to be short; a row is
 skipped where one call is predicted (its time at the previous size of the kind, scaled by the
 atom count) to take more than ``max_call_s`` (the exact mode and the committee at the large
 sizes).
@@ -99,6 +100,7 @@ class Settings:
     memory_fraction: float = 0.8
     first_warmup: int = 2
     verdict_calls: int = 3  # timed calls (and one warm-up) at least, of the rows the verdict reads
+    verdict_repeats: int = 40  # and at most, within row_budget_s
     quick: bool = False
 
 
@@ -245,12 +247,14 @@ class Prediction:
 @dataclass(frozen=True)
 class Plan:
     """How a row is timed on one system: warm-up calls, at most ``calls`` timed ones (at least
-    ``min_calls``, whatever the row budget)."""
+    ``min_calls``, whatever the row budget; at most ``max_calls`` once the warm-up has timed
+    a call)."""
 
     warmup: int
     calls: int
     predicted_s: float | None
     min_calls: int = 1
+    max_calls: int | None = None  # None: settings.repeats
 
 
 def plan_row(
@@ -263,10 +267,12 @@ def plan_row(
     """The row's plan, or why it is skipped: one call predicted over ``max_call_s``, or to need
     more than ``memory_fraction`` of the memory available now. A ``verdict`` row (ours E+F, the
     default mode: the page's <= 2x column reads them) gets one warm-up and at least
-    ``verdict_calls`` timed calls at every size, so that no verdict rests on a single call."""
-    least = min(settings.verdict_calls, settings.repeats) if verdict else 1
+    ``verdict_calls`` timed calls at every size, so that no verdict rests on a single call, and
+    up to ``verdict_repeats`` within the row budget."""
+    most = max(settings.verdict_repeats, settings.repeats) if verdict else settings.repeats
+    least = min(settings.verdict_calls, most) if verdict else 1
     if pred is None:  # the first size of a kind: its first call pays one-time costs
-        return Plan(settings.first_warmup, settings.repeats, None, least)
+        return Plan(settings.first_warmup, most, None, least, most)
     if pred.seconds > settings.max_call_s:
         return f"one call predicted to take {pred.seconds:.3g} s (> {settings.max_call_s:g} s)"
     limit = None if available_mib is None else settings.memory_fraction * available_mib
@@ -276,15 +282,18 @@ def plan_row(
             f"(> {settings.memory_fraction:g} x {available_mib / 1024:.1f} GiB available)"
         )
     warm = int(verdict or pred.seconds < settings.warmup_below_s)
-    return Plan(warm, calls_for(pred.seconds, settings, least), pred.seconds, least)
+    return Plan(warm, calls_for(pred.seconds, settings, least, most), pred.seconds, least, most)
 
 
-def calls_for(seconds: float | None, settings: Settings, least: int = 1) -> int:
-    """Timed calls of a row whose call takes ``seconds``: ``repeats``, fewer beyond the budget,
-    never fewer than ``least``."""
+def calls_for(
+    seconds: float | None, settings: Settings, least: int = 1, most: int | None = None
+) -> int:
+    """Timed calls of a row whose call takes ``seconds``: ``most`` (default ``repeats``), fewer
+    beyond the budget, never fewer than ``least``."""
+    most = settings.repeats if most is None else most
     if not seconds:
-        return settings.repeats
-    return max(least, min(settings.repeats, int(settings.row_budget_s / seconds)))
+        return most
+    return max(least, min(most, int(settings.row_budget_s / seconds)))
 
 
 ROW_ERRORS = (RuntimeError, ValueError, MemoryError, NotImplementedError, FloatingPointError)
@@ -310,7 +319,9 @@ def time_rows(rows: list[Row], plans: dict[str, Plan], settings: Settings) -> No
             plan = plans[row.key]
             seconds = [guarded_call(row, counter, timed=False) for _ in range(plan.warmup)]
             last = seconds[-1] if seconds else None
-            calls[row.key] = calls_for(last, settings, plan.min_calls) if last else plan.calls
+            calls[row.key] = (
+                calls_for(last, settings, plan.min_calls, plan.max_calls) if last else plan.calls
+            )
         for r in range(max(calls.values(), default=0)):
             shift = (r * 7) % len(rows)
             for row in rows[shift:] + rows[:shift]:

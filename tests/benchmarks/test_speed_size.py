@@ -42,19 +42,25 @@ def test_systems_have_the_stated_atom_counts_and_densities(tmp_path):
 
 
 def test_plans_skip_slow_or_too_big_rows_and_cap_the_calls():
-    settings = size_part.Settings(repeats=10, row_budget_s=5.0, max_call_s=60.0)
-    plan, pred = size_part.plan_row, size_part.Prediction
-    assert plan(None, settings) == size_part.Plan(2, 10, None)  # the first size: two warm-ups
-    assert plan(pred(0.1, 10.0), settings, 1000.0) == size_part.Plan(1, 10, 0.1)
-    assert plan(pred(20.0, None), settings) == size_part.Plan(0, 1, 20.0)
-    # a row the verdict reads: a warm-up and three timed calls however long a call is
-    assert plan(pred(20.0, None), settings, verdict=True) == size_part.Plan(1, 3, 20.0, 3)
-    assert plan(pred(0.1, None), settings, verdict=True) == size_part.Plan(1, 10, 0.1, 3)
+    settings = size_part.Settings(
+        repeats=10, row_budget_s=5.0, max_call_s=60.0, verdict_calls=3, verdict_repeats=40
+    )
+    plan, pred, Plan = size_part.plan_row, size_part.Prediction, size_part.Plan
+    assert plan(None, settings) == Plan(2, 10, None, 1, 10)  # the first size: two warm-ups
+    assert plan(pred(0.1, 10.0), settings, 1000.0) == Plan(1, 10, 0.1, 1, 10)
+    assert plan(pred(20.0, None), settings) == Plan(0, 1, 20.0, 1, 10)
+    # a row the verdict reads: a warm-up and three timed calls however long a call is, and up
+    # to verdict_repeats (not repeats) where calls are short
+    assert plan(pred(20.0, None), settings, verdict=True) == Plan(1, 3, 20.0, 3, 40)
+    assert plan(pred(0.5, None), settings, verdict=True) == Plan(1, 10, 0.5, 3, 40)
+    assert plan(pred(0.01, None), settings, verdict=True) == Plan(1, 40, 0.01, 3, 40)
+    assert plan(None, settings, verdict=True) == Plan(2, 40, None, 3, 40)
     assert "predicted to take 90 s" in plan(pred(90.0, None), settings, verdict=True)
     assert size_part.verdict_keys("auto") == {"ours E+F", "ours auto README", "ours auto reverse"}
     assert "predicted to take 90 s" in plan(pred(90.0, None), settings)
     assert "does not fit in memory" in plan(pred(1.0, 900.0), settings, 1000.0)  # > 0.8 x
     assert size_part.calls_for(2.0, settings) == 2 and size_part.calls_for(None, settings) == 10
+    assert size_part.calls_for(0.01, settings, 3, 40) == 40
     history = {"ours exact README": (10, 2.0, 50.0)}
     assert size_part.predict(history, "ours exact README", 100) == pred(20.0, 500.0)
     assert size_part.predict(history, "mace E+F", 100) is None
@@ -132,6 +138,17 @@ def test_a_verdict_row_is_timed_at_least_its_minimum_whatever_the_budget():
     size_part.time_rows(rows, plans, settings)
     assert [len(r.ms) for r in rows] == [3, 1]  # the verdict row three times, the other once
     assert [r.calc.calls for r in rows] == [4, 2]  # each after one warm-up
+
+
+def test_short_verdict_rows_are_timed_up_to_verdict_repeats_and_the_others_up_to_repeats():
+    settings = size_part.Settings(repeats=2, verdict_repeats=5, row_budget_s=10.0)
+    cu = bulk("Cu", "fcc", a=3.61, cubic=True)
+    rows = [
+        size_part.Row(key, "ours", "E+F", "", ("forces",), _SlowCalc(), cu.copy()) for key in "ab"
+    ]
+    plans = {"a": size_part.Plan(1, 5, None, 3, 5), "b": size_part.Plan(1, 2, None, 1, 2)}
+    size_part.time_rows(rows, plans, settings)
+    assert [len(r.ms) for r in rows] == [5, 2]
 
 
 @pytest.fixture
