@@ -24,6 +24,10 @@ skipped where one call is predicted (its time at the previous size of the kind, 
 atom count) to take more than ``max_call_s`` (the exact mode and the committee at the large
 sizes).
 
+Peak memory is probed on each row's first warm-up call, or on the first timed call of a row
+without a warm-up: the probe trims the heap, and a call after a trim pays for faulting its
+memory in again, which a user's MD loop does not.
+
 Per system also: the floor of the method (graph + forward ``f``, a one-vector backward ``b``,
 the batched K-vector backward ``linear_gradients`` as the model runs it), the peak resident
 memory of each row (:mod:`benchmarks.speed.instruments`), and, on the mid sizes, MD throughput (ASE
@@ -219,14 +223,18 @@ def mace_rows(models: Models, system: System) -> tuple[list[Row], dict[str, str]
 
 
 # ================================================================ timing
-def measured_call(row: Row, counter: instruments.VectorCounter, *, timed: bool) -> float:
-    """One call of ``row`` with its peak memory and backward vectors recorded; seconds."""
-    before = instruments.start_peak()
+def measured_call(
+    row: Row, counter: instruments.VectorCounter, *, timed: bool, probe: bool = False
+) -> float:
+    """One call of ``row`` with its backward vectors recorded, and with ``probe`` its peak
+    memory; seconds. The probe trims the heap first, so the call faults its memory in again
+    (a 12-atom call of the default mode took twice as long): time calls without it."""
+    before = instruments.start_peak() if probe else None
     counter.reset()
     start = time.perf_counter()
     row.call()
     seconds = time.perf_counter() - start
-    peak = instruments.read_peak()
+    peak = instruments.read_peak() if probe else None
     if peak is not None and before is not None:
         row.peak_mib.append(peak)
         row.added_mib.append(peak - before)
@@ -299,25 +307,31 @@ def calls_for(
 ROW_ERRORS = (RuntimeError, ValueError, MemoryError, NotImplementedError, FloatingPointError)
 
 
-def guarded_call(row: Row, counter: instruments.VectorCounter, *, timed: bool) -> float | None:
+def guarded_call(
+    row: Row, counter: instruments.VectorCounter, *, timed: bool, probe: bool = False
+) -> float | None:
     """:func:`measured_call`, or None with ``row.error`` set when the call fails (out of
     memory, a mode the model refuses, ...): the run goes on without the row."""
     if row.error is not None:
         return None
     try:
-        return measured_call(row, counter, timed=timed)
+        return measured_call(row, counter, timed=timed, probe=probe)
     except ROW_ERRORS as err:  # PropertyNotImplementedError is a NotImplementedError
         row.error = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
         return None
 
 
 def time_rows(rows: list[Row], plans: dict[str, Plan], settings: Settings) -> None:
-    """Warm-ups (which also fix each row's number of calls), then interleaved rotated rounds."""
+    """Warm-ups (which also fix each row's number of calls, and on which the memory is
+    probed), then interleaved rotated rounds of timed calls, which run no memory probe but
+    for the first call of a row without a warm-up (over ``warmup_below_s`` a call)."""
     calls: dict[str, int] = {}
     with instruments.counting_vectors() as counter:
         for row in rows:
             plan = plans[row.key]
-            seconds = [guarded_call(row, counter, timed=False) for _ in range(plan.warmup)]
+            seconds = [
+                guarded_call(row, counter, timed=False, probe=k == 0) for k in range(plan.warmup)
+            ]
             last = seconds[-1] if seconds else None
             calls[row.key] = (
                 calls_for(last, settings, plan.min_calls, plan.max_calls) if last else plan.calls
@@ -326,7 +340,8 @@ def time_rows(rows: list[Row], plans: dict[str, Plan], settings: Settings) -> No
             shift = (r * 7) % len(rows)
             for row in rows[shift:] + rows[:shift]:
                 if r < calls[row.key]:
-                    guarded_call(row, counter, timed=True)
+                    probe = r == 0 and plans[row.key].warmup == 0
+                    guarded_call(row, counter, timed=True, probe=probe)
 
 
 def summarise(rows: list[Row], default: str) -> list[dict[str, Any]]:
@@ -632,6 +647,7 @@ def meta(
         "started": time.strftime("%Y-%m-%d %H:%M"),
         "load_avg_start": load_start,
         "load_avg_models_built": load_avg(),
+        "probe_untimed": True,  # timed calls run no memory probe (time_rows)
         "versions": versions(),
         "settings": {k: getattr(settings, k) for k in Settings.__dataclass_fields__},
         "modes": models.modes,

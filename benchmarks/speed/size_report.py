@@ -227,10 +227,14 @@ def notes(entry: dict[str, Any]) -> list[str]:
         f"{s['memory_fraction']:g} x the memory available then.",
         "",
         *[line for text in limits(entry) for line in (text, "")],
-        "Memory: peak resident set (VmHWM) of each call, reset before it through "
-        "/proc/self/clear_refs after malloc_trim, so that each row's peak is its own in one "
-        "process; peak = the process's (all models loaded), added = peak minus the resident "
-        "set just before the call (max over the row's calls)."
+        "Memory: peak resident set (VmHWM) of a row's first warm-up call (a row without a "
+        "warm-up: its first timed call), reset before it through /proc/self/clear_refs after "
+        "malloc_trim, so that each row's peak is its own in one process; peak = the process's "
+        "(all models loaded), added = peak minus the resident set just before the call. The "
+        "other timed calls run without this probe"
+        + ("" if m.get("probe_untimed") else " (NOT in this run: every call was probed)")
+        + ": a call after a heap trim faults its memory in again, which doubled the time of "
+        "a 12-atom call of the default mode, and a user's MD loop does not trim."
         + ("" if m["memory_probe"] else " NOT AVAILABLE on this machine (n/a)."),
         "",
         "Models: untrained (the cost of a call does not depend on the weights' values): ours "

@@ -140,6 +140,38 @@ def test_a_verdict_row_is_timed_at_least_its_minimum_whatever_the_budget():
     assert [r.calc.calls for r in rows] == [4, 2]  # each after one warm-up
 
 
+def test_timed_calls_run_no_memory_probe_unless_the_row_had_no_warm_up(monkeypatch):
+    pending: list[bool] = [False]  # a probe ran since the last call
+    probed: list[tuple[str, int]] = []  # (row, its call number) of every probed call
+
+    class ProbedCalc(_SlowCalc):
+        def __init__(self, key: str) -> None:
+            super().__init__()
+            self.key = key
+
+        def get_property(self, name: str, atoms: object) -> None:
+            super().get_property(name, atoms)
+            if pending[0]:
+                probed.append((self.key, self.calls))
+                pending[0] = False
+
+    def start_peak() -> float:
+        pending[0] = True
+        return 0.0
+
+    monkeypatch.setattr(size_part.instruments, "start_peak", start_peak)
+    monkeypatch.setattr(size_part.instruments, "read_peak", lambda: 1.0)
+    cu = bulk("Cu", "fcc", a=3.61, cubic=True)
+    rows = [
+        size_part.Row(k, "ours", "E+F", "", ("forces",), ProbedCalc(k), cu.copy()) for k in "ab"
+    ]
+    plans = {"a": size_part.Plan(2, 4, None), "b": size_part.Plan(0, 4, None)}
+    size_part.time_rows(rows, plans, size_part.Settings(repeats=4, row_budget_s=10.0))
+    assert [len(r.ms) for r in rows] == [4, 4] and [r.calc.calls for r in rows] == [6, 4]
+    assert sorted(probed) == [("a", 1), ("b", 1)]  # a's first warm-up; b's first timed call
+    assert [r.added_mib for r in rows] == [[1.0], [1.0]]
+
+
 def test_short_verdict_rows_are_timed_up_to_verdict_repeats_and_the_others_up_to_repeats():
     settings = size_part.Settings(repeats=2, verdict_repeats=5, row_budget_s=10.0)
     cu = bulk("Cu", "fcc", a=3.61, cubic=True)
