@@ -821,7 +821,16 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         extra=[
             f"Seed {meta['seed']}; {meta['threads']} torch thread(s); {meta['budget_minutes']:g} min "
             f"per model and per committee member (wall time, shared CPU); status: {meta['status']}."
-            + (f" {len(meta['notes'])} note(s) in the JSON." if meta["notes"] else "")
+            + (f" {len(meta['notes'])} note(s) in the JSON." if meta["notes"] else ""),
+            *(
+                []
+                if env
+                else [
+                    "Load average and versions: not recorded (this run predates their "
+                    "recording); each data set's cost ratios come from one run of interleaved "
+                    "calls. The MACE users' rows below record theirs."
+                ]
+            ),
         ],
     )
     path.write_text("\n".join(lines) + "\n" + peer_sections(path))
