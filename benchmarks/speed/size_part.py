@@ -19,10 +19,10 @@ and every ratio (to ours E+F, to mace E+F) is of medians of the same run. Per ro
 ``repeats`` timed calls, fewer when they would take more than ``row_budget_s`` (at least one;
 for ours E+F and the default mode, whose ratio is the page's verdict: a warm-up, at least
 ``verdict_calls`` and at most ``verdict_repeats``, so that the verdict's medians at small sizes,
-where a call takes milliseconds and the load moves it most, rest on many calls); one untimed warm-up call first when a call is predicted to be short; a row is
-skipped where one call is predicted (its time at the previous size of the kind, scaled by the
-atom count) to take more than ``max_call_s`` (the exact mode and the committee at the large
-sizes).
+where a call takes milliseconds and the load moves it most, rest on many calls); one untimed
+warm-up call first when a call is predicted to be short; a row is skipped where one call is
+predicted (its time at the previous size of the kind, scaled by the atom count) to take more
+than ``max_call_s`` (the exact mode and the committee at the large sizes).
 
 Peak memory is probed on each row's first warm-up call, or on the first timed call of a row
 without a warm-up: the probe trims the heap, and a call after a trim pays for faulting its

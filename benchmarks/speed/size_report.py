@@ -220,8 +220,8 @@ def notes(entry: dict[str, Any]) -> list[str]:
         "call for most rows, so those medians are single calls; ours E+F and the default mode, "
         "which the <= 2x column reads, get a warm-up and at least "
         f"{s.get('verdict_calls', 1)} timed calls at every size, and up to "
-        f"{s.get('verdict_repeats', s['repeats'])} within the budget); the rows of a system are timed "
-        "in interleaved rounds, rotated, so load drifts hit all rows alike. A row is skipped "
+        f"{s.get('verdict_repeats', s['repeats'])} within the budget); the rows of a system are "
+        "timed in interleaved rounds, rotated, so load drifts hit all rows alike. A row is skipped "
         "where one call is predicted (its time and memory at the previous size, scaled by "
         f"the atom count) to take over {s['max_call_s']:g} s or to add more than "
         f"{s['memory_fraction']:g} x the memory available then.",
