@@ -414,15 +414,24 @@ def _initial_models(
     return models
 
 
-def _calculator(config: ActiveLearningConfig, models: list[Path], valid: list[Atoms]) -> Any:
+def _calculator(
+    config: ActiveLearningConfig,
+    models: list[Path],
+    valid: list[Atoms],
+    thresholds: Any = "config",
+) -> Any:
     """The round's calculator: the model in ``config.uncertainty`` mode, or the committee of
-    the models (its levels measured on ``valid``)."""
+    the models (its levels measured on ``valid``); ``thresholds``: the calculator's flag
+    thresholds (default ``config.thresholds``; ``None``: no flag)."""
     from mlip_unc.calculator import UncertaintyCalculator
 
     model: Any = models[0] if len(models) == 1 else committee_model(models, valid)
     mode = config.uncertainty if len(models) == 1 else "exact"  # every mode: M backward passes
     return UncertaintyCalculator(
-        model, uncertainty=mode, thresholds=config.thresholds, seed=config.seed
+        model,
+        uncertainty=mode,
+        thresholds=config.thresholds if thresholds == "config" else thresholds,
+        seed=config.seed,
     )
 
 

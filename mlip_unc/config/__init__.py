@@ -9,7 +9,10 @@ the configs of the three kinds of run. Nothing here imports torch.
 from mlip_unc.config.active import (
     ActiveLearningConfig,
     GenerateSettings,
+    GuardSettings,
     MDSettings,
+    OnTheFlySettings,
+    SeedSettings,
     SelectionSettings,
     load_active_config,
 )
@@ -66,7 +69,10 @@ from mlip_unc.config.training import TrainCoreConfig
 __all__ = [
     "ActiveLearningConfig",
     "GenerateSettings",
+    "GuardSettings",
     "MDSettings",
+    "OnTheFlySettings",
+    "SeedSettings",
     "SelectionSettings",
     "load_active_config",
     "AGLForm",

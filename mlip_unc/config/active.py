@@ -29,6 +29,9 @@ __all__ = [
     "MDSettings",
     "SelectionSettings",
     "GenerateSettings",
+    "SeedSettings",
+    "GuardSettings",
+    "OnTheFlySettings",
     "ActiveLearningConfig",
     "load_active_config",
 ]
@@ -150,6 +153,97 @@ class GenerateSettings(Section):
     seed: int = 0
 
 
+class SeedSettings(Section):
+    """The seed set: decorrelated oracle-MD frames that round 0 trains on, and a fixed thermal
+    validation set labelled once at the start (active-learning labels never join it, so the
+    uncertainty levels and relative thresholds measured on it do not drift).
+
+    One oracle trajectory per temperature for the training frames and an independent one per
+    temperature for the validation frames; kept frames are ``spacing_fs`` apart.
+
+    Attributes:
+        temperatures: K; the frames are shared out evenly over these temperatures.
+        frames: training frames in all (at least 24 is the shipped default's recommendation).
+        valid_frames: validation frames in all (the fixed validation set).
+        spacing_fs: oracle MD time between kept frames (fs, at least 100: closer frames are
+            correlated and teach little).
+        timestep: oracle MD timestep (fs).
+        equilibration_fs: oracle MD time before the first kept frame (fs).
+        seed: velocities and thermostat noise of the oracle MD.
+    """
+
+    temperatures: list[float] = Field(default_factory=lambda: [300.0], min_length=1)
+    frames: int = Field(24, ge=1)
+    valid_frames: int = Field(12, ge=1)
+    spacing_fs: float = Field(100.0, ge=100.0)
+    timestep: float = Field(0.5, gt=0)
+    equilibration_fs: float = Field(200.0, ge=0)
+    seed: int = 0
+
+
+class GuardSettings(Section):
+    """When an exploration frame is unphysical: MD stops there, restarts from the last good
+    frame, and the frame is never a candidate nor sent to the oracle.
+
+    Attributes:
+        bonds: check the bonds of the starting structure (pairs closer than 1.15 x the sum of
+            ASE's natural radii); ``None``: for non-periodic structures (molecules) only, since
+            bonds in a hot crystal or liquid may rearrange legitimately.
+        stretch: a bond longer than this multiple of its starting length is broken.
+        compress: a bond shorter than this multiple of its starting length is crushed.
+        min_distance: two atoms closer than this (A; minimum image) are unphysical.
+    """
+
+    bonds: bool | None = None
+    stretch: float = Field(1.5, gt=1)
+    compress: float = Field(0.7, gt=0, lt=1)
+    min_distance: float = Field(0.7, ge=0)
+
+
+class OnTheFlySettings(Section):
+    """On-the-fly labelling (``mode: on_the_fly``): MD runs with the current model and the
+    reference is called only when a monitored frame's trigger score crosses the threshold.
+
+    The run climbs the ``temperatures`` ladder: after ``hold_ps`` of MD without a label at one
+    temperature it moves to the next; it ends when MD spends ``final_ps`` at the top temperature
+    without a label, or when ``max_calls`` oracle calls are spent.
+
+    Attributes:
+        trigger: the score that decides when to call the oracle: ``uncertainty`` (the model's
+            ``max_force_std``; the committee's force spread when ``committee`` > 1),
+            ``max_force`` (the largest predicted force), ``true_error`` (the largest force error
+            against the oracle: a control whose oracle calls are not counted), ``periodic``
+            (every ``every``-th monitored frame) or ``random`` (each monitored frame with
+            probability ``probability``).
+        threshold: a frame is flagged when its score exceeds ``threshold`` x the score's mean on
+            the fixed validation set (measured again after every model update).
+        every: ``periodic``: label every this many monitored frames.
+        probability: ``random``: chance that a monitored frame is labelled.
+        labels_per_update: label at most this many frames per model update: the first flagged
+            frame and the most diverse of the frames flagged after it in the same segment.
+        window: monitored frames that MD goes on for after the first flag, collecting more
+            flagged frames before the update.
+        segment_fs: MD time of one segment (fs); MD state and progress are committed between
+            segments.
+        hold_ps: MD time without a label needed at a temperature before the next one (ps).
+        final_ps: MD time without a label at the top temperature that ends the run (ps).
+        max_calls: oracle-call budget (seed set included).
+        refresh_every: train from scratch every this many updates (0: fine-tune only).
+    """
+
+    trigger: Literal["uncertainty", "max_force", "true_error", "periodic", "random"] = "uncertainty"
+    threshold: float = Field(2.0, gt=0)
+    every: int = Field(10, gt=0)
+    probability: float = Field(0.1, gt=0, le=1)
+    labels_per_update: int = Field(4, gt=0)
+    window: int = Field(10, ge=0)
+    segment_fs: float = Field(500.0, gt=0)
+    hold_ps: float = Field(1.0, ge=0)
+    final_ps: float = Field(2.0, gt=0)
+    max_calls: int = Field(150, gt=0)
+    refresh_every: int = Field(0, ge=0)
+
+
 class ActiveLearningConfig(Section):
     """The whole active-learning run (see the module docstring).
 
@@ -184,6 +278,16 @@ class ActiveLearningConfig(Section):
         test_sets: named labelled files (extxyz) evaluated after every round besides the test set.
         audit: per round, this many random logged MD frames are labelled (not trained on) to
             measure the monitor's flags against the true force error (precision, recall).
+        mode: ``rounds`` (MD, then a fixed number of labels per round) or ``on_the_fly`` (the
+            oracle is called when a monitored MD frame crosses the threshold; see
+            ``on_the_fly``).
+        seed_set: the round-0 training frames and the fixed validation set from oracle MD at
+            several temperatures (instead of ``bootstrap``).
+        isolated_atoms: per-element reference energies for the training: ``oracle`` (each
+            element's single atom labelled by the oracle, in its lowest spin state where the
+            oracle has spin), a file of one-atom frames, or ``None`` (fitted offsets).
+        guard: the geometry rules that stop exploration MD at an unphysical frame.
+        on_the_fly: the on-the-fly mode's trigger, ladder and budget.
     """
 
     out: str = "runs/active_learning"
@@ -212,6 +316,11 @@ class ActiveLearningConfig(Section):
     committee: int = Field(1, ge=1)
     test_sets: dict[str, str] = Field(default_factory=dict)
     audit: int = Field(0, ge=0)
+    mode: Literal["rounds", "on_the_fly"] = "rounds"
+    seed_set: SeedSettings | None = None
+    isolated_atoms: str | None = None
+    guard: GuardSettings = GuardSettings()
+    on_the_fly: OnTheFlySettings = OnTheFlySettings()
 
     def md_settings(self, round_index: int, k: int = 0) -> MDSettings:
         """The MD settings of round ``round_index`` from starting structure ``k``: the round's
@@ -223,10 +332,24 @@ class ActiveLearningConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> ActiveLearningConfig:
-        if self.train_data is None and self.bootstrap is None and self.model is None:
+        if (
+            self.train_data is None
+            and self.bootstrap is None
+            and self.seed_set is None
+            and self.model is None
+        ):
             raise ValueError(
-                "train_data: give train_data, bootstrap or model: there is nothing to start from"
+                "train_data: give train_data, seed_set, bootstrap or model: there is nothing "
+                "to start from"
             )
+        if self.seed_set is not None and (self.bootstrap is not None or self.train_data):
+            raise ValueError("seed_set: give seed_set or bootstrap/train_data, not both")
+        if (
+            self.mode == "on_the_fly"
+            and self.committee > 1
+            and self.on_the_fly.trigger != ("uncertainty")
+        ):
+            raise ValueError("committee: a committee only serves on_the_fly.trigger uncertainty")
         if self.structures is None and self.train_data is None:
             raise ValueError("structures: give structures (MD starting points)")
         return self

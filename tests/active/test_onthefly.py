@@ -1,0 +1,199 @@
+"""On-the-fly active learning: seed set, fixed validation, geometry stop, triggers, budget end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from ase.build import bulk, molecule
+from ase.calculators.emt import EMT
+
+from mlip_unc.active.guard import GeometryGuard
+from mlip_unc.active.onthefly import choose_labels, run_on_the_fly
+from mlip_unc.active.seed import isolated_atoms, seed_frames
+from mlip_unc.active.triggers import Trigger
+from mlip_unc.config import (
+    ActiveLearningConfig,
+    GuardSettings,
+    OnTheFlySettings,
+    SeedSettings,
+)
+from mlip_unc.data.readers import read_structures
+
+
+def test_seed_frames_are_spaced_shared_over_temperatures_and_validation_is_separate():
+    start = bulk("Cu", "fcc", a=3.61, cubic=True)
+    settings = SeedSettings(
+        temperatures=[300, 900],
+        frames=5,
+        valid_frames=3,
+        spacing_fs=100,
+        timestep=5.0,
+        equilibration_fs=50,
+    )
+    train, valid = seed_frames(start, EMT(), settings)
+    assert len(train) == 5 and len(valid) == 3
+    assert [a.info["seed_temperature"] for a in train] == [300, 300, 300, 900, 900]
+    assert [a.info["seed_temperature"] for a in valid] == [300, 300, 900]
+    for a in train + valid:  # labelled by the oracle itself
+        ref = a.copy()
+        ref.calc = EMT()
+        np.testing.assert_allclose(a.get_forces(), ref.get_forces(), atol=1e-10)
+    # consecutive frames 100 fs apart, not copies: they differ by thermal motion
+    assert np.abs(train[0].positions - train[1].positions).max() > 0.01
+    # validation comes from its own trajectory
+    assert not any(np.allclose(v.positions, t.positions) for v in valid for t in train)
+
+
+def test_seed_spacing_below_100_fs_is_refused():
+    with pytest.raises(ValueError, match="spacing_fs"):
+        SeedSettings(spacing_fs=50)
+
+
+def test_isolated_atoms_of_the_emt_oracle():
+    (cu,) = isolated_atoms("emt", ["Cu"])
+    assert len(cu) == 1 and cu.symbols[0] == "Cu"
+    ref = cu.copy()
+    ref.cell, ref.pbc = np.eye(3) * 20, True
+    ref.calc = EMT()
+    assert cu.get_potential_energy() == pytest.approx(ref.get_potential_energy())
+
+
+def test_guard_stops_a_stretched_bond_and_two_close_atoms_not_a_thermal_frame():
+    water = molecule("H2O")
+    guard = GeometryGuard.from_structure(water, GuardSettings())
+    assert len(guard.pairs) == 2  # the two O-H bonds
+    thermal = water.copy()
+    thermal.positions += np.random.default_rng(0).normal(0, 0.03, (3, 3))
+    assert guard.check(thermal) is None
+    stretched = water.copy()
+    stretched.positions[1] = stretched.positions[0] + 1.6 * (
+        stretched.positions[1] - stretched.positions[0]
+    )
+    assert "bond 0-1 at 1.60x" in guard.check(stretched)
+    crushed = water.copy()
+    crushed.positions[2] = crushed.positions[1] + [0.3, 0, 0]
+    assert guard.check(crushed) is not None
+
+
+def test_guard_of_a_crystal_checks_distances_only():
+    si = bulk("Si", "diamond", a=5.43, cubic=True)
+    guard = GeometryGuard.from_structure(si, GuardSettings())
+    assert len(guard.pairs) == 0  # bonds may rearrange in a hot crystal
+    close = si.copy()
+    close.positions[1] = close.positions[0] + [0.5, 0, 0]
+    assert "0.50 A apart" in guard.check(close)
+
+
+def test_periodic_and_relative_triggers():
+    rng = np.random.default_rng(0)
+    periodic = Trigger(OnTheFlySettings(trigger="periodic", every=3), rng)
+    atoms = bulk("Cu")
+    assert [periodic.fires(None, atoms)[0] for _ in range(7)] == [
+        False,
+        False,
+        True,
+        False,
+        False,
+        True,
+        False,
+    ]
+    atoms.calc = EMT()
+    rel = Trigger(OnTheFlySettings(trigger="max_force", threshold=2.0), rng)
+    valid = []
+    for s in range(3):
+        v = bulk("Cu", cubic=True)
+        v.rattle(0.05, seed=s)
+        valid.append(v)
+    calc = EMT()
+    level = rel.level_for(calc, valid)
+    forces = [np.linalg.norm(calc.get_forces(v), axis=1).max() for v in valid]
+    assert level == pytest.approx(np.mean(forces))
+    hot = bulk("Cu", cubic=True)
+    hot.rattle(0.3, seed=9)
+    fired, score = rel.fires(calc, hot)
+    assert fired == (score > 2 * level) and fired
+
+
+def test_choose_labels_keeps_the_first_flagged_frame():
+    frames = []
+    for s in range(6):
+        a = bulk("Cu", cubic=True)
+        a.rattle(0.02 * (s + 1), seed=s)
+        frames.append(a)
+    chosen = choose_labels(frames, 3)
+    assert len(chosen) == 3 and chosen[0] is frames[0]
+
+
+def _config(tmp_path, training, **otf):
+    return ActiveLearningConfig.model_validate(
+        {
+            "out": str(tmp_path / "run"),
+            "oracle": "emt",
+            "structures": {"bulk": "Cu", "crystalstructure": "fcc", "a": 3.61, "cubic": True},
+            "mode": "on_the_fly",
+            "seed_set": {
+                "temperatures": [300, 600],
+                "frames": 4,
+                "valid_frames": 3,
+                "timestep": 5.0,
+                "equilibration_fs": 50,
+            },
+            "isolated_atoms": "oracle",
+            "training": training,
+            "retrain_epochs": 1,
+            "temperatures": [300, 900],
+            "md": {"timestep": 2.0, "interval": 5, "friction": 0.02},
+            "on_the_fly": {
+                "segment_fs": 40,
+                "hold_ps": 0.04,
+                "final_ps": 0.08,
+                "labels_per_update": 2,
+                "window": 2,
+                **otf,
+            },
+        }
+    )
+
+
+def test_budget_end_fixed_validation_and_no_broken_frame_labelled(tmp_path, tiny_training):
+    config = _config(tmp_path, tiny_training, trigger="periodic", every=2, max_calls=11)
+    result = run_on_the_fly(config)
+    assert result.ended == "budget" and result.calls == 11
+    assert [r["calls"] for r in result.rows][0] == 7  # seed 4 + validation 3
+    out = tmp_path / "run"
+    valid0 = read_structures(out / "data" / "valid.xyz")
+    guard = GeometryGuard.from_structure(bulk("Cu", "fcc", a=3.61, cubic=True), config.guard)
+    for row in result.rows[1:]:
+        folder = (out / row["model"]).parent if not row["model"].startswith("/") else None
+        folder = folder or __import__("pathlib").Path(row["model"]).parent
+        valid = read_structures(folder / "valid.xyz")
+        assert [v.positions.tolist() for v in valid] == [v.positions.tolist() for v in valid0]
+        for frame in read_structures(folder / "train.xyz")[4:]:
+            assert guard.check(frame) is None
+    lines = (out / "updates.jsonl").read_text().splitlines()
+    assert len(lines) == len(result.rows)
+    assert json.loads(lines[-1])["calls"] == 11
+    iso = read_structures(out / "data" / "isolated_atoms.xyz", require_forces=False)
+    assert len(iso) == 1 and len(iso[0]) == 1
+    assert (out / "report.md").is_file() and (out / "updates.png").is_file()
+
+
+def test_a_model_that_never_flags_climbs_the_ladder_and_completes(tmp_path, tiny_training):
+    config = _config(tmp_path, tiny_training, trigger="uncertainty", threshold=1e9)
+    result = run_on_the_fly(config)
+    assert result.ended == "completed" and result.calls == 7
+    assert len(result.rows) == 1
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["md"]["t_index"] == 1  # reached the top of the ladder
+    assert state["md"]["md_fs"] >= 1000 * (0.04 + 0.08)
+
+
+def test_resume_continues_without_new_oracle_calls_for_done_work(tmp_path, tiny_training):
+    config = _config(tmp_path, tiny_training, trigger="periodic", every=2, max_calls=9)
+    first = run_on_the_fly(config)
+    again = run_on_the_fly(config, resume=True)
+    assert again.calls == first.calls and len(again.rows) == len(first.rows)
+    with pytest.raises(FileExistsError):
+        run_on_the_fly(config)
