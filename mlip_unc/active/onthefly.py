@@ -266,8 +266,9 @@ def run_on_the_fly(
     ``n_train``, ``valid_force_mae`` (eV/A) and ``valid_energy_mae`` (eV) on the fixed
     validation set, ``level`` and ``threshold`` of the trigger score, ``n_flagged``,
     ``n_labelled``, ``n_dropped``, ``rescue`` (a label after an unflagged geometry stop),
-    ``geometry_stops`` so far, ``control_calls`` (``true_error``'s oracle calls, not labels),
-    ``cpu_md_s``, ``cpu_train_s``, ``model``. ``on_update(row)`` is called for each.
+    ``geometry_stops`` and ``monitored`` frames so far, ``control_calls`` (``true_error``'s oracle calls, not labels),
+    ``cpu_md_s``, ``cpu_oracle_s``, ``cpu_train_s``, ``model``; the seed set's oracle CPU is
+    ``cpu_seed_s`` in ``out/state.json``. ``on_update(row)`` is called for each.
 
     Raises:
         FileExistsError: ``out`` holds a run and neither ``resume`` nor ``overwrite``.
@@ -281,7 +282,9 @@ def run_on_the_fly(
     cache = CachedLabels(out / "labels")
     oracle = make_oracle(config.oracle)
     start = build_structure(config.structures)[0] if config.structures is not None else None
+    cpu = time.process_time()
     train, valid = _seed_data(config, oracle, start if start is not None else Atoms(), out, cache)
+    state.data.setdefault("cpu_seed_s", time.process_time() - cpu)
     start = start if start is not None else train[0].copy()
     guard = GeometryGuard.from_structure(start, config.guard)
     training = _training(config, out, train)
@@ -314,8 +317,12 @@ def run_on_the_fly(
         trigger.seen = int(data["trigger_seen"])
     else:
         cpu = time.process_time()
-        models = train_members(
-            train, valid, training, out / "update_0", members=config.committee, seed=config.seed
+        models = (
+            [Path(config.model)]
+            if config.model
+            else train_members(
+                train, valid, training, out / "update_0", members=config.committee, seed=config.seed
+            )
         )
         from ase.md.velocitydistribution import Stationary, thermalize_momenta
 
@@ -340,6 +347,7 @@ def run_on_the_fly(
                 level=trigger.level,
                 threshold=trigger.threshold,
                 geometry_stops=md.geometry_stops,
+                monitored=trigger.seen,
                 control_calls=control["calls"],
                 model=str(models[0]),
                 models=[str(m) for m in models],
@@ -420,7 +428,9 @@ def run_on_the_fly(
             chosen = [frame]
             restart = seg["good"]
         chosen = chosen[: otf.max_calls - calls]
+        cpu = time.process_time()
         labelled, dropped = _label(chosen, oracle, cache, config.selection.max_label_force)
+        cpu_oracle = time.process_time() - cpu
         calls += len(chosen)
         bar.update(len(chosen))
         md.positions, md.momenta = restart
@@ -440,6 +450,7 @@ def run_on_the_fly(
             "n_dropped": dropped,
             "rescue": rescue,
             "cpu_md_s": cpu_md,
+            "cpu_oracle_s": cpu_oracle,
         }
         cpu_md = 0.0
         if labelled:

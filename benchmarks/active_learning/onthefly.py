@@ -1,0 +1,289 @@
+"""On-the-fly active learning judged by the oracle calls it saves (3BPA with GFN2-xTB).
+
+``python -m benchmarks.active_learning`` runs the shipped config ``configs/al_xtb_3bpa.yaml``
+(strategy ``ours``: xTB is called when the force uncertainty crosses 2x its validation level)
+beside the same loop with other triggers, all paired by seed (one seed set, validation set and
+seed model per seed):
+
+- ``committee5``: the force spread of a 5-member committee;
+- ``periodic``: every n-th monitored frame, n = the median monitored frames per label of the
+  finished ``ours`` runs (so the call budgets match; 20 before any has finished);
+- ``random``: each monitored (physical) frame with probability 1/n;
+- ``force_magnitude``: the largest predicted force;
+- ``true_error``: the largest true force error (oracle calls for the control not counted).
+
+A **reference model** (the same backbone and recipe trained on 300 oracle frames from MD at
+300, 600, 900 and 1200 K, disjoint from the test sets) sits beside the arms. Every model that a
+run had at 50, 75, 100, 125 and 150 calls (and its final one) is scored on the oracle-labelled
+reference sets (``reference_sets.py``: MD at 300, 600 and 1200 K, a torsion scan): force MAE,
+energy MAE, the 95th percentile of the per-frame largest force error. A model is *usable* when
+its force MAE is within 1.25x the reference's at 300 and 600 K and 1.5x at 1200 K and on the
+scan, and its energy MAE within 2x on every set (the stability part, 5 x 10 ps at 600 K, is run
+for the final models with ``--stability``).
+
+Each finished run appends one record to ``benchmarks/results/active_learning_otf.jsonl``;
+runs already there are skipped, so the work spreads over several invocations. The page is
+``benchmarks/results/active_learning.md`` (``onthefly_report.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.active_learning.reference_sets import DEFAULT_OUT as REFERENCE_SETS
+from benchmarks.common.pages import environment
+from benchmarks.common.records import append_jsonl, read_jsonl
+
+RESULTS = Path("benchmarks/results")
+RUNS = RESULTS / "active_learning_otf.jsonl"
+REFERENCE = RESULTS / "active_learning_otf_reference.jsonl"
+CONFIG = Path("configs/al_xtb_3bpa.yaml")
+ARMS = ("ours", "committee5", "periodic", "random", "force_magnitude", "true_error")
+SEEDS = {"ours": 5, "periodic": 5, "random": 5}  # the other arms: 3
+SETS = ("md_300K", "md_600K", "md_1200K", "torsion_scan")
+MILESTONES = (50, 75, 100, 125, 150)
+FORCE_LIMITS = {"md_300K": 1.25, "md_600K": 1.25, "md_1200K": 1.5, "torsion_scan": 1.5}
+ENERGY_LIMIT = 2.0
+REFERENCE_TEMPERATURES = (300, 600, 900, 1200)
+DEFAULT_WORK = (
+    Path(os.environ.get("MLIP_UNC_CACHE", "~/.cache/mlip_unc")).expanduser() / "al_otf" / "3bpa"
+)
+
+
+def arm_overrides(arm: str, every: int) -> list[str]:
+    """The ``--set`` overrides of ``arm`` on the shipped config (``every``: the periodic rate)."""
+    return {
+        "ours": [],
+        "committee5": ["committee=5"],
+        "periodic": ["on_the_fly.trigger=periodic", f"on_the_fly.every={every}"],
+        "random": ["on_the_fly.trigger=random", f"on_the_fly.probability={1 / every:.6f}"],
+        "force_magnitude": ["on_the_fly.trigger=max_force"],
+        "true_error": ["on_the_fly.trigger=true_error"],
+    }[arm]
+
+
+def periodic_rate(records: Sequence[dict[str, Any]]) -> int:
+    """Median monitored frames per label of the finished ``ours`` runs (20 before any)."""
+    rates = [
+        r["monitored"] / max(r["calls"] - r["seed_calls"], 1)
+        for r in records
+        if r["arm"] == "ours" and r.get("monitored")
+    ]
+    return max(1, int(round(float(np.median(rates))))) if rates else 20
+
+
+def load_sets(folder: Path) -> dict[str, list[Any]]:
+    """The reference sets (oracle-labelled extxyz) under ``folder``."""
+    from mlip_unc.data.readers import read_structures
+
+    missing = [s for s in SETS if not (folder / f"{s}.xyz").is_file()]
+    if missing:
+        raise SystemExit(
+            f"reference sets {missing} missing under {folder}: make them with "
+            "`python -m benchmarks.active_learning.reference_sets`"
+        )
+    return {s: read_structures(folder / f"{s}.xyz") for s in SETS}
+
+
+def score(model: Path, sets: dict[str, list[Any]]) -> dict[str, Any]:
+    """Per set: force MAE (meV/A), energy MAE (meV) and the 95th percentile of the per-frame
+    largest force-error norm (meV/A) of ``model`` (plain energy + forces)."""
+    from mlip_unc.calculator import UncertaintyCalculator
+
+    calc = UncertaintyCalculator(str(model), uncertainty="none")
+    out: dict[str, Any] = {}
+    for name, frames in sets.items():
+        f_err, e_err, worst = [], [], []
+        for ref in frames:
+            atoms = ref.copy()
+            atoms.calc = calc
+            diff = atoms.get_forces() - ref.get_forces()  # (n, 3)
+            f_err.append(np.abs(diff).mean())
+            worst.append(np.linalg.norm(diff, axis=1).max())
+            e_err.append(abs(atoms.get_potential_energy() - ref.get_potential_energy()))
+        out[name] = {
+            "force_mae": 1000 * float(np.mean(f_err)),
+            "energy_mae": 1000 * float(np.mean(e_err)),
+            "p95_max_force_error": 1000 * float(np.percentile(worst, 95)),
+        }
+    return out
+
+
+def usable(errors: dict[str, Any], reference: dict[str, Any]) -> bool:
+    """The error part of "usable": force MAE within :data:`FORCE_LIMITS` x and energy MAE
+    within :data:`ENERGY_LIMIT` x the reference model's on every set."""
+    return all(
+        errors[s]["force_mae"] <= FORCE_LIMITS[s] * reference[s]["force_mae"]
+        and errors[s]["energy_mae"] <= ENERGY_LIMIT * reference[s]["energy_mae"]
+        for s in SETS
+    )
+
+
+def milestone_models(rows: Sequence[dict[str, Any]]) -> dict[int, str]:
+    """The model a run had at each of :data:`MILESTONES` calls it reached, and at its end."""
+    out = {}
+    for m in MILESTONES:
+        before = [r for r in rows if r["calls"] <= m]
+        if before and rows[-1]["calls"] >= m:
+            out[m] = before[-1]["model"]
+    out[int(rows[-1]["calls"])] = rows[-1]["model"]
+    return out
+
+
+def run_arm(
+    arm: str, seed: int, work: Path, sets: dict[str, list[Any]], every: int
+) -> dict[str, Any]:
+    """One run of ``arm`` with ``seed``; arms other than ``ours`` start from the seed set,
+    label cache and (one model) the seed model of ``ours`` with the same seed."""
+    from mlip_unc.active.onthefly import run_on_the_fly
+    from mlip_unc.config import load_active_config
+
+    out = work / f"{arm}_s{seed}"
+    overrides = [f"out={out}", f"seed={seed}", f"seed_set.seed={seed}", f"md.seed={seed}"]
+    overrides += arm_overrides(arm, every)
+    base = work / f"ours_s{seed}"
+    if arm != "ours":
+        if not (base / "update_0" / "model.pt").is_file():
+            raise SystemExit(f"{arm} seed {seed}: run ours seed {seed} first (its seed set)")
+        if not (out / "state.json").is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.copytree(base / "data", out / "data")
+            shutil.copytree(base / "labels", out / "labels")
+        if arm != "committee5":
+            overrides.append(f"model={base / 'update_0' / 'model.pt'}")
+    config = load_active_config(CONFIG, overrides)
+    wall = time.monotonic()
+    result = run_on_the_fly(config, resume=(out / "state.json").is_file())
+    import json
+
+    state = json.loads((out / "state.json").read_text())
+    rows = result.rows
+    seed_calls = int(rows[0]["calls"])
+    scored = {str(m): score(Path(p), sets) for m, p in milestone_models(rows).items()}
+    return {
+        "arm": arm,
+        "seed": seed,
+        "ended": result.ended,
+        "calls": result.calls,
+        "seed_calls": seed_calls,
+        "updates": len(rows) - 1,
+        "md_ps": rows[-1]["md_ps"],
+        "top_temperature": rows[-1]["temperature"],
+        "monitored": rows[-1].get("monitored"),
+        "geometry_stops": rows[-1]["geometry_stops"],
+        "rescue_labels": sum(int(r.get("rescue", False)) for r in rows),
+        "control_calls": rows[-1].get("control_calls", 0),
+        "first_segment_broke": state.get("first_segment_broke"),
+        "cpu_model_s": sum(r.get("cpu_md_s", 0) + r.get("cpu_train_s", 0) for r in rows),
+        "cpu_oracle_s": state.get("cpu_seed_s", 0) + sum(r.get("cpu_oracle_s", 0) for r in rows),
+        "wall_s": time.monotonic() - wall,
+        "curve": [
+            {k: r[k] for k in ("calls", "md_ps", "temperature", "valid_force_mae")} for r in rows
+        ],
+        "errors": scored,
+        "every": every if arm in ("periodic", "random") else None,
+        "environment": environment(),
+    }
+
+
+def reference_model(work: Path, sets: dict[str, list[Any]], frames: int) -> dict[str, Any]:
+    """The shipped config's backbone and recipe trained on ``frames`` oracle frames from MD at
+    :data:`REFERENCE_TEMPERATURES` (seeds 100+, 50 fs apart), with the shipped config's fixed
+    validation recipe (the seed-0 validation set) and isolated atoms."""
+    from mlip_unc.active.data import build_structure
+    from mlip_unc.active.onthefly import _training
+    from mlip_unc.active.oracles import make_oracle
+    from mlip_unc.active.seed import seed_frames
+    from mlip_unc.active.training import train_model
+    from mlip_unc.config import SeedSettings, load_active_config
+
+    config = load_active_config(CONFIG, [f"out={work / 'reference'}"])
+    out = work / "reference"
+    start = build_structure(config.structures)[0]
+    oracle = make_oracle(config.oracle)
+    cpu = time.process_time()
+    pool_file = out / "data" / "train.xyz"
+    if pool_file.is_file():
+        from mlip_unc.data.readers import read_structures
+
+        train = read_structures(pool_file)
+        valid = read_structures(out / "data" / "valid.xyz")
+    else:
+        settings = SeedSettings(
+            temperatures=list(REFERENCE_TEMPERATURES),
+            frames=frames,
+            valid_frames=12,
+            spacing_fs=100,
+            timestep=0.5,
+            seed=100,
+        )
+        train, valid = seed_frames(start, oracle, settings)
+        from mlip_unc.active.data import write_frames
+
+        write_frames(out / "data" / "valid.xyz", valid)
+        write_frames(pool_file, train)
+    cpu_oracle = time.process_time() - cpu
+    cpu = time.process_time()
+    model = train_model(train, valid, _training(config, out, train), out / "model", seed=0)
+    return {
+        "frames": len(train),
+        "errors": score(model, sets),
+        "cpu_model_s": time.process_time() - cpu,
+        "cpu_oracle_s": cpu_oracle,
+        "model": str(model),
+        "environment": environment(),
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated, in run order")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 5 or 3)")
+    p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="run folders")
+    p.add_argument("--reference-sets", type=Path, default=REFERENCE_SETS)
+    p.add_argument("--reference-frames", type=int, default=300)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSONL")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from benchmarks.active_learning.onthefly_report import write_page
+
+    args = parse_args(argv)
+    command = "python -m benchmarks.active_learning " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    if args.report_only:
+        print(write_page(read_jsonl(RUNS), read_jsonl(REFERENCE), command))
+        return
+    import torch
+
+    torch.set_num_threads(args.threads)
+    sets = load_sets(args.reference_sets)
+    if not read_jsonl(REFERENCE):
+        print("reference model ...", flush=True)
+        append_jsonl(
+            REFERENCE,
+            {**reference_model(args.work, sets, args.reference_frames), "command": command},
+        )
+        write_page(read_jsonl(RUNS), read_jsonl(REFERENCE), command)
+    for seed in range(max(SEEDS.values())):
+        for arm in [a for a in args.arms.split(",") if a]:
+            n_seeds = args.seeds or SEEDS.get(arm, 3)
+            done = {(r["arm"], r["seed"]) for r in read_jsonl(RUNS)}
+            if seed >= n_seeds or (arm, seed) in done:
+                continue
+            print(f"{arm} seed {seed} ...", flush=True)
+            record = run_arm(arm, seed, args.work, sets, periodic_rate(read_jsonl(RUNS)))
+            append_jsonl(RUNS, {**record, "command": command})
+            write_page(read_jsonl(RUNS), read_jsonl(REFERENCE), command)

@@ -1,0 +1,92 @@
+"""The on-the-fly active-learning benchmark: arms, rates, milestones, the usable rule, the page."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.active_learning import onthefly as otf
+from benchmarks.active_learning import onthefly_report as report
+from mlip_unc.config import load_active_config
+
+
+def _errors(force: float, energy: float = 10.0) -> dict:
+    return {
+        s: {"force_mae": force, "energy_mae": energy, "p95_max_force_error": 3 * force}
+        for s in otf.SETS
+    }
+
+
+def test_every_arm_is_a_valid_override_of_the_shipped_config():
+    for arm in otf.ARMS:
+        config = load_active_config(otf.CONFIG, otf.arm_overrides(arm, 12))
+        assert config.mode == "on_the_fly"
+    assert load_active_config(otf.CONFIG, otf.arm_overrides("periodic", 12)).on_the_fly.every == 12
+    random = load_active_config(otf.CONFIG, otf.arm_overrides("random", 8)).on_the_fly
+    assert random.trigger == "random" and random.probability == pytest.approx(1 / 8)
+    assert load_active_config(otf.CONFIG, otf.arm_overrides("committee5", 1)).committee == 5
+
+
+def test_periodic_rate_is_the_median_monitored_frames_per_label_of_ours():
+    records = [
+        {"arm": "ours", "monitored": 400, "calls": 76, "seed_calls": 36},  # 10 per label
+        {"arm": "ours", "monitored": 600, "calls": 56, "seed_calls": 36},  # 30
+        {"arm": "ours", "monitored": 800, "calls": 76, "seed_calls": 36},  # 20
+        {"arm": "random", "monitored": 5, "calls": 40, "seed_calls": 36},
+    ]
+    assert otf.periodic_rate(records) == 20
+    assert otf.periodic_rate([]) == 20
+
+
+def test_milestone_models_are_those_a_run_had_at_each_call_count():
+    rows = [
+        {"calls": 36, "model": "m0"},
+        {"calls": 48, "model": "m1"},
+        {"calls": 52, "model": "m2"},
+        {"calls": 80, "model": "m3"},
+    ]
+    assert otf.milestone_models(rows) == {50: "m1", 75: "m2", 80: "m3"}
+
+
+def test_usable_needs_every_set_within_its_limit():
+    reference = _errors(100.0, 10.0)
+    assert otf.usable(_errors(125.0, 20.0), reference)
+    assert not otf.usable(_errors(126.0, 20.0), reference)  # 300/600 K limit 1.25x
+    assert not otf.usable(_errors(100.0, 21.0), reference)  # energy limit 2x
+    hot = _errors(100.0)
+    hot["md_1200K"]["force_mae"] = 150.0
+    assert otf.usable(hot, reference)
+    hot["md_1200K"]["force_mae"] = 151.0
+    assert not otf.usable(hot, reference)
+
+
+def test_page_is_table_first_short_and_counts_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "PAGE", tmp_path / "page.md")
+    monkeypatch.setattr(report, "FIGURE", tmp_path / "page.png")
+    reference = [
+        {"frames": 300, "errors": _errors(100.0), "cpu_model_s": 600.0, "cpu_oracle_s": 60.0}
+    ]
+    curve = [{"calls": 36, "md_ps": 0, "temperature": 300, "valid_force_mae": 0.2}]
+    records = [
+        {
+            "arm": "ours",
+            "seed": s,
+            "calls": 60 + s,
+            "ended": "completed",
+            "errors": {"50": _errors(200.0), str(60 + s): _errors(110.0)},
+            "cpu_model_s": 120.0,
+            "cpu_oracle_s": 6.0,
+            "curve": curve,
+        }
+        for s in range(2)
+    ]
+    page = report.write_page(records, reference, "python -m benchmarks.active_learning")
+    lines = page.read_text().splitlines()
+    assert len(lines) <= 150
+    assert any(line.startswith("| arm |") for line in lines[:15])
+    ours = next(line for line in lines if line.startswith("| ours |"))
+    cells = [c.strip() for c in ours.strip("|").split("|")]
+    assert cells[1] == "2 of 5" and cells[2] == "60, 61" and cells[4] == "60, 61"
+    assert cells[5] == "110"  # median force MAE at 300 K, meV/A
+    assert "(partial)" in lines[0]
+    assert (tmp_path / "page.png").stat().st_size > 0
+    assert report.calls_to_usable(records[0], reference[0]["errors"]) == 60
