@@ -90,7 +90,7 @@ from benchmarks.common.records import append_jsonl, read_jsonl, take_lock
 
 log = logging.getLogger("active_learning")
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "configs" / "al_xtb_3bpa.yaml"
+CONFIG = REPO / "benchmarks" / "active_learning" / "configs" / "rounds_xtb_3bpa.yaml"
 STRATEGIES = ("random", "force_magnitude", "ours", "ours_biased", "committee5")
 VARIANTS = ("ours_top", "true_error", "ours_early")
 REFERENCE_SETS = ("md_300K", "md_600K", "md_1200K", "torsion_scan")
@@ -203,7 +203,7 @@ SYSTEMS: dict[str, System] = {
     ),
     "si": System(
         "si",
-        REPO / "configs" / "al_snap_si.yaml",
+        REPO / "benchmarks" / "active_learning" / "configs" / "rounds_snap_si.yaml",
         ("md_300K", "md_1200K", "md_melt", "vacancy", "surface"),
         ("vacancy", "surface"),
         "active_learning_si",

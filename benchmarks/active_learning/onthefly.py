@@ -33,7 +33,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +140,7 @@ def milestone_models(rows: Sequence[dict[str, Any]]) -> dict[int, str]:
 
 
 def run_arm(
-    arm: str, seed: int, work: Path, sets: dict[str, list[Any]], every: int
+    arm: str, seed: int, work: Path, sets: Callable[[], dict[str, list[Any]]], every: int
 ) -> dict[str, Any]:
     """One run of ``arm`` with ``seed``; arms other than ``ours`` start from the seed set,
     label cache and (one model) the seed model of ``ours`` with the same seed."""
@@ -168,7 +168,7 @@ def run_arm(
     state = json.loads((out / "state.json").read_text())
     rows = result.rows
     seed_calls = int(rows[0]["calls"])
-    scored = {str(m): score(Path(p), sets) for m, p in milestone_models(rows).items()}
+    scored = {str(m): score(Path(p), sets()) for m, p in milestone_models(rows).items()}
     return {
         "arm": arm,
         "seed": seed,
@@ -246,7 +246,11 @@ def reference_model(work: Path, sets: dict[str, list[Any]], frames: int) -> dict
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated, in run order")
+    p.add_argument(
+        "--arms",
+        default=",".join(("ours", "reference", *ARMS[1:])),
+        help="comma-separated, in run order (reference: the reference model)",
+    )
     p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 5 or 3)")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="run folders")
     p.add_argument("--reference-sets", type=Path, default=REFERENCE_SETS)
@@ -269,16 +273,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    sets = load_sets(args.reference_sets)
-    if not read_jsonl(REFERENCE):
-        print("reference model ...", flush=True)
-        append_jsonl(
-            REFERENCE,
-            {**reference_model(args.work, sets, args.reference_frames), "command": command},
-        )
-        write_page(read_jsonl(RUNS), read_jsonl(REFERENCE), command)
+
+    def sets() -> dict[str, list[Any]]:  # read when first needed: they may still be made
+        return load_sets(args.reference_sets)
+
     for seed in range(max(SEEDS.values())):
         for arm in [a for a in args.arms.split(",") if a]:
+            if arm == "reference":
+                if not read_jsonl(REFERENCE):
+                    print("reference model ...", flush=True)
+                    record = reference_model(args.work, sets(), args.reference_frames)
+                    append_jsonl(REFERENCE, {**record, "command": command})
+                    write_page(read_jsonl(RUNS), read_jsonl(REFERENCE), command)
+                continue
             n_seeds = args.seeds or SEEDS.get(arm, 3)
             done = {(r["arm"], r["seed"]) for r in read_jsonl(RUNS)}
             if seed >= n_seeds or (arm, seed) in done:
