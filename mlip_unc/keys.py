@@ -45,6 +45,11 @@ HAS_ENERGY: Final[str] = "has_energy"  # (1,) bool | label present
 HAS_FORCES: Final[str] = "has_forces"  # (1,) bool | label present
 HAS_STRESS: Final[str] = "has_stress"  # (1,) bool | label present
 
+# ---------------------------------------------------------------- provenance (atoms.info of structure files)
+PREDICTED_ENERGY: Final[str] = (
+    "mlip_unc_predicted_energy"  # float, eV | the model's energy of a frame whose calculator results are its predictions (md.traj; mlip_unc/data/provenance.py): readers refuse them as labels
+)
+
 # ---------------------------------------------------------------- molecular graphs (PyG from_smiles)
 NODE_FEATURES: Final[str] = "x"  # (n_atoms, 9) long | RDKit categorical atom features
 EDGE_FEATURES: Final[str] = "edge_attr"  # (n_edges, 3) long | RDKit categorical bond features

@@ -28,8 +28,11 @@ FLAG_COUNTS = ("audit_tp", "audit_fp", "audit_fn", "audit_tn")
 
 
 def visited_frames(md_dirs: Sequence[Path]) -> list[Atoms]:
-    """The frames of ``md_dir/md.traj`` of each folder (positions and cell only, no labels)."""
+    """The frames of ``md_dir/md.traj`` of each folder (positions and cell only: neither the
+    model's predictions nor their mark, so the oracle's labels are read as references)."""
     from ase.io import read
+
+    from mlip_unc.keys import PREDICTED_ENERGY
 
     frames: list[Atoms] = []
     for folder in md_dirs:
@@ -38,6 +41,7 @@ def visited_frames(md_dirs: Sequence[Path]) -> list[Atoms]:
             for atoms in read(path, index=":"):
                 clean = atoms.copy()
                 clean.calc = None
+                clean.info.pop(PREDICTED_ENERGY, None)
                 frames.append(clean)
     return frames
 

@@ -47,7 +47,9 @@ def build_structure(spec: Any) -> list[Atoms]:
     if isinstance(spec, (str, Path)):
         from mlip_unc.data.readers import read_structures
 
-        return read_structures(spec, require_energy=False, require_forces=False)
+        return read_structures(  # positions only: md.traj frames are fine starts
+            spec, require_energy=False, require_forces=False, accept_predicted=True
+        )
     if isinstance(spec, Mapping) and "bulk" in spec:
         from ase.build import bulk
 

@@ -51,6 +51,7 @@ from tqdm.auto import tqdm
 from mlip_unc.calculator import NonFiniteResultError
 from mlip_unc.config import MDSettings
 from mlip_unc.data.domain import CoincidentAtomsError
+from mlip_unc.data.provenance import predicted_frame
 
 __all__ = [
     "UncertaintyMonitor",
@@ -371,7 +372,8 @@ def run_md(
 ) -> MDResult:
     """Run MD on a copy of ``atoms`` with ``calc`` and an :class:`UncertaintyMonitor`.
 
-    Writes ``md.traj`` (every ``interval`` steps), ``md.csv``, ``flagged.xyz`` and, with
+    Writes ``md.traj`` (every ``interval`` steps; the model's results marked as predictions,
+    :func:`~mlip_unc.data.provenance.predicted_frame`), ``md.csv``, ``flagged.xyz`` and, with
     ``plot``, ``md.png`` (uncertainty and energy against time) into ``out_dir``.
     A run stopped by ``settings.max_flags`` ends normally with ``stopped_early=True``; a run
     whose frame the calculator refused (:data:`CALCULATOR_FAILURES`: NaN results, coincident
@@ -424,7 +426,7 @@ def run_md(
         bar,
     ):
         dyn.attach(monitor, interval=settings.interval)  # first: computes the uncertainties
-        dyn.attach(traj.write, interval=settings.interval)
+        dyn.attach(lambda: traj.write(predicted_frame(atoms)), interval=settings.interval)
         dyn.attach(lambda: bar.update(int(dyn.nsteps) - bar.n), interval=settings.interval)
         try:
             dyn.run(settings.steps)

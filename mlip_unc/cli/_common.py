@@ -8,6 +8,7 @@ is imported afterwards, inside the command.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -55,6 +56,34 @@ def require_files(*items: tuple[Path | None, str]) -> None:
     for path, what in items:
         if path is not None and not path.exists():
             fail(f"{what} not found: '{path}'")
+
+
+def same_file(path: Path, other: Path) -> bool:
+    """Whether both exist and are one file (links and relative spellings included)."""
+    return path.exists() and other.exists() and os.path.samefile(path, other)
+
+
+def require_new_outputs(
+    outputs: Iterable[tuple[Path | None, str]], inputs: Iterable[Path | None], *, overwrite: bool
+) -> None:
+    """Fail at once on an output ``(path, option)`` (``None``: not given) that is one of the
+    ``inputs`` (always: writing it would destroy the data being read) or that exists without
+    ``overwrite`` (an earlier run's output)."""
+    sources = [path for path in inputs if path is not None]
+    for path, option in outputs:
+        if path is None or not path.exists():
+            continue
+        for source in sources:
+            if same_file(path, source):
+                fail(
+                    f"{option} '{path}' is the input '{source}': writing it would destroy the "
+                    f"data being read (--overwrite does not allow this); choose another {option}"
+                )
+        if not overwrite:
+            fail(
+                f"{option} '{path}' already exists; choose another {option} or replace it "
+                "with --overwrite"
+            )
 
 
 def require_checkpoints(paths: Iterable[Path], *, run_folders: bool = False) -> None:

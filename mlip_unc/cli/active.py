@@ -27,6 +27,8 @@ from mlip_unc.cli._common import (
     quiet,
     require_checkpoints,
     require_files,
+    require_new_outputs,
+    same_file,
     set_threads,
     threads_option,
     user_errors,
@@ -122,6 +124,28 @@ def _describe_thresholds(absolute: object, relative: bool) -> str:
     return " or ".join(parts) + (" (relative to the validation level)" if relative else "")
 
 
+#: what ``md`` writes into its --out folder (:func:`mlip_unc.active.monitor.run_md`)
+MD_FILES = ("md.traj", "md.csv", "flagged.xyz", "failed.xyz", "md.png")
+
+
+def _require_new_md_run(out: Path, structure: Path, overwrite: bool) -> list[Path]:
+    """Fail at once when ``out`` holds an earlier MD run (unless ``overwrite``) or when the
+    starting structure is one of the files the run writes; returns the earlier run's files."""
+    earlier = [out / name for name in MD_FILES if (out / name).exists()]
+    for path in earlier:
+        if same_file(path, structure):
+            fail(
+                f"--structure '{structure}' is a file that md writes into --out '{out}' "
+                "(--overwrite does not allow this); choose another --out"
+            )
+    if earlier and not overwrite:
+        fail(
+            f"--out '{out}' already holds an MD run ({', '.join(p.name for p in earlier)}); "
+            "choose another --out or replace it with --overwrite"
+        )
+    return earlier
+
+
 _THRESHOLD_HELP = (
     "Flag threshold; eV/Å (absolute) or a multiple of the checkpoint's validation level "
     f"(--relative). Default: {DEFAULT_RELATIVE_THRESHOLD:g}x the validation level when the "
@@ -144,6 +168,9 @@ def md(
     friction: float = typer.Option(0.01, "--friction", help="Langevin friction, 1/fs."),
     interval: int = typer.Option(10, "--interval", help="Log/trajectory every N steps."),
     out: Path = typer.Option(Path("md_run"), "--out", "-o", help="Output folder."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", metavar="", help="Replace an MD run already in OUT."
+    ),
     uncertainty: Mode | None = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
     max_force_std: float | None = typer.Option(None, "--max-force-std", help=_THRESHOLD_HELP),
     energy_std_per_atom: float | None = typer.Option(
@@ -179,6 +206,7 @@ def md(
 
     require_checkpoints([model])  # before torch: mistakes reported at once
     require_files((structure, "structure file"))
+    earlier = _require_new_md_run(out, structure, overwrite)
     for option, value in (
         ("--max-force-std", max_force_std),
         ("--energy-std-per-atom", energy_std_per_atom),
@@ -213,9 +241,13 @@ def md(
 
     set_threads(threads)
     try:
-        start = read_structures(structure, index=index, require_energy=False, require_forces=False)[
-            0
-        ]
+        start = read_structures(  # positions only: an md.traj frame is a fine start
+            structure,
+            index=index,
+            require_energy=False,
+            require_forces=False,
+            accept_predicted=True,
+        )[0]
         payload = load_checkpoint(model, kind="potential")
         levels = (payload.get("metadata") or {}).get(LEVELS_KEY) or {}
         thresholds = {
@@ -234,6 +266,8 @@ def md(
             seed=seed,
             thresholds=thresholds,
         )
+        for path in earlier:  # --overwrite: no file of the earlier run stays beside the new one
+            path.unlink()
         result = run_md(
             start,
             biased_calculator(calc, settings),
@@ -281,7 +315,14 @@ def flag(
     ),
     uncertainty: Mode | None = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
     out: Path = typer.Option(
-        Path("flagged.xyz"), "--out", "-o", help="Selected structures (extxyz)."
+        Path("flagged.xyz"),
+        "--out",
+        "-o",
+        help="Selected structures (extxyz; a model's predictions under mlip_* names, never as "
+        "labels).",
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", metavar="", help="Replace OUT (and --scores) if they exist."
     ),
     workers: int = typer.Option(
         1, "--workers", min=1, help="Processes scoring chunks of DATA in parallel (same result)."
@@ -305,12 +346,14 @@ def flag(
         fail(ValueError("--diverse picks --top-k structures; give --top-k"))
     require_checkpoints([model])  # before torch: mistakes reported at once
     require_files((data, "candidate structures"))
+    require_new_outputs([(out, "--out"), (scores, "--scores")], [data, model], overwrite=overwrite)
     import functools
 
     import ase.io
 
     from mlip_unc.active.screening import screen_file
     from mlip_unc.calculator import LEVELS_KEY, UncertaintyCalculator
+    from mlip_unc.data.provenance import without_predicted_labels
     from mlip_unc.models.checkpoint import load_checkpoint
 
     if workers == 1:
@@ -347,7 +390,7 @@ def flag(
         )
     except user_errors() as err:
         fail(err)
-    selected = result.selected
+    selected = [without_predicted_labels(atoms) for atoms in result.selected]  # md.traj's
     out.parent.mkdir(parents=True, exist_ok=True)
     ase.io.write(out, selected, format="extxyz")
     values = result.stats[metric.value]

@@ -28,9 +28,15 @@ from mlip_unc.cli._common import (
     quiet,
     require_checkpoints,
     require_files,
+    require_new_outputs,
     set_threads,
     threads_option,
     user_errors,
+)
+
+ACCEPT_PREDICTED_HELP = (
+    "Take labels that a model predicted (the energy, forces and stress in md.traj) as "
+    "references; without it they are refused."
 )
 
 
@@ -189,11 +195,19 @@ def evaluate(
         help="Write the structures with predicted energy, forces, stress and variances (extxyz, keys mlip_unc_*).",
     ),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the metrics as JSON."),
+    accept_predicted: bool = typer.Option(
+        False, "--accept-predicted-labels", metavar="", help=ACCEPT_PREDICTED_HELP
+    ),
     threads: int = threads_option(),
 ) -> None:
     """Energy (per atom and total), force and stress errors and calibration on DATA."""
     require_checkpoints(model, run_folders=True)  # before torch: mistakes reported at once
     require_files((data, "structure file"))
+    require_new_outputs(  # existing outputs are replaced; the inputs never
+        [(out, "--out"), (per_frame, "--per-frame"), (predictions, "--predictions")],
+        [data, *model],
+        overwrite=True,
+    )
     import torch
 
     from mlip_unc.data import TypeMap
@@ -218,7 +232,13 @@ def evaluate(
         )
         label_keys = {"energy": energy_key, "forces": forces_key, "stress": stress_key}
         # a structure file, or an on-disk set whose graphs are read lazily (mlip-unc convert)
-        frames = select_frames(data, r_max=first.r_max, index=index, label_keys=label_keys)
+        frames = select_frames(
+            data,
+            r_max=first.r_max,
+            index=index,
+            label_keys=label_keys,
+            accept_predicted=accept_predicted,
+        )
         dataset = frames.dataset(TypeMap.from_list(first.type_map), dtype=first.dtype)
         # one default across commands: the model's mode, as in md, flag and the calculator
         mode = uncertainty.value if uncertainty else default_uncertainty_mode(potential)
@@ -282,6 +302,9 @@ def convert(
     overwrite: bool = typer.Option(
         False, "--overwrite", metavar="", help="Replace OUT if it exists."
     ),
+    accept_predicted: bool = typer.Option(
+        False, "--accept-predicted-labels", metavar="", help=ACCEPT_PREDICTED_HELP
+    ),
 ) -> None:
     """Build the graphs of DATA once and store them in OUT (streamed; written atomically)."""
     if r_max <= 0:
@@ -299,6 +322,7 @@ def convert(
             stress_key=stress_key,
             overwrite=overwrite,
             progress=not quiet() and sys.stderr.isatty(),
+            accept_predicted=accept_predicted,
         )
     except user_errors(FileExistsError) as err:
         fail(err)

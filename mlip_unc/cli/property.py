@@ -21,6 +21,7 @@ from mlip_unc.cli._common import (
     quiet,
     require_checkpoints,
     require_files,
+    require_new_outputs,
     set_threads,
     threads_option,
     user_errors,
@@ -304,6 +305,9 @@ def predict(
     model: Path = typer.Option(..., "--model", help="Training output folder or its model.pt."),
     data: Path = typer.Option(..., "--data", help="CSV file with a SMILES column."),
     out: Path = typer.Option(..., "--out", help="Output CSV."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", metavar="", help="Replace OUT if it exists."
+    ),
     smiles_column: str | None = typer.Option(
         None, "--smiles-column", help="Default: as in training."
     ),
@@ -323,6 +327,7 @@ def predict(
     """
     require_checkpoints([model], run_folders=True)  # before torch: mistakes reported at once
     require_files((data, "CSV file"))
+    require_new_outputs([(out, "--out")], [data, model], overwrite=overwrite)
     from mlip_unc.data.errors import DataError
     from mlip_unc.data.molecules import smiles_to_graph
     from mlip_unc.models.factory import PropertyPredictor

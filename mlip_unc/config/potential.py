@@ -79,6 +79,9 @@ class DataConfig(Section):
             JSON (``.json``: ``outputs.virial_stress`` in kbar, VASP order and sign) use
             ``stress``: the reader converts it to eV/A^3 with ASE's sign.
         r_max: cutoff radius, Angstrom.
+        accept_predicted_labels: take labels that a model predicted (the energy, forces and
+            stress of ``md.traj``) in ``train``, ``valid`` and ``test`` as references; false
+            (default) refuses them, naming the file and frame.
     """
 
     train: str
@@ -92,6 +95,7 @@ class DataConfig(Section):
     forces_key: str = "forces"
     stress_key: str | None = None
     r_max: float = Field(5.0, gt=0)
+    accept_predicted_labels: bool = False
 
 
 BackboneOptionsOf = GINOptions | EquivariantOptions | MACEOptions

@@ -29,6 +29,7 @@ from mlip_unc.data.errors import DataError, where
 from mlip_unc.data.graphs import atoms_to_graph
 from mlip_unc.data.labels import StressConvention
 from mlip_unc.data.ondisk import ARRAYS, FORMAT, META, VERSION, OnDiskStore, array_file
+from mlip_unc.data.provenance import refuse_predicted
 from mlip_unc.data.references import is_isolated_atom
 from mlip_unc.data.stream import iter_frames
 from mlip_unc.data.typemap import TypeMap
@@ -48,6 +49,8 @@ class StoreWriter:
         r_max: cutoff of the neighbour lists, Angstrom.
         label_keys: ``energy``/``forces``/``stress`` label names (``None``: standard name).
         stress_convention: how the stress label is stored (inferred from the key if ``None``).
+        accept_predicted: store labels that a model predicted (``md.traj``) as references
+            (False: refused, :mod:`mlip_unc.data.provenance`).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class StoreWriter:
         label_keys: dict[str, str | None] | None = None,
         stress_convention: StressConvention | str | None = None,
         overwrite: bool = False,
+        accept_predicted: bool = False,
     ) -> None:
         self.out = Path(out)
         if self.out.exists() and not overwrite:
@@ -74,6 +78,7 @@ class StoreWriter:
         self.stress_convention = (
             None if stress_convention is None else StressConvention(stress_convention).value
         )
+        self.accept_predicted = accept_predicted
         self.sources: list[str] = []
         self.elements: set[int] = set()
         self.counts = {"frames": 0, "atoms": 0, "edges": 0}
@@ -103,6 +108,8 @@ class StoreWriter:
         """
         source = self.sources[source_id]
         lk = self.label_keys
+        if not self.accept_predicted:
+            refuse_predicted(atoms, lk, where(source, frame_index))
         graph = atoms_to_graph(
             atoms,
             self.r_max,
@@ -203,12 +210,14 @@ def convert_files(
     stress_convention: StressConvention | str | None = None,
     overwrite: bool = False,
     progress: bool = False,
+    accept_predicted: bool = False,
 ) -> OnDiskStore:
     """Convert structure files (extxyz streamed, any readable format) into one on-disk set.
 
     Frames keep their file and index (errors and ``FRAME_INDEX`` name them). Labels are read
     with the given keys and stored with ``HAS_*`` flags (absent labels are allowed here;
-    training checks what it needs).
+    training checks what it needs); labels that a model predicted (``md.traj``) are refused
+    unless ``accept_predicted``.
 
     Raises:
         DataError: a bad frame (file and frame named); nothing is written then.
@@ -224,6 +233,7 @@ def convert_files(
         label_keys={"energy": energy_key, "forces": forces_key, "stress": stress_key},
         stress_convention=stress_convention,
         overwrite=overwrite,
+        accept_predicted=accept_predicted,
     )
     try:
         with tqdm(desc=f"convert -> {Path(out).name}", unit="frame", disable=not progress) as bar:

@@ -179,6 +179,7 @@ def select_frames(
     label_keys: Mapping[str, str | None] | None = None,
     required: Mapping[str, bool] | None = None,
     stress_convention: StressConvention | str | None = None,
+    accept_predicted: bool = False,
 ) -> FrameSelection:
     """The frames ``index`` of a structure file or an on-disk set, validated.
 
@@ -189,6 +190,8 @@ def select_frames(
         label_keys: label name per kind of :data:`LABELS` (None or missing: standard names).
         required: per label kind, whether every selected frame must carry it (default: none).
         stress_convention: how a file's stress label is stored (None: from its key).
+        accept_predicted: take a file's labels that a model predicted (``md.traj``) as
+            references (False: refused; :mod:`mlip_unc.data.provenance`).
 
     Raises:
         DataError: naming the file and frame, or the ``mlip-unc convert`` option to change.
@@ -208,6 +211,7 @@ def select_frames(
         label_keys=_keys(label_keys),
         stress_convention=stress_convention,
         required=need,
+        accept_predicted=accept_predicted,
     )
     indices = np.asarray([k for k, _ in frames], dtype=np.int64)
     atoms = [a for _, a in frames]

@@ -2,7 +2,9 @@
 layout (:mod:`mlip_unc.data.json_reader`), other ASE formats.
 
 Every frame read here is validated (:func:`mlip_unc.data.labels.validate_atoms`) and its
-labels are checked (:mod:`mlip_unc.data.labels`); errors name the file and the frame.
+labels are checked (:mod:`mlip_unc.data.labels`): labels that a model predicted (``md.traj``,
+:mod:`mlip_unc.data.provenance`) are refused unless ``accept_predicted``. Errors name the file
+and the frame.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from mlip_unc.data.labels import (
     frame_stress,
     validate_atoms,
 )
+from mlip_unc.data.provenance import refuse_predicted
 
 __all__ = ["read_structures", "read_validated_frames"]
 
@@ -95,6 +98,7 @@ def read_validated_frames(
     label_keys: dict[str, str | None],
     stress_convention: StressConvention | str | None,
     required: dict[str, bool],
+    accept_predicted: bool = False,
 ) -> list[tuple[int, ase.Atoms]]:
     """(frame index, structure) pairs of ``path``, each validated as in :func:`read_structures`.
 
@@ -104,6 +108,8 @@ def read_validated_frames(
         label_keys: label name per ``"energy"``, ``"forces"``, ``"stress"`` (``None``: standard).
         stress_convention: how the stress label is stored (inferred from the key if ``None``).
         required: per label kind, whether every frame must carry it.
+        accept_predicted: take labels that a model predicted as references (False: refused,
+            :func:`mlip_unc.data.provenance.refuse_predicted`).
 
     Returns:
         (index of the frame in the file, structure) for each selected frame.
@@ -121,6 +127,8 @@ def read_validated_frames(
             required=required["stress"],
             context=loc,
         )
+        if not accept_predicted:
+            refuse_predicted(atoms, label_keys, loc)
     return frames
 
 
@@ -135,6 +143,7 @@ def read_structures(
     require_energy: bool = True,
     require_forces: bool = True,
     require_stress: bool = False,
+    accept_predicted: bool = False,
 ) -> list[ase.Atoms]:
     """Read and validate structures (extxyz, CIF, POSCAR/CONTCAR/.vasp, mlearn-layout JSON
     (``.json``: energy, forces and stress with the stress converted to ASE's convention, see
@@ -150,10 +159,12 @@ def read_structures(
         energy_key, forces_key, stress_key: label names (``None``: standard names).
         stress_convention: how the stress label is stored (inferred from the key if ``None``).
         require_energy, require_forces, require_stress: every frame must carry the label.
+        accept_predicted: take labels that a model predicted (``md.traj``) as references;
+            ``True`` also where only the structures are used (MD starts).
 
     Raises:
         DataError: naming the file, the frame index and the problem (for a missing label:
-            the key and the keys that exist).
+            the key and the keys that exist; for predicted labels: how to accept them).
     """
     frames = read_validated_frames(
         path,
@@ -161,5 +172,6 @@ def read_structures(
         stress_convention=stress_convention,
         label_keys={"energy": energy_key, "forces": forces_key, "stress": stress_key},
         required={"energy": require_energy, "forces": require_forces, "stress": require_stress},
+        accept_predicted=accept_predicted,
     )
     return [atoms for _, atoms in frames]

@@ -67,6 +67,7 @@ def select_part(config: PotentialConfig, path: str, *, forces: bool = True) -> F
             "stress": data.stress_key,
         },
         required={"energy": True, "forces": forces, "stress": config.loss.stress_weight > 0},
+        accept_predicted=data.accept_predicted_labels,
     )
 
 

@@ -114,6 +114,7 @@ def test_flag_top_k_diverse_and_threshold(tmp_path, tiny_checkpoint):
             "energy_std_per_atom",
             "--out",
             str(out),
+            "--overwrite",
         ],
     )
     assert result.exit_code == 0, result.output

@@ -112,7 +112,9 @@ def test_flag_without_top_k_or_threshold_uses_the_stored_level(tmp_path):
     assert "no threshold given" in result.output and "0.003 eV/Å" in result.output
     chosen = ase.io.read(out, ":")
     assert len(chosen) == 4 and min(a.info["max_force_std"] for a in chosen) > 3e-3
-    result = runner.invoke(app, [*args, "-m", str(_potential(tmp_path / "b.pt", levels=False))])
+    result = runner.invoke(
+        app, [*args, "--overwrite", "-m", str(_potential(tmp_path / "b.pt", levels=False))]
+    )
     assert result.exit_code == 1
     assert "stores no validation level of max_force_std" in result.output
     assert "--top-k or --threshold" in result.output
