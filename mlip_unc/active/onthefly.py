@@ -208,7 +208,8 @@ def _label(
 
 
 def _training(config: ActiveLearningConfig, out: Path, train: list[Atoms]) -> dict[str, Any]:
-    """The training mapping with the isolated-atom energies of ``config.isolated_atoms``."""
+    """The training mapping with the isolated-atom energies of ``config.isolated_atoms`` as
+    the fixed energy offsets (``reference_energies: isolated``, never refit)."""
     training = json.loads(json.dumps(config.training))
     spec = config.isolated_atoms
     if spec is None:
@@ -223,7 +224,9 @@ def _training(config: ActiveLearningConfig, out: Path, train: list[Atoms]) -> di
     else:
         path = Path(spec)
     training.setdefault("data", {})["isolated_atoms"] = str(path)
-    training.setdefault("model", {}).setdefault("reference_energies", "isolated")
+    model = training.setdefault("model", {})
+    model.setdefault("reference_energies", "isolated")
+    model["refit_offsets"] = False  # the free atoms fix them: no refit on a changing set
     return training
 
 
