@@ -44,8 +44,20 @@ from benchmarks.common.pages import environment
 from benchmarks.common.records import append_jsonl, read_jsonl
 
 RESULTS = Path("benchmarks/results")
-RUNS = RESULTS / "active_learning_otf.jsonl"
-REFERENCE = RESULTS / "active_learning_otf_reference.jsonl"
+RUNS = "active_learning_otf.jsonl"  # under --results
+REFERENCE = "active_learning_otf_reference.jsonl"
+#: ``--quick``: seconds-to-minutes settings for the slow tier (numbers not meaningful)
+QUICK = [
+    "seed_set.frames=4",
+    "seed_set.valid_frames=3",
+    "on_the_fly.max_calls=11",
+    "on_the_fly.segment_fs=50",
+    "on_the_fly.hold_ps=0.05",
+    "on_the_fly.final_ps=0.05",
+    "on_the_fly.labels_per_update=2",
+    "retrain_epochs=2",
+    "training.train.epochs=3",
+]
 CONFIG = Path("configs/al_xtb_3bpa.yaml")
 ARMS = ("ours", "committee5", "periodic", "random", "force_magnitude", "true_error")
 SEEDS = {"ours": 5, "periodic": 5, "random": 5}  # the other arms: 3
@@ -139,8 +151,27 @@ def milestone_models(rows: Sequence[dict[str, Any]]) -> dict[int, str]:
     return out
 
 
+def broken_labels(out: Path, model: Path, seed_frames: int) -> tuple[int, int]:
+    """(labelled frames that break the geometry rules, labelled frames) of a run: the final
+    model's training frames beyond the seed set, checked again with the run's guard."""
+    from mlip_unc.active.data import build_structure
+    from mlip_unc.active.guard import GeometryGuard
+    from mlip_unc.config import load_active_config
+    from mlip_unc.data.readers import read_structures
+
+    config = load_active_config(CONFIG)
+    guard = GeometryGuard.from_structure(build_structure(config.structures)[0], config.guard)
+    labels = read_structures(model.parent / "train.xyz")[seed_frames:]
+    return sum(guard.check(a) is not None for a in labels), len(labels)
+
+
 def run_arm(
-    arm: str, seed: int, work: Path, sets: Callable[[], dict[str, list[Any]]], every: int
+    arm: str,
+    seed: int,
+    work: Path,
+    sets: Callable[[], dict[str, list[Any]]],
+    every: int,
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """One run of ``arm`` with ``seed``; arms other than ``ours`` start from the seed set,
     label cache and (one model) the seed model of ``ours`` with the same seed."""
@@ -149,7 +180,7 @@ def run_arm(
 
     out = work / f"{arm}_s{seed}"
     overrides = [f"out={out}", f"seed={seed}", f"seed_set.seed={seed}", f"md.seed={seed}"]
-    overrides += arm_overrides(arm, every)
+    overrides += [*arm_overrides(arm, every), *extra]
     base = work / f"ours_s{seed}"
     if arm != "ours":
         if not (base / "update_0" / "model.pt").is_file():
@@ -169,6 +200,7 @@ def run_arm(
     rows = result.rows
     seed_calls = int(rows[0]["calls"])
     scored = {str(m): score(Path(p), sets()) for m, p in milestone_models(rows).items()}
+    broken, labelled = broken_labels(out, result.model, _seed_size(out))
     return {
         "arm": arm,
         "seed": seed,
@@ -182,6 +214,8 @@ def run_arm(
         "geometry_stops": rows[-1]["geometry_stops"],
         "rescue_labels": sum(int(r.get("rescue", False)) for r in rows),
         "control_calls": rows[-1].get("control_calls", 0),
+        "labelled": labelled,
+        "broken_labelled": broken,
         "first_segment_broke": state.get("first_segment_broke"),
         "cpu_model_s": sum(r.get("cpu_md_s", 0) + r.get("cpu_train_s", 0) for r in rows),
         "cpu_oracle_s": state.get("cpu_seed_s", 0) + sum(r.get("cpu_oracle_s", 0) for r in rows),
@@ -195,7 +229,16 @@ def run_arm(
     }
 
 
-def reference_model(work: Path, sets: dict[str, list[Any]], frames: int) -> dict[str, Any]:
+def _seed_size(out: Path) -> int:
+    """Frames in a run's seed training set."""
+    from mlip_unc.data.readers import read_structures
+
+    return len(read_structures(out / "data" / "train.xyz"))
+
+
+def reference_model(
+    work: Path, sets: dict[str, list[Any]], frames: int, extra: Sequence[str] = ()
+) -> dict[str, Any]:
     """The shipped config's backbone and recipe trained on ``frames`` oracle frames from MD at
     :data:`REFERENCE_TEMPERATURES` (seeds 100+, 50 fs apart), with the shipped config's fixed
     validation recipe (the seed-0 validation set) and isolated atoms."""
@@ -206,7 +249,7 @@ def reference_model(work: Path, sets: dict[str, list[Any]], frames: int) -> dict
     from mlip_unc.active.training import train_model
     from mlip_unc.config import SeedSettings, load_active_config
 
-    config = load_active_config(CONFIG, [f"out={work / 'reference'}"])
+    config = load_active_config(CONFIG, [f"out={work / 'reference'}", *extra])
     out = work / "reference"
     start = build_structure(config.structures)[0]
     oracle = make_oracle(config.oracle)
@@ -253,9 +296,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 5 or 3)")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="run folders")
+    p.add_argument("--results", type=Path, default=RESULTS, help="JSONL records and the page")
     p.add_argument("--reference-sets", type=Path, default=REFERENCE_SETS)
     p.add_argument("--reference-frames", type=int, default=300)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="tiny settings (slow-tier test)")
     p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSONL")
     return p.parse_args(argv)
 
@@ -267,12 +312,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = "python -m benchmarks.active_learning " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
+    runs, refs = args.results / RUNS, args.results / REFERENCE
+
+    def page() -> Path:
+        return write_page(read_jsonl(runs), read_jsonl(refs), command, args.results)
+
     if args.report_only:
-        print(write_page(read_jsonl(RUNS), read_jsonl(REFERENCE), command))
+        print(page())
         return
     import torch
 
     torch.set_num_threads(args.threads)
+    args.results.mkdir(parents=True, exist_ok=True)
+    extra = QUICK if args.quick else []
 
     def sets() -> dict[str, list[Any]]:  # read when first needed: they may still be made
         return load_sets(args.reference_sets)
@@ -280,17 +332,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     for seed in range(max(SEEDS.values())):
         for arm in [a for a in args.arms.split(",") if a]:
             if arm == "reference":
-                if not read_jsonl(REFERENCE):
+                if not read_jsonl(refs):
                     print("reference model ...", flush=True)
-                    record = reference_model(args.work, sets(), args.reference_frames)
-                    append_jsonl(REFERENCE, {**record, "command": command})
-                    write_page(read_jsonl(RUNS), read_jsonl(REFERENCE), command)
+                    record = reference_model(args.work, sets(), args.reference_frames, extra)
+                    append_jsonl(refs, {**record, "command": command})
+                    page()
                 continue
             n_seeds = args.seeds or SEEDS.get(arm, 3)
-            done = {(r["arm"], r["seed"]) for r in read_jsonl(RUNS)}
+            done = {(r["arm"], r["seed"]) for r in read_jsonl(runs)}
             if seed >= n_seeds or (arm, seed) in done:
                 continue
             print(f"{arm} seed {seed} ...", flush=True)
-            record = run_arm(arm, seed, args.work, sets, periodic_rate(read_jsonl(RUNS)))
-            append_jsonl(RUNS, {**record, "command": command})
-            write_page(read_jsonl(RUNS), read_jsonl(REFERENCE), command)
+            every = periodic_rate(read_jsonl(runs))
+            record = run_arm(arm, seed, args.work, sets, every, extra)
+            append_jsonl(runs, {**record, "command": command})
+            page()

@@ -23,8 +23,8 @@ from benchmarks.active_learning.onthefly import (
 from benchmarks.common.figures import save_png
 from benchmarks.common.pages import run_section
 
-PAGE = RESULTS / "active_learning.md"
-FIGURE = RESULTS / "active_learning.png"
+PAGE = "active_learning.md"  # under the results folder
+FIGURE = "active_learning.png"
 ROUNDS_PAGE = "benchmarks/results/active_learning/rounds_protocol.md"
 
 
@@ -67,7 +67,7 @@ def arm_row(arm: str, records: list[dict[str, Any]], reference: dict[str, Any] |
     )
 
 
-def plot_curves(records: Sequence[dict[str, Any]]) -> Path | None:
+def plot_curves(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
     """Validation force MAE against oracle calls, one line per run, coloured by arm."""
     if not records:
         return None
@@ -91,13 +91,16 @@ def plot_curves(records: Sequence[dict[str, Any]]) -> Path | None:
     ax.set(xlabel="oracle calls", ylabel="validation force MAE (meV/Å)", yscale="log")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return save_png(fig, FIGURE)
+    return save_png(fig, path)
 
 
 def write_page(
-    records: Sequence[dict[str, Any]], references: Sequence[dict[str, Any]], command: str
+    records: Sequence[dict[str, Any]],
+    references: Sequence[dict[str, Any]],
+    command: str,
+    results: Path = RESULTS,
 ) -> Path:
-    """Write the page (and the figure) from the records; returns the page's path."""
+    """Write the page (and the figure) into ``results`` from the records; returns its path."""
     reference = references[-1]["errors"] if references else None
     by_arm = {a: [r for r in records if r["arm"] == a] for a in ARMS}
     planned = sum(SEEDS.get(a, 3) for a in ARMS)
@@ -136,8 +139,16 @@ def write_page(
         "yet).",
         "",
     ]
+    if records:
+        broken = sum(r.get("broken_labelled", 0) for r in records)
+        labels = sum(r.get("labelled", 0) for r in records)
+        lines += [
+            f"Broken frames labelled: {broken} of the {labels} labels of all runs (each label "
+            "checked again with the geometry guard).",
+            "",
+        ]
     lines += targets(by_arm, reference)
-    if plot_curves(records) is not None:
+    if plot_curves(records, results / FIGURE) is not None:
         lines += ["", "![learning curves](active_learning.png)", ""]
     lines += [
         "## What the arms are",
@@ -167,13 +178,14 @@ def write_page(
     lines += run_section(
         command,
         date=None,
-        json_name=str(RUNS),
+        json_name=f"benchmarks/results/{RUNS}",
         machine=env.get("machine"),
         load_avg=env.get("load_avg"),
         versions=env.get("versions"),
     )
-    PAGE.write_text("\n".join(lines) + "\n")
-    return PAGE
+    path = results / PAGE
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def targets(by_arm: dict[str, list[dict[str, Any]]], reference: dict[str, Any] | None) -> list[str]:

@@ -59,9 +59,7 @@ def test_usable_needs_every_set_within_its_limit():
     assert not otf.usable(hot, reference)
 
 
-def test_page_is_table_first_short_and_counts_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(report, "PAGE", tmp_path / "page.md")
-    monkeypatch.setattr(report, "FIGURE", tmp_path / "page.png")
+def test_page_is_table_first_short_and_counts_runs(tmp_path):
     reference = [
         {"frames": 300, "errors": _errors(100.0), "cpu_model_s": 600.0, "cpu_oracle_s": 60.0}
     ]
@@ -76,10 +74,12 @@ def test_page_is_table_first_short_and_counts_runs(tmp_path, monkeypatch):
             "cpu_model_s": 120.0,
             "cpu_oracle_s": 6.0,
             "curve": curve,
+            "labelled": 20,
+            "broken_labelled": 0,
         }
         for s in range(2)
     ]
-    page = report.write_page(records, reference, "python -m benchmarks.active_learning")
+    page = report.write_page(records, reference, "python -m benchmarks.active_learning", tmp_path)
     lines = page.read_text().splitlines()
     assert len(lines) <= 150
     assert any(line.startswith("| arm |") for line in lines[:15])
@@ -88,5 +88,6 @@ def test_page_is_table_first_short_and_counts_runs(tmp_path, monkeypatch):
     assert cells[1] == "2 of 5" and cells[2] == "60, 61" and cells[4] == "60, 61"
     assert cells[5] == "110"  # median force MAE at 300 K, meV/A
     assert "(partial)" in lines[0]
-    assert (tmp_path / "page.png").stat().st_size > 0
+    assert any("Broken frames labelled: 0 of the 40 labels" in line for line in lines)
+    assert (tmp_path / report.FIGURE).stat().st_size > 0
     assert report.calls_to_usable(records[0], reference[0]["errors"]) == 60
