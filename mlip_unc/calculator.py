@@ -39,6 +39,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +56,12 @@ from mlip_unc import keys
 from mlip_unc.data.domain import DomainCheck, DomainGuard, check_coincident
 from mlip_unc.data.graphs import atoms_to_graph
 from mlip_unc.data.typemap import TypeMap
-from mlip_unc.models.checkpoint import load_checkpoint
+from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint
 from mlip_unc.models.committee import Committee
 from mlip_unc.models.full_posterior import default_uncertainty_mode
 from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
+from mlip_unc.models.potential_checkpoint import incomplete_reason
+from mlip_unc.uncertainty.sample_size import MIN_CALIBRATION_SIZE, CalibrationWarning
 
 __all__ = [
     "UncertaintyCalculator",
@@ -125,7 +128,9 @@ class Thresholds:
     are multiples of the calibrated validation-set levels stored by training in the checkpoint
     (``payload["metadata"]["uncertainty_levels"]``, same keys, same definitions): e.g.
     ``Thresholds(max_force_std=3.0, relative=True)`` flags structures whose max force std is
-    more than three times the typical validation value. ``None`` disables a criterion.
+    more than three times the typical validation value; levels measured on fewer than
+    :data:`~mlip_unc.uncertainty.sample_size.MIN_CALIBRATION_SIZE` structures give a
+    :class:`~mlip_unc.uncertainty.sample_size.CalibrationWarning`. ``None`` disables a criterion.
     """
 
     max_force_std: float | None = None
@@ -159,10 +164,15 @@ class Thresholds:
             )
         return cls(**value)
 
-    def absolute(self, levels: Mapping[str, float] | None) -> Thresholds:
-        """These thresholds in absolute units (multiplied by ``levels`` when relative)."""
+    def absolute(self, levels: Mapping[str, Any] | None) -> Thresholds:
+        """These thresholds in absolute units (multiplied by ``levels`` when relative).
+
+        Levels measured on fewer than :data:`~mlip_unc.uncertainty.sample_size.MIN_CALIBRATION_SIZE`
+        structures (their ``n_structures``) give a :class:`CalibrationWarning`: one structure
+        sets such a level, so a multiple of it is no reliable limit."""
         if not self.relative:
             return self
+        _warn_small_levels(levels)
         out = {}
         for name in ("max_force_std", "energy_std_per_atom"):
             factor = getattr(self, name)
@@ -186,17 +196,37 @@ class Thresholds:
         return any(limit is not None and float(values[name]) > limit for name, limit in limits)
 
 
+def _warn_small_levels(levels: Mapping[str, Any] | None) -> None:
+    """A :class:`CalibrationWarning` when ``levels`` were measured on too few structures."""
+    n = (levels or {}).get("n_structures")
+    if n is None or int(n) >= MIN_CALIBRATION_SIZE:
+        return
+    warnings.warn(
+        f"relative threshold on validation levels measured on {int(n)} structure(s) "
+        f"(< {MIN_CALIBRATION_SIZE}): one structure sets such a level, so a multiple of it is "
+        "no reliable flagging limit; give an absolute threshold, or train with at least "
+        f"{MIN_CALIBRATION_SIZE} validation structures",
+        CalibrationWarning,
+        stacklevel=4,
+    )
+
+
 def _load_model(model: Any, device: torch.device) -> tuple[Any, dict]:
     """(model, metadata) from a model instance (a BayesianPotential or a Committee), a
     checkpoint path or a checkpoint payload."""
     if isinstance(model, torch.nn.Module):
         return model, dict(getattr(model, "metadata", None) or {})
+    where = "the checkpoint"
     if isinstance(model, (str, os.PathLike)):
+        where = str(model)
         model = load_checkpoint(Path(model), map_location=device, kind="potential")
     if not isinstance(model, Mapping):
         raise TypeError(
             f"expected a BayesianPotential, a checkpoint path or payload, got {type(model).__name__}"
         )
+    reason = incomplete_reason(dict(model), where)
+    if reason is not None:  # an interrupted training's model: its uncertainties are not calibrated
+        raise CheckpointError(reason)
     return BayesianPotential.from_checkpoint(dict(model)), dict(model.get("metadata") or {})
 
 
@@ -231,9 +261,15 @@ class UncertaintyCalculator(Calculator):
         **kwargs: passed to ``ase.calculators.calculator.Calculator``.
 
     Raises:
+        CheckpointError: an unreadable checkpoint, or a training run's model that was never
+            finalised (its run was interrupted: no calibrated posterior, levels or guard).
         ThresholdError: relative thresholds without calibrated levels in the checkpoint, or a
             force threshold with ``uncertainty`` ``"energy"``/``"none"``.
         ValueError: an unknown mode, or one the model does not support.
+
+    Warns:
+        CalibrationWarning: relative thresholds on levels measured on fewer than
+            :data:`~mlip_unc.uncertainty.sample_size.MIN_CALIBRATION_SIZE` structures.
     """
 
     implemented_properties = [

@@ -41,6 +41,19 @@ def fail(err: BaseException | str) -> NoReturn:
     raise typer.Exit(code=1)
 
 
+def interrupted(err: KeyboardInterrupt, *, finalise: bool) -> NoReturn:
+    """Ctrl-C during training: one line on stderr (what is left, how to resume or, with
+    ``finalise``, finish the best model so far), exit code 130."""
+    epoch = getattr(err, "epoch", None)  # TrainingInterrupted: the epochs last.pt holds
+    line = str(err) or "interrupted before training started: nothing was written"
+    if epoch:
+        line += "; --resume (with the same options) continues it"
+        if finalise:
+            line += f", --resume --set train.epochs={epoch} finalises the best model so far"
+    typer.echo(line, err=True)
+    raise typer.Exit(code=130)
+
+
 def user_errors(*extra: type[BaseException]) -> tuple[type[BaseException], ...]:
     """Exceptions that are the user's input, reported in one line (imported on demand), and
     the command's ``extra`` ones."""

@@ -25,6 +25,7 @@ import typer
 from mlip_unc.cli._common import (
     DEVICE_HELP,
     fail,
+    interrupted,
     quiet,
     require_checkpoints,
     require_files,
@@ -73,7 +74,8 @@ def train(
     threads: int = threads_option(),
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
-    """Train; writes OUT/model.pt (best on validation), OUT/last.pt and OUT/history.json."""
+    """Train; writes OUT/model.pt (best on validation, once calibrated), OUT/last.pt and
+    OUT/history.json. Ctrl-C leaves OUT/last.pt and no model.pt, and says how to resume."""
     from mlip_unc.config import ConfigError, load_potential_config
 
     items = list(overrides or [])
@@ -104,6 +106,8 @@ def train(
             results, main = run_training(cfg), distributed.is_main()
     except user_errors(FileExistsError) as err:
         fail(err)
+    except KeyboardInterrupt as err:  # model.pt is written only once complete
+        interrupted(err, finalise=True)
     if not main:  # rank 0 reports
         return
     for result in results:

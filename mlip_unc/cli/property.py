@@ -18,6 +18,7 @@ import typer
 from mlip_unc.cli._common import (
     DEVICE_HELP,
     fail,
+    interrupted,
     quiet,
     require_checkpoints,
     require_files,
@@ -274,6 +275,8 @@ def train(
             main = distributed.is_main()
     except user_errors(FileExistsError) as err:
         fail(err)
+    except KeyboardInterrupt as err:  # model.pt is written only once calibrated
+        interrupted(err, finalise=False)
     if not main:  # rank 0 reports and writes metrics.json
         return
     if metrics is None:

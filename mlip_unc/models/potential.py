@@ -437,7 +437,15 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
 
     @classmethod
     def from_checkpoint(
-        cls, source: dict[str, Any] | str | os.PathLike, *, map_location: str | torch.device = "cpu"
+        cls,
+        source: dict[str, Any] | str | os.PathLike,
+        *,
+        map_location: str | torch.device = "cpu",
+        allow_incomplete: bool = False,
     ) -> BayesianPotential:
-        """Rebuild from a :meth:`to_checkpoint` payload or a checkpoint file (weights_only load)."""
-        return potential_from_checkpoint(cls, source, map_location=map_location)
+        """Rebuild from a :meth:`to_checkpoint` payload or a checkpoint file (weights_only load);
+        a training run's model that was never finalised is refused with how to finish it
+        (``allow_incomplete``: accepted, :func:`~mlip_unc.models.potential_checkpoint.incomplete_reason`)."""
+        return potential_from_checkpoint(
+            cls, source, map_location=map_location, allow_incomplete=allow_incomplete
+        )

@@ -27,9 +27,37 @@ if TYPE_CHECKING:  # annotations only: potential.py imports this module
 # A BayesianPotential (or subclass); typed loosely so this module never imports potential.py.
 PotentialT = TypeVar("PotentialT", bound=nn.Module)
 
-__all__ = ["POTENTIAL_KIND", "potential_config", "potential_payload", "potential_from_checkpoint"]
+__all__ = [
+    "POTENTIAL_KIND",
+    "incomplete_reason",
+    "potential_config",
+    "potential_payload",
+    "potential_from_checkpoint",
+]
 
 POTENTIAL_KIND = "potential"
+
+
+def incomplete_reason(payload: dict[str, Any], where: str = "the checkpoint") -> str | None:
+    """Why ``payload`` is a training run's model that was never finalised, or None.
+
+    Training writes ``metadata["training_config"]``; its finalisation (the full posterior and
+    its calibration, the domain guard, the uncertainty levels) always adds
+    ``metadata["domain"]``. Without it the model's uncertainties were never calibrated (e.g. a
+    ``model.pt`` left by an interrupted run of a version that wrote it during training).
+    Checkpoints that did not come from training (``attach``, ``BayesianPotential.save``) are
+    never judged incomplete."""
+    metadata = payload.get("metadata") or {}
+    if "training_config" not in metadata or "domain" in metadata:
+        return None
+    out = (metadata["training_config"] or {}).get("out", "its run folder")
+    return (
+        f"{where} is an unfinished training checkpoint: its run stopped before the posterior "
+        "was fitted and the uncertainty calibrated (no domain guard, no uncertainty levels), so "
+        f"its uncertainties would be wrong. Finish it: `mlip-unc train --config "
+        f"{out}/config.yaml --resume` continues the run in {out} (add --set train.epochs=N, N "
+        "the epochs done, to finalise it without training further)"
+    )
 
 
 def potential_config(model: BayesianPotential) -> dict[str, Any]:
@@ -71,12 +99,17 @@ def potential_from_checkpoint(
     source: dict[str, Any] | str | os.PathLike,
     *,
     map_location: str | torch.device = "cpu",
+    allow_incomplete: bool = False,
 ) -> PotentialT:
     """Rebuild a ``cls`` (``BayesianPotential`` or a subclass) from a :func:`potential_payload`
     or a checkpoint file (weights_only load).
 
+    ``allow_incomplete``: accept a training run's model that was never finalised (for the
+    finalisation itself and for fine-tuning; :func:`incomplete_reason`).
+
     Raises:
-        CheckpointError: an unreadable file, or a payload of another kind.
+        CheckpointError: an unreadable file, a payload of another kind, or an unfinished
+            training checkpoint (unless ``allow_incomplete``).
     """
     if isinstance(source, dict):
         payload = source
@@ -86,6 +119,11 @@ def potential_from_checkpoint(
             )
     else:
         payload = load_checkpoint(source, map_location=map_location, kind=POTENTIAL_KIND)
+    if not allow_incomplete:
+        where = "the checkpoint" if isinstance(source, dict) else str(source)
+        reason = incomplete_reason(payload, where)
+        if reason is not None:
+            raise CheckpointError(reason)
     cfg = payload["config"]
     name = cfg["backbone"]["name"]
     backbone = build_backbone(

@@ -14,10 +14,14 @@ schedule), the progress fraction (loss stages) and the posterior draws' generato
   and wall-time fractions (a budget-limited run still completes its schedule);
 * optional EMA of the weights (``swa_utils.AveragedModel``), for validation and the best model;
 * early stopping on the validation metric; the best weights (of the last validation ``phase``)
-  are loaded at the end; the task writes ``model.pt`` from them;
+  are loaded at the end; the task writes ``model.pt`` from them once its post-training fits
+  are done, so a run folder holds a ``model.pt`` only when it is complete (a fresh run with
+  ``overwrite`` removes the previous one first);
 * ``out/last.pt`` after every epoch: model, optimiser, scheduler, EMA, generators, torch's
   RNG (dropout), history and stopping state, so ``resume`` continues exactly; it refuses a
-  checkpoint written for another architecture or training config;
+  checkpoint written for another architecture or training config. Ctrl-C raises
+  :class:`TrainingInterrupted` (a ``KeyboardInterrupt``) that names the folder and the epoch
+  ``last.pt`` holds;
 * torch's global RNG is forked (the caller's is untouched); on ``device``
   (:mod:`mlip_unc.train.device`) live the model, EMA, optimiser state, batches and posterior
   draws; the shuffling generator stays on the CPU;
@@ -53,13 +57,40 @@ from mlip_unc.train.io import write_json
 from mlip_unc.train.optim import make_ema_avg_fn, make_optimizer
 from mlip_unc.train.task import FitResult, Step, Task
 
-__all__ = ["Task", "Step", "FitResult", "Trainer", "LAST_FILE", "HISTORY_FILE"]
+__all__ = [
+    "Task",
+    "Step",
+    "FitResult",
+    "Trainer",
+    "TrainingInterrupted",
+    "LAST_FILE",
+    "HISTORY_FILE",
+    "MODEL_FILE",
+]
 
 log = logging.getLogger(__name__)
 
 LAST_FILE = "last.pt"
 HISTORY_FILE = "history.json"
+MODEL_FILE = "model.pt"
 EpochCallback = Callable[[int, dict[str, Any]], None]
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a training run: no ``model.pt`` was written for it.
+
+    ``out``: the run folder (None: nothing is written); ``epoch``: the epochs its ``last.pt``
+    holds (None: none finished, nothing to resume)."""
+
+    def __init__(self, out: Path | None, epoch: int | None) -> None:
+        self.out, self.epoch = out, epoch
+        where = "nothing was written" if out is None else f"no {MODEL_FILE} was written in {out}"
+        state = (
+            f"{LAST_FILE} holds {epoch} epoch(s) to resume from"
+            if out is not None and epoch
+            else "no epoch finished, so there is nothing to resume"
+        )
+        super().__init__(f"training interrupted: {where}; {state}")
 
 
 def _diff(saved: dict[str, Any], now: dict[str, Any], prefix: str = "") -> list[str]:
@@ -127,6 +158,7 @@ class Trainer:
         self.best: dict[str, Any] = {"metric": math.inf, "epoch": 0, "bad": 0, "state": None}
         self.elapsed_before, self.start = 0.0, time.monotonic()
         self.rank, self.world = dist.rank(), dist.world_size()
+        self.saved_epoch: int | None = None  # the epoch that out/last.pt holds
 
     def elapsed(self) -> float:
         """Seconds of training, including those before a resume."""
@@ -338,6 +370,7 @@ class Trainer:
             )
         self.torch_rng = state["rng"]["torch"]
         self.elapsed_before, self.start = float(state["elapsed_s"]), time.monotonic()
+        self.saved_epoch = self.epoch
         load_extra = getattr(self.task, "load_extra_state", None)
         if load_extra is not None and load_extra(state.get("task_state") or {}) is False:
             self.best.update(metric=math.inf, epoch=0, bad=0, state=None)
@@ -350,6 +383,7 @@ class Trainer:
         if self.out is None or self.rank != 0:
             return
         save_checkpoint(self.out / LAST_FILE, self.state_dict(stop_reason))
+        self.saved_epoch = self.epoch
         write_json(
             self.out / HISTORY_FILE,
             {
@@ -376,7 +410,8 @@ class Trainer:
         """Train until ``epochs``, the time budget, early stopping or ``stop_after`` epochs of
         this call; then load the best weights. ``callbacks`` run after each epoch's checkpoint
         (an exception there aborts the run like a kill). A folder that holds a run (``last.pt``)
-        is continued with ``resume``, replaced with ``overwrite``, and otherwise refused."""
+        is continued with ``resume``, replaced with ``overwrite`` (its ``model.pt`` is removed
+        at the start), and otherwise refused. Ctrl-C raises :class:`TrainingInterrupted`."""
         with torch.random.fork_rng(
             devices=[self.device.index] if self.device.type == "cuda" else []
         ):
@@ -393,6 +428,9 @@ class Trainer:
                 self.restore(last)
                 if self.torch_rng is not None:
                     torch.set_rng_state(self.torch_rng)
+            elif overwrite and self.out is not None and self.rank == 0:
+                # the replaced run's model must not outlive it (an interrupted new run has none)
+                (self.out / MODEL_FILE).unlink(missing_ok=True)
             if not dist.all_equal(self.epoch):
                 raise CheckpointError(
                     f"the ranks found different runs in {self.out}: it must be one shared folder"
@@ -401,7 +439,12 @@ class Trainer:
             on_start = getattr(self.task, "on_start", None)
             if on_start is not None and self.rank == 0:  # after the resume check: write config.yaml
                 on_start()
-            return self._loop(stop_after, callbacks)
+            try:
+                return self._loop(stop_after, callbacks)
+            except TrainingInterrupted:
+                raise
+            except KeyboardInterrupt as err:
+                raise TrainingInterrupted(self.out, self.saved_epoch) from err
 
     def _loop(self, stop_after: int | None, callbacks: Sequence[EpochCallback]) -> FitResult:
         if self.initial is None and not self.history:

@@ -41,6 +41,7 @@ from mlip_unc.train.frames import frame_table, write_frame_csv, write_prediction
 from mlip_unc.train.predictions import Predictions, predict, to_voigt
 from mlip_unc.uncertainty import calibration as cal
 from mlip_unc.uncertainty import diagnostics as diag
+from mlip_unc.uncertainty.sample_size import too_few
 
 __all__ = [
     "Committee",
@@ -206,18 +207,30 @@ def uncertainty_levels(
     The mean over frames of ``max_force_std`` (max over atoms of sqrt(sum_c Var F_ic)) and of
     ``energy_std_per_atom`` (epistemic energy std / n_atoms): the definitions of
     :class:`mlip_unc.calculator.UncertaintyCalculator`, stored in a checkpoint's
-    ``metadata["uncertainty_levels"]``, in the calculator's default mode, recorded as ``mode``.
+    ``metadata["uncertainty_levels"]``, in the calculator's default mode, recorded as ``mode``,
+    with ``n_structures``. Fewer structures than
+    :data:`~mlip_unc.uncertainty.sample_size.MIN_CALIBRATION_SIZE` log a warning, stored as
+    ``warning`` (relative thresholds on such levels warn when they are applied).
     """
     uncertainty = uncertainty or default_uncertainty_mode(model)
     table = frame_table(predict(model, data, uncertainty=uncertainty, batch_size=batch_size))
-    return {
+    n = len(table["num_atoms"])
+    levels: dict[str, Any] = {
         "mode": uncertainty,
         "max_force_std": float(np.nanmean(table["forces_max_std"])),
         "energy_std_per_atom": float(
             np.nanmean(table["energy_epistemic_std"] / table["num_atoms"])
         ),
-        "n_structures": len(table["num_atoms"]),
+        "n_structures": n,
     }
+    warning = too_few(
+        n,
+        "uncertainty levels for relative thresholds",
+        "one structure sets them, so relative thresholds on them are unreliable",
+    )
+    if warning is not None:
+        levels["warning"] = warning
+    return levels
 
 
 @dataclass

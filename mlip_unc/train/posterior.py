@@ -57,6 +57,7 @@ from mlip_unc import keys
 from mlip_unc.models.derivatives import graph_index
 from mlip_unc.models.full_posterior import basis_state, latent_jacobian, latent_probes
 from mlip_unc.train.device import module_device, to_device
+from mlip_unc.uncertainty.sample_size import too_few
 
 __all__ = [
     "MIN_JACOBIAN_RANK",
@@ -366,7 +367,9 @@ def fit_full_posterior(
     (moment matching, ``mlip-unc attach``; may raise :class:`PosteriorCalibrationError`).
     ``probes``: estimate the training frames' force precision from that many random sign probes
     per batch (seeded by ``seed``; module docstring) where validation frames are given; the
-    validation pass, which calibrates, stays exact."""
+    validation pass, which calibrates, stays exact. Calibrated on fewer structures than
+    :data:`~mlip_unc.uncertainty.sample_size.MIN_CALIBRATION_SIZE`, it logs a warning and
+    returns it as ``warning``."""
     if calibration not in ("nll", "rmse"):
         raise ValueError(f"calibration must be 'nll' or 'rmse', got {calibration!r}")
     was_training = model.training
@@ -436,6 +439,14 @@ def fit_full_posterior(
         "probes": fit["probes"],
         **checks,
     }
+    n_calibration = int(val["n_force_frames"]) if has_valid else len(train)
+    warning = too_few(
+        n_calibration,
+        "the full posterior's scales",
+        "they may be off by a factor of 3 or more; calibrate on more validation structures",
+    )
+    if warning is not None:
+        summary["warning"] = warning
     log.info(
         "full posterior: lambda %.3g (x mean eig %.0e), alpha_F^2 %.3g, sigma_f %.3g, valid force NLL %.4g, "
         "precision effective rank %.1f",

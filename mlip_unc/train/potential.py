@@ -9,7 +9,10 @@ Outputs in ``config.out`` (``out/member_k`` for committee members):
 
 * ``model.pt``: the best model on validation (``BayesianPotential.from_checkpoint`` loads it;
   ``metadata`` holds the training config, epoch, reference energies and the validation
-  uncertainty levels for relative flagging thresholds);
+  uncertainty levels for relative flagging thresholds), written once, after
+  :func:`finalize_checkpoint`: an interrupted run has none (the loaders refuse a ``model.pt``
+  that was written before its posterior, domain guard and levels,
+  :func:`~mlip_unc.models.potential_checkpoint.incomplete_reason`);
 * ``last.pt``: the core's resume state; ``history.json``: per-epoch losses and metrics;
 * ``config.yaml``: the resolved config (written once the resume check has passed).
 
@@ -44,7 +47,7 @@ from mlip_unc.models.backbones import build_backbone
 from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.train import distributed
-from mlip_unc.train.core import Step, Trainer
+from mlip_unc.train.core import Step, Trainer, TrainingInterrupted
 from mlip_unc.train.device import resolve_device
 from mlip_unc.train.evaluate import evaluate_potential, predict, uncertainty_levels
 from mlip_unc.train.io import write_json, write_yaml
@@ -132,7 +135,7 @@ def _init_from(config: PotentialConfig, data: PreparedData) -> BayesianPotential
     fine-tuning; its elements must cover the data and its cutoff must not exceed data.r_max."""
     path = config.train.init_from
     assert path is not None  # only called with train.init_from set
-    model = BayesianPotential.from_checkpoint(path)
+    model = BayesianPotential.from_checkpoint(path, allow_incomplete=True)
     model.clear_full_posterior()  # training uses the learned noises; the posterior is refitted after
     missing = [z for z in data.type_map.atomic_numbers if z not in model.type_map]
     if missing:
@@ -297,10 +300,10 @@ class PotentialTask:
             "n_train": len(self.data.train),
         }
 
-    def on_best(self, state: dict[str, Tensor], epoch: int) -> None:
-        payload = {**self.model.to_checkpoint(), "metadata": self.metadata(), "epoch": epoch}
-        payload["model_state"] = {k: v.detach().cpu().clone() for k, v in state.items()}
-        save_checkpoint(self.out / "model.pt", payload)
+    def best_payload(self, epoch: int) -> dict[str, Any]:
+        """The checkpoint of the model's current weights (the best ones, after the core's
+        ``fit``) before :func:`finalize_checkpoint`: not to be used as it is."""
+        return {**self.model.to_checkpoint(), "metadata": self.metadata(), "epoch": epoch}
 
     def extra_state(self) -> dict[str, Any]:
         return {"data_fingerprint": data_fingerprint(self.data)}
@@ -336,16 +339,23 @@ class TrainResult:
 
 
 def finalize_checkpoint(
-    model_path: Path, config: PotentialConfig, data: PreparedData
+    model_path: Path,
+    config: PotentialConfig,
+    data: PreparedData,
+    *,
+    payload: dict[str, Any] | None = None,
 ) -> BayesianPotential:
-    """Post-training steps on the model in ``model_path``, written back into it: the energy
+    """Post-training steps on the model in ``model_path`` (or on ``payload``, the trained
+    model's :meth:`PotentialTask.best_payload`), written to ``model_path``: the energy
     offsets refitted (``model.refit_offsets``, :mod:`mlip_unc.train.offsets`), the full
     posterior (``model.posterior: full``, Bayesian heads), the domain guard, the uncertainty
     levels for relative flagging thresholds (validation set, else training set). Run again
     after anything that changes the model's predictions (e.g. refitted energy offsets).
     The passes over the data run on ``train.device``; the model returned is there too."""
-    payload = load_checkpoint(model_path, kind="potential")
-    best = BayesianPotential.from_checkpoint(payload).to(resolve_device(config.train.device))
+    if payload is None:
+        payload = load_checkpoint(model_path, kind="potential")
+    best = BayesianPotential.from_checkpoint(payload, allow_incomplete=True)
+    best = best.to(resolve_device(config.train.device))
     batch_size = config.train.valid_batch_size
     bayesian = config.model.head is HeadKind.BAYESIAN
     metadata = dict(payload.get("metadata") or {})
@@ -434,9 +444,12 @@ def train_potential(config: PotentialConfig, *, data: PreparedData | None = None
             train_minutes=result.minutes,
             n_train=len(data.train),
         )
-    if not model_path.is_file():  # e.g. resumed after the budget was already spent
-        task.on_best(task.model.state_dict(), trainer.epoch)
-    test = _test_metrics(finalize_checkpoint(model_path, config, data), config, data)
+    epoch = result.best_epoch if trainer.best["state"] is not None else trainer.epoch
+    try:  # model.pt is written here, complete, or not at all
+        final = finalize_checkpoint(model_path, config, data, payload=task.best_payload(epoch))
+    except KeyboardInterrupt as err:
+        raise TrainingInterrupted(out, trainer.saved_epoch) from err
+    test = _test_metrics(final, config, data)
     if test is not None:
         history = {
             **task.history_extra(),

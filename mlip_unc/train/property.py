@@ -41,7 +41,12 @@ from mlip_unc.train.losses import gaussian_nll, kl_weight, negative_elbo
 from mlip_unc.train.regularizers import LambdaSchedule, regularizer_term
 from mlip_unc.uncertainty.alignment import effective_rank
 from mlip_unc.uncertainty.calibration import regression_metrics
-from mlip_unc.uncertainty.recalibration import calibrator_from_state_dict, make_calibrator
+from mlip_unc.uncertainty.recalibration import (
+    IdentityCalibrator,
+    calibrator_from_state_dict,
+    make_calibrator,
+)
+from mlip_unc.uncertainty.sample_size import MIN_CALIBRATION_SIZE, too_few
 
 __all__ = [
     "PropertyTask",
@@ -236,16 +241,35 @@ def _targets(graphs: Sequence[Data]) -> np.ndarray:
 
 def _fit_calibration(
     predictor: PropertyPredictor, val: Sequence[Data], kind: str
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """Calibrator states per target fitted on ``val`` (None when none was fitted), and the
+    warning when a target has fewer labelled validation molecules than
+    :data:`~mlip_unc.uncertainty.sample_size.MIN_CALIBRATION_SIZE`: that target keeps its
+    raw std (an identity calibrator)."""
     y_val, pred = _targets(val), predictor.predict(val)
-    calibrators = []
+    calibrators: list[Any] = []
+    counts = []
     for t in range(y_val.shape[1]):
         ok = ~np.isnan(y_val[:, t])
+        counts.append(int(ok.sum()))
+        if counts[-1] < MIN_CALIBRATION_SIZE:
+            calibrators.append(IdentityCalibrator())
+            continue
         calibrators.append(
             make_calibrator(kind).fit(pred["mean"][ok, t], pred["std"][ok, t], y_val[ok, t])
         )
+    warning = too_few(
+        min(counts),
+        f"the {kind} recalibration",
+        "not applied there; predictions keep the raw std (a factor fitted on so few is as "
+        "likely to worsen the std as to correct it)",
+        unit="validation molecules",
+    )
+    if all(isinstance(c, IdentityCalibrator) for c in calibrators):
+        predictor.calibrators = None
+        return None, warning
     predictor.calibrators = calibrators
-    return [c.state_dict() for c in calibrators]
+    return [c.state_dict() for c in calibrators], warning
 
 
 def recalibration_summary(calibration: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -275,7 +299,10 @@ def train_property_model(
     """Standardise, build, train, recalibrate on validation, evaluate on test, save.
 
     The recalibrator (``config.train.calibration``, default ``zscaling``: one std factor per
-    target, fitted on the validation split) is stored in ``out_dir/model.pt`` (weights-only:
+    target, fitted on the validation split; a target with fewer than
+    :data:`~mlip_unc.uncertainty.sample_size.MIN_CALIBRATION_SIZE` labelled validation molecules
+    keeps its raw std, with ``metadata["recalibration_warning"]``) is stored in
+    ``out_dir/model.pt`` (weights-only:
     config, feature metadata, normalisation, calibration). The test metrics are those of the
     recalibrated predictor, with the raw model's under ``uncalibrated`` (and ``val`` /
     ``val_uncalibrated`` for the validation split) and ``recalibration`` = kind and factors.
@@ -304,7 +331,11 @@ def train_property_model(
         return None, None
     predictor = PropertyPredictor(model.eval(), config, meta)
     kind = config.train.calibration.value
-    calibration = None if kind == "none" else _fit_calibration(predictor, val, kind)
+    calibration, warning = (
+        (None, None) if kind == "none" else _fit_calibration(predictor, val, kind)
+    )
+    if warning is not None:
+        meta["recalibration_warning"] = warning
     meta.update(
         best_epoch=result.best_epoch,
         epochs_run=result.epochs_run,
@@ -320,6 +351,8 @@ def train_property_model(
     metrics = prediction_metrics(predictor.predict(test), y_test, names_)
     metrics["val"] = prediction_metrics(predictor.predict(val), _targets(val), names_)
     metrics["recalibration"] = recalibration_summary(calibration)
+    if warning is not None:
+        metrics["recalibration"]["warning"] = warning
     if (
         calibration is not None
     ):  # top level: recalibrated (what `predict` gives); the raw model beside it

@@ -58,6 +58,7 @@ from mlip_unc.uncertainty.recalibration import (
     calibrator_from_state_dict,
     make_calibrator,
 )
+from mlip_unc.uncertainty.sample_size import MIN_CALIBRATION_SIZE, CalibrationWarning
 
 __all__ = [
     # calibration
@@ -82,6 +83,9 @@ __all__ = [
     "IsotonicRecalibration",
     "make_calibrator",
     "calibrator_from_state_dict",
+    # sample size
+    "MIN_CALIBRATION_SIZE",
+    "CalibrationWarning",
     # moments
     "latent_variance",
     "alignment_kappa",

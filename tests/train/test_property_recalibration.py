@@ -36,13 +36,14 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One default `property train` run (no --calibration flag) on a tiny CSV."""
+    """One default `property train` run (no --calibration flag) on a tiny CSV: 120 rows, so
+    the 10 % validation split reaches the minimum the recalibration is fitted on."""
     tmp = tmp_path_factory.mktemp("recal")
     data = tmp / "tiny.csv"
     with data.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["smiles", "y"])
-        for k, smi in enumerate(SMILES):
+        for k, smi in enumerate(SMILES * 3):
             writer.writerow([smi, f"{0.3 * len(smi) - (k % 3) * 0.2:.3f}"])
     out = tmp / "run"
     result = runner.invoke(
