@@ -66,6 +66,7 @@ from mlip_unc.uncertainty.sample_size import MIN_CALIBRATION_SIZE, CalibrationWa
 __all__ = [
     "UncertaintyCalculator",
     "Thresholds",
+from mlip_unc.train.device import require_available
     "ThresholdError",
     "NonFiniteResultError",
     "UNCERTAINTY_MODES",
@@ -265,7 +266,8 @@ class UncertaintyCalculator(Calculator):
             finalised (its run was interrupted: no calibrated posterior, levels or guard).
         ThresholdError: relative thresholds without calibrated levels in the checkpoint, or a
             force threshold with ``uncertainty`` ``"energy"``/``"none"``.
-        ValueError: an unknown mode, or one the model does not support.
+        ValueError: an unknown mode, or one the model does not support; a CUDA ``device`` on a
+            machine without CUDA.
 
     Warns:
         CalibrationWarning: relative thresholds on levels measured on fewer than
@@ -299,7 +301,7 @@ class UncertaintyCalculator(Calculator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.device = torch.device(device)
+        self.device = require_available(device)  # one line naming CUDA when it is missing
         self.model, self.metadata = _load_model(model, self.device)
         if uncertainty is None:  # the cheap calibrated default when the model has a full posterior
             uncertainty = default_uncertainty_mode(self.model)

@@ -23,9 +23,11 @@ import typer
 
 from mlip_unc.cli._common import (
     DEFAULT_RELATIVE_THRESHOLD,
+    MODEL_DEVICE_HELP,
     fail,
     quiet,
     require_checkpoints,
+    require_device,
     require_files,
     require_new_outputs,
     same_file,
@@ -159,11 +161,13 @@ def md(
         ..., "--structure", "-s", help="Starting structure (any ASE-readable file)."
     ),
     index: int = typer.Option(-1, "--index", help="Frame of STRUCTURE to start from."),
-    ensemble: Ensemble = typer.Option(Ensemble.LANGEVIN, "--ensemble"),
+    ensemble: Ensemble = typer.Option(
+        Ensemble.LANGEVIN, "--ensemble", help="nve (velocity Verlet) or langevin (NVT)."
+    ),
     temperature: float = typer.Option(
         300.0, "--temperature", "-T", help="K (initial velocities; Langevin target)."
     ),
-    steps: int = typer.Option(1000, "--steps", "-n"),
+    steps: int = typer.Option(1000, "--steps", "-n", help="MD steps."),
     timestep: float = typer.Option(1.0, "--timestep", help="fs."),
     friction: float = typer.Option(0.01, "--friction", help="Langevin friction, 1/fs."),
     interval: int = typer.Option(10, "--interval", help="Log/trajectory every N steps."),
@@ -193,8 +197,8 @@ def md(
     bias_width: float | None = typer.Option(
         None, "--bias-width", help="B (eV/atom^1/2), udd only."
     ),
-    seed: int = typer.Option(0, "--seed"),
-    device: str = typer.Option("cpu", "--device"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the velocities and Langevin noise."),
+    device: str = typer.Option("cpu", "--device", help=MODEL_DEVICE_HELP),
     threads: int = threads_option(),
 ) -> None:
     """Run MD; writes OUT/md.traj, md.csv (energies, temperature, uncertainties), flagged.xyz, md.png.
@@ -240,6 +244,7 @@ def md(
     from mlip_unc.models.checkpoint import load_checkpoint
 
     set_threads(threads)
+    require_device(device)
     try:
         start = read_structures(  # positions only: an md.traj frame is a fine start
             structure,
@@ -333,8 +338,8 @@ def flag(
     scores: Path | None = typer.Option(
         None, "--scores", help="Write every frame's scores (CSV, file order)."
     ),
-    seed: int = typer.Option(0, "--seed"),
-    device: str = typer.Option("cpu", "--device"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampled mode's draws."),
+    device: str = typer.Option("cpu", "--device", help=MODEL_DEVICE_HELP),
     threads: int = threads_option(" Per worker with --workers > 1 (0: 1)."),
 ) -> None:
     """Rank DATA by uncertainty, write the selected structures (with their scores in info) to OUT.
@@ -358,6 +363,7 @@ def flag(
 
     if workers == 1:
         set_threads(threads)
+    require_device(device)
     try:
         if top_k is None and threshold is None:
             metadata = load_checkpoint(model, kind="potential").get("metadata") or {}
@@ -459,7 +465,7 @@ def demo(
     quick: bool = typer.Option(
         False, "--quick", metavar="", help="Tiny settings (seconds; numbers not meaningful)."
     ),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the data, training and MD."),
     threads: int = threads_option(),
 ) -> None:
     """Train on 300 K EMT copper, run hot MD, flag, label with EMT, retrain, compare: fully offline."""
