@@ -377,14 +377,15 @@ def _checks(before: dict, after: dict, control: dict | None) -> dict[str, bool]:
 
 
 def _proportionality_note(numbers: dict[str, Any]) -> list[str]:
-    """A warning line when the force std is the same fraction of the force on both sets."""
+    """A warning line when the force std is the same fraction of the force RMS on both sets."""
     cold = numbers["before"]["valid"]["relative_force_std"]
     hot = numbers["before"]["hot"]["relative_force_std"]
     if abs(hot - cold) > 0.1 * cold:
         return []
     return [
-        f"Note: the force std is {100 * cold:.1f} % of the force at {numbers['temperatures']['train']:.0f} K "
-        f"and {100 * hot:.1f} % hot: it follows the force magnitude here (see report.md)."
+        f"Note: the mean max force std is {100 * cold:.1f} % of the force RMS at "
+        f"{numbers['temperatures']['train']:.0f} K and {100 * hot:.1f} % hot: it follows the force "
+        "magnitude here (see report.md)."
     ]
 
 
@@ -418,7 +419,11 @@ def summary(result: DemoResult) -> str:
             ".2f",
         ),
         row("energy MAE (meV/atom)", [1e3 * m["energy_mae_per_atom"] for m in hot.values()], ".2f"),
-        row("max force std / max |F|", [m["relative_force_std"] for m in hot.values()], ".4f"),
+        row(
+            "mean max force std / force RMS",
+            [m["relative_force_std"] for m in hot.values()],
+            ".4f",
+        ),
         row(
             f"  same on {temps['train']:.0f} K validation",
             [m["relative_force_std"] for m in valid.values()],

@@ -18,14 +18,16 @@ def evaluate_structures(calc: Any, labelled: Sequence[Atoms]) -> dict[str, float
     Returns ``force_rmse`` and ``force_mae`` (eV/A, over components), ``energy_mae`` (eV) and
     ``energy_mae_per_atom`` (eV/atom),
     ``mean_max_force_std`` (eV/A), ``mean_energy_std_per_atom`` (epistemic, eV/atom),
-    ``relative_force_std`` (mean over frames of max force std / max predicted |F_i|: a
-    constant value across data sets means the force std only follows the force magnitude),
-    ``flagged_fraction`` and ``n``; only ``n`` (0) for no structures.
+    ``force_rms`` (RMS of the reference force components, eV/A), ``relative_force_std``
+    (``mean_max_force_std / force_rms``: the same value on two sets means the force std only
+    follows the force magnitude; over the set's force scale, not one frame's largest predicted
+    force, which an untrained model puts near zero), ``flagged_fraction`` and ``n``; only ``n``
+    (0) for no structures.
     """
     if not labelled:
         return {"n": 0}
-    sq, ab, n_comp = 0.0, 0.0, 0
-    e_abs, e_abs_total, mfs, esa, flags, rel = [], [], [], [], [], []
+    sq, ab, ref_sq, n_comp = 0.0, 0.0, 0.0, 0
+    e_abs, e_abs_total, mfs, esa, flags = [], [], [], [], []
     props = ["energy", "forces", "max_force_std", "energy_std"]
     if "flag" in calc.implemented_properties:
         props.append("flag")
@@ -35,15 +37,14 @@ def evaluate_structures(calc: Any, labelled: Sequence[Atoms]) -> dict[str, float
         res = calc.results
         sq += float(((res["forces"] - ref_f) ** 2).sum())
         ab += float(np.abs(res["forces"] - ref_f).sum())
+        ref_sq += float((ref_f**2).sum())
         n_comp += ref_f.size
         e_abs_total.append(abs(res["energy"] - ref_e))
         e_abs.append(abs(res["energy"] - ref_e) / len(atoms))
         mfs.append(res["max_force_std"])
-        rel.append(
-            res["max_force_std"] / max(float(np.linalg.norm(res["forces"], axis=1).max()), 1e-12)
-        )
         esa.append(calc.energy_std_per_atom(res))
         flags.append(bool(res.get("flag", False)))
+    force_rms = math.sqrt(ref_sq / n_comp)
     return {
         "n": len(labelled),
         "force_rmse": math.sqrt(sq / n_comp),
@@ -52,6 +53,7 @@ def evaluate_structures(calc: Any, labelled: Sequence[Atoms]) -> dict[str, float
         "energy_mae_per_atom": float(np.mean(e_abs)),
         "mean_max_force_std": float(np.mean(mfs)),
         "mean_energy_std_per_atom": float(np.mean(esa)),
-        "relative_force_std": float(np.mean(rel)),
+        "force_rms": force_rms,
+        "relative_force_std": float(np.mean(mfs)) / force_rms if force_rms > 0 else math.nan,
         "flagged_fraction": float(np.mean(flags)),
     }

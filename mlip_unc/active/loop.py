@@ -32,7 +32,7 @@ from mlip_unc.active.candidates import audit_flags, candidate_scores, visited_fr
 from mlip_unc.active.data import build_structure, initial_data, split_labelled, write_frames
 from mlip_unc.active.evaluation import evaluate_structures
 from mlip_unc.active.monitor import run_md
-from mlip_unc.active.oracles import label_structures, make_oracle
+from mlip_unc.active.oracles import check_oracle_elements, label_structures, make_oracle
 from mlip_unc.active.selection import distance_histograms, select
 from mlip_unc.active.state import CachedLabels, RunState
 from mlip_unc.active.training import committee_model, train_members
@@ -236,19 +236,22 @@ def run_active_learning(
 
     Raises:
         ThresholdError: ``config.thresholds`` are invalid (checked before anything is done).
+        OracleError: the oracle cannot label the starting structures' elements (EMT on Si;
+            checked before anything is done).
         FileExistsError: ``out`` holds a run, and neither ``resume`` nor ``overwrite``.
     """
     from mlip_unc.active.report import calls_sentence, oracle_calls_in_all, write_rounds_report
     from mlip_unc.data.readers import read_structures
 
     _check_thresholds(config)
+    starts = build_structure(config.structures) if config.structures is not None else []
+    check_oracle_elements(config.oracle, starts)  # e.g. EMT on Si: said before any work
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     state = RunState.start(out, config.to_dict(), resume=resume, overwrite=overwrite)
     remove_stale_temps(out, recursive=True)
     cache = CachedLabels(out / "labels")
     oracle = make_oracle(config.oracle)
-    starts = build_structure(config.structures) if config.structures is not None else []
     train, valid, test = _data(config, oracle, starts, out, state, cache)
     test_sets = {name: read_structures(path) for name, path in config.test_sets.items()}
     starts = starts or [train[0].copy()]

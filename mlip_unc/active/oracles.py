@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "OracleError",
+    "check_oracle_elements",
     "PySCFCalculator",
     "make_oracle",
     "label_structures",
@@ -314,6 +315,40 @@ def make_oracle(spec: str | Mapping[str, Any] | Calculator) -> Calculator:
             f"unknown oracle {name!r}: use one of {', '.join(ORACLE_NAMES)} or 'package.module:factory'"
         )
     return _BUILT_IN[name.lower()](**kwargs)
+
+
+def _oracle_name(spec: Any) -> str | None:
+    """The built-in name of an oracle spec (``"emt"``, ``{"name": "emt"}``, an EMT instance)."""
+    if isinstance(spec, str):
+        return spec.lower()
+    if isinstance(spec, Mapping):
+        return str(spec.get("name", "")).lower()
+    from ase.calculators.emt import EMT
+
+    return "emt" if isinstance(spec, EMT) else None
+
+
+def check_oracle_elements(spec: Any, structures: Iterable[Atoms]) -> None:
+    """Refuse, before any work, an oracle that cannot label the elements of ``structures``.
+
+    Only EMT, whose parameters cover a few elements (module docstring), is checked: other
+    oracles cover what they are asked for or say so themselves.
+
+    Raises:
+        OracleError: naming the elements and the oracle.
+    """
+    if _oracle_name(spec) != "emt":
+        return
+    from ase.calculators.emt import parameters
+
+    found = {symbol for atoms in structures for symbol in atoms.get_chemical_symbols()}
+    missing = sorted(found - set(parameters))
+    if missing:
+        raise OracleError(
+            f"the emt oracle has no parameters for {', '.join(missing)} (EMT covers "
+            f"{', '.join(sorted(parameters))}); choose another oracle (pyscf, xtb, snap or "
+            "package.module:factory)"
+        )
 
 
 def label_structures(

@@ -335,7 +335,8 @@ energy std {fmt(1e3 * (numbers["training_level_energy_std_per_atom"] or float("n
 Compare "after active learning" with "control" to separate the effect of the new data from the effect of
 training longer (the posterior keeps contracting while training goes on).
 
-What the force std follows here: with the first model, max force std / max |F| is
+What the force std follows here: with the first model, the mean max force std over the force
+RMS of the set is
 {fmt(rel_valid)} on the validation frames and {fmt(rel_hot)} on the hot frames ({ratio_text}).
 {rel_reading}
 

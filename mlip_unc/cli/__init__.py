@@ -11,15 +11,29 @@ from __future__ import annotations
 import logging
 
 import typer
+from tqdm.auto import tqdm
 
 from mlip_unc.cli import active, attach, potential, property
+from mlip_unc.cli._common import Group
 
 app = typer.Typer(
+    cls=Group,
     no_args_is_help=True,
     add_completion=False,
     context_settings={"max_content_width": 120, "help_option_names": ["-h", "--help"]},
     help="mlip-unc: Bayesian GNN potentials and property models with cheap, calibrated uncertainty.",
 )
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Log lines on stderr through ``tqdm.write``: a progress bar on the terminal (training
+    epochs, MD steps) is cleared for the line and drawn again below it, not broken by it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 (logging's own convention: never raise from emit)
+            self.handleError(record)
 
 
 @app.callback()
@@ -31,7 +45,7 @@ def _root(
 ) -> None:
     """Set up logging for every command."""
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(message)s", force=True)
+    logging.basicConfig(level=level, format="%(message)s", force=True, handlers=[_TqdmHandler()])
     logging.getLogger("mlip_unc").setLevel(level)
 
 

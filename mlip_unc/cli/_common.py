@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 #: ``--threads`` of every command: one thread is the fastest for small models and gives the
 #: same numbers whatever the machine's core count; 0 leaves torch's default (all cores).
@@ -25,9 +26,30 @@ THREADS_HELP = (
 DEVICE_HELP = (
     "Shortcut for train.device: cpu (default), cuda, cuda:N or auto (a GPU when one is visible)."
 )
+MODEL_DEVICE_HELP = "Where the model runs: cpu (default), cuda or cuda:N."
 #: ``md`` and ``flag`` without a threshold flag structures above this multiple of the
 #: validation-set level stored in the checkpoint (``Thresholds(relative=True)``).
 DEFAULT_RELATIVE_THRESHOLD = 3.0
+
+
+class Group(TyperGroup):
+    """A command group whose ``-h/--help`` (and its commands') shows no ``<bool>`` type: typer
+    gives the help flag one, where every other flag here has ``metavar=""``."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        return _untyped(super().get_help_option(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:  # its help option is built once, with the names it inherits
+            _untyped(command.get_help_option(ctx))
+        return command
+
+
+def _untyped(option: Any) -> Any:
+    if option is not None:
+        option.metavar = ""
+    return option
 
 
 def threads_option(extra_help: str = "") -> Any:
@@ -59,16 +81,27 @@ def user_errors(*extra: type[BaseException]) -> tuple[type[BaseException], ...]:
     the command's ``extra`` ones."""
     from mlip_unc.config import ConfigError
     from mlip_unc.data.errors import DataError
+    from mlip_unc.extras import MissingDependencyError
     from mlip_unc.models.checkpoint import CheckpointError
 
-    return (ConfigError, DataError, CheckpointError, FileNotFoundError, ValueError, *extra)
+    return (
+        ConfigError,
+        DataError,
+        CheckpointError,
+        MissingDependencyError,  # an optional extra: its message holds the pip command
+        FileNotFoundError,
+        ValueError,
+        *extra,
+    )
 
 
 def require_files(*items: tuple[Path | None, str]) -> None:
     """Fail at once on an input ``(path, what)`` that does not exist (``None``: not given)."""
+    from mlip_unc.data.errors import not_found
+
     for path, what in items:
         if path is not None and not path.exists():
-            fail(f"{what} not found: '{path}'")
+            fail(not_found(path, what))
 
 
 def same_file(path: Path, other: Path) -> bool:
@@ -116,6 +149,16 @@ def require_checkpoints(paths: Iterable[Path], *, run_folders: bool = False) -> 
                 check_checkpoint_file(file)
         except CheckpointError as err:
             fail(err)
+
+
+def require_device(device: str) -> None:
+    """Fail in one line on a ``--device`` that cannot run here (CUDA named when it is missing)."""
+    from mlip_unc.train.device import require_available
+
+    try:
+        require_available(device, name="--device")
+    except ValueError as err:
+        fail(err)
 
 
 def set_threads(threads: int) -> None:

@@ -53,6 +53,10 @@ class EvalUncertainty(str, Enum):
     AUTO = "auto"
 
 
+_ENERGY_KEY_HELP = "Energy label: an info key or the calculator's energy (extxyz)."
+_FORCES_KEY_HELP = "Forces label: a per-atom array or the calculator's forces (extxyz)."
+
+
 def register(app: typer.Typer) -> None:
     app.command("train", help="Train a Bayesian interatomic potential from a YAML config.")(train)
     app.command("eval", help="Evaluate a trained potential on a structure file.")(evaluate)
@@ -151,14 +155,32 @@ _TABLE = (
 )
 
 
+def _no_value(key: str, metrics: dict) -> str:
+    """What a row without a number says instead of ``nan``: why it has none."""
+    from mlip_unc.uncertainty.diagnostics import MIN_PARTIAL_PAIRS, MIN_RANK_PAIRS
+
+    if "spearman" not in key:
+        return "n/a"
+    frame_rows = {  # rank correlations over frames; the others rank atoms or components
+        "energy_spearman": MIN_RANK_PAIRS,
+        "forces_frame_spearman": MIN_RANK_PAIRS,
+        "forces_std_vs_pred_frame_spearman": MIN_RANK_PAIRS,
+        "forces_partial_spearman_given_force": MIN_PARTIAL_PAIRS,
+    }
+    if metrics["n_frames"] < frame_rows.get(key, 0):
+        return f"n/a (fewer than {frame_rows[key]} structures)"
+    return "n/a (a constant, or nothing left to correlate)"
+
+
 def _print_metrics(metrics: dict) -> None:
     typer.echo(f"{metrics['n_frames']} frames, {metrics['n_atoms']} atoms")
     for key, label in _TABLE:
         if key in metrics:
             value = metrics[key]
-            typer.echo(
-                f"  {label:<48} {'nan' if value is None or math.isnan(value) else f'{value:.4g}'}"
+            shown = (
+                _no_value(key, metrics) if value is None or math.isnan(value) else f"{value:.4g}"
             )
+            typer.echo(f"  {label:<48} {shown}")
 
 
 def evaluate(
@@ -171,8 +193,8 @@ def evaluate(
         "-d",
         help="Structure file (extxyz, mlearn JSON, CIF, ...) or on-disk set (mlip-unc convert).",
     ),
-    energy_key: str = typer.Option("energy", "--energy-key"),
-    forces_key: str = typer.Option("forces", "--forces-key"),
+    energy_key: str = typer.Option("energy", "--energy-key", help=_ENERGY_KEY_HELP),
+    forces_key: str = typer.Option("forces", "--forces-key", help=_FORCES_KEY_HELP),
     stress_key: str = typer.Option(
         "stress",
         "--stress-key",
@@ -189,8 +211,8 @@ def evaluate(
     n_samples: int = typer.Option(
         4, "--n-samples", min=2, help="Posterior draws of the sampled mode."
     ),
-    batch_size: int = typer.Option(16, "--batch-size", min=1),
-    seed: int = typer.Option(0, "--seed"),
+    batch_size: int = typer.Option(16, "--batch-size", min=1, help="Structures per model call."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampled mode's draws."),
     per_frame: Path | None = typer.Option(None, "--per-frame", help="Write a per-frame CSV."),
     predictions: Path | None = typer.Option(
         None,
@@ -296,8 +318,8 @@ def convert(
     r_max: float = typer.Option(
         ..., "--r-max", help="Cutoff of the neighbour lists, Angstrom (the model's r_max)."
     ),
-    energy_key: str = typer.Option("energy", "--energy-key"),
-    forces_key: str = typer.Option("forces", "--forces-key"),
+    energy_key: str = typer.Option("energy", "--energy-key", help=_ENERGY_KEY_HELP),
+    forces_key: str = typer.Option("forces", "--forces-key", help=_FORCES_KEY_HELP),
     stress_key: str | None = typer.Option(
         None,
         "--stress-key",

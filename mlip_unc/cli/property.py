@@ -17,6 +17,7 @@ import typer
 
 from mlip_unc.cli._common import (
     DEVICE_HELP,
+    Group,
     fail,
     interrupted,
     quiet,
@@ -30,7 +31,7 @@ from mlip_unc.cli._common import (
 from mlip_unc.config.enums import Calibration, Likelihood, Method
 
 property_app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help="Molecular property models."
+    cls=Group, no_args_is_help=True, add_completion=False, help="Molecular property models."
 )
 
 _TABLE_KEYS = (
@@ -162,7 +163,9 @@ def train(
         envvar="MLIP_UNC_DATA",
         help="Data root of --dataset (default: $MLIP_UNC_DATA, else ../shared/data).",
     ),
-    smiles_column: str = typer.Option("smiles", "--smiles-column"),
+    smiles_column: str = typer.Option(
+        "smiles", "--smiles-column", help="Column of --data that holds the SMILES."
+    ),
     target_column: list[str] | None = typer.Option(
         None, "--target-column", help="Repeat for several."
     ),
@@ -193,7 +196,12 @@ def train(
     calibration: Calibration | None = typer.Option(
         None, "--calibration", help="Shortcut for train.calibration."
     ),
-    freeze_posterior_from: Path | None = typer.Option(None, "--freeze-posterior-from"),
+    freeze_posterior_from: Path | None = typer.Option(
+        None,
+        "--freeze-posterior-from",
+        help="Copy the Bayesian last layer's posterior from this model.pt and keep it fixed "
+        "(bgnn/agl; the latents are trained under it).",
+    ),
     resume: bool = typer.Option(False, "--resume", metavar="", help="Continue from OUT/last.pt."),
     overwrite: bool = typer.Option(
         False, "--overwrite", metavar="", help="Replace a run already in OUT."
@@ -314,7 +322,7 @@ def predict(
     smiles_column: str | None = typer.Option(
         None, "--smiles-column", help="Default: as in training."
     ),
-    batch_size: int = typer.Option(256, "--batch-size", min=1),
+    batch_size: int = typer.Option(256, "--batch-size", min=1, help="Molecules per model call."),
     recalibrate: bool = typer.Option(
         True,
         "--recalibrate/--no-recalibrate",
@@ -359,6 +367,7 @@ def predict(
             except DataError as err:
                 raise DataError(f"'{data}', line {line}: {err}") from None
         result = predictor.predict(graphs, batch_size=batch_size)
+        unseen = predictor.unseen_elements(graphs)  # None: the checkpoint does not record them
     except user_errors() as err:
         fail(err)
     names = predictor.metadata.get("target_names") or ["target"]
@@ -366,11 +375,35 @@ def predict(
     header = ["smiles"] + (
         list(fields) if len(names) == 1 else [f"{n}_{f}" for n in names for f in fields]
     )
+    header += [] if unseen is None else ["unseen_elements"]
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(header)
         for i, smi in enumerate(smiles):
             values = [f"{result[f][i, t]:.6g}" for t in range(len(names)) for f in fields]
-            writer.writerow([smi.strip(), *values])
+            flags = [] if unseen is None else [" ".join(unseen[i])]
+            writer.writerow([smi.strip(), *values, *flags])
     typer.echo(f"wrote {len(smiles)} predictions to {out}")
+    note = _unseen_note(unseen)
+    if note is not None:
+        typer.echo(note, err=note.startswith("warning"))
+
+
+def _unseen_note(unseen: list[list[str]] | None) -> str | None:
+    """The line on molecules with elements absent from the training set (column
+    ``unseen_elements``), whose stds do not account for them; None when there are none."""
+    if unseen is None:
+        return (
+            "note: this model does not record its training elements (saved before they were "
+            "recorded), so molecules with elements it never saw are not flagged"
+        )
+    flagged = [symbols for symbols in unseen if symbols]
+    if not flagged:
+        return None
+    elements = ", ".join(sorted({s for symbols in flagged for s in symbols}))
+    return (
+        f"warning: {len(flagged)} of {len(unseen)} molecules hold elements absent from the "
+        f"training set ({elements}): extrapolations that their std does not account for "
+        "(column unseen_elements)"
+    )

@@ -203,7 +203,10 @@ class LossConfig(Section):
     molecule, the energy dominates early and delays force learning.
 
     Attributes:
-        energy_weight, forces_weight, stress_weight: weights of the NLL terms.
+        energy_weight, forces_weight, stress_weight: weights of the NLL terms. With
+            ``forces_weight: 0`` (and no stage-two force weight) the potential trains on
+            energies alone: frames need no forces, and the force uncertainty takes the
+            calibration of the energy's (``mlip_unc.train.posterior``).
         energy_count: ``auto``, ``structure`` or ``atom`` (above).
         stress_noise: fixed stress noise std (eV/A^3) of the stress likelihood.
         beta: KL weight (1 = proper ELBO).

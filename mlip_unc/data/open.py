@@ -22,7 +22,7 @@ import ase
 import numpy as np
 import torch
 
-from mlip_unc.data.errors import DataError
+from mlip_unc.data.errors import DataError, no_frames
 from mlip_unc.data.graphs import StructureDataset
 from mlip_unc.data.labels import StressConvention
 from mlip_unc.data.ondisk import OnDiskDataset, OnDiskStore, is_store
@@ -194,7 +194,8 @@ def select_frames(
             references (False: refused; :mod:`mlip_unc.data.provenance`).
 
     Raises:
-        DataError: naming the file and frame, or the ``mlip-unc convert`` option to change.
+        DataError: naming the file and frame, or the ``mlip-unc convert`` option to change;
+            a file that holds no (selected) frames.
     """
     need = {kind: bool((required or {}).get(kind, False)) for kind in LABELS}
     if is_store(path):
@@ -213,6 +214,8 @@ def select_frames(
         required=need,
         accept_predicted=accept_predicted,
     )
+    if not frames:  # an empty file: said as such, not later as an empty split or no structures
+        raise DataError(no_frames(path) + ("" if index == ":" else f" at index {index!r}"))
     indices = np.asarray([k for k, _ in frames], dtype=np.int64)
     atoms = [a for _, a in frames]
     return FrameSelection(str(path), r_max, indices, atoms, None, label_keys, stress_convention)

@@ -17,7 +17,7 @@ import ase
 import ase.io
 from ase.io.formats import string2index
 
-from mlip_unc.data.errors import DataError, where
+from mlip_unc.data.errors import DataError, no_frames, not_found, where
 from mlip_unc.data.json_reader import read_json_structures
 from mlip_unc.data.labels import (
     StressConvention,
@@ -77,7 +77,7 @@ def _read_frames(
     """(frame index in file, structure) pairs; read errors become ``DataError`` naming the file."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"structure file not found: '{path}'")
+        raise DataError(not_found(path))
     try:
         frames = _read_all(path)
     except DataError:  # already names the file and the entry
@@ -87,6 +87,8 @@ def _read_frames(
     try:
         chosen = _select(len(frames), index)
     except (IndexError, ValueError) as err:
+        if not frames:
+            raise DataError(no_frames(path)) from None
         raise DataError(f"'{path}': bad frame index {index!r}: {err}") from None
     return [(k, frames[k]) for k in chosen]
 

@@ -22,7 +22,7 @@ from typing import cast
 import ase
 import ase.io
 
-from mlip_unc.data.errors import DataError, where
+from mlip_unc.data.errors import DataError, not_found, where
 
 __all__ = [
     "Checkpoint",
@@ -150,7 +150,7 @@ def iter_frames(path: str | Path) -> Iterator[tuple[int, ase.Atoms]]:
     (extxyz here, others through ``ase.io.iread``; JSON, CIF, POSCAR are read whole)."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"structure file not found: '{path}'")
+        raise DataError(not_found(path))
     if is_extxyz(path):
         yield from iter_extxyz(path)
         return

@@ -151,14 +151,18 @@ def tensor_digest(payload: Any, *, values: bool = False) -> str:
 def load_checkpoint(
     path: str | os.PathLike, *, map_location: str | torch.device = "cpu", kind: str | None = None
 ) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``; raise :class:`CheckpointError` on bad files.
+    """Load a checkpoint with ``weights_only=True``; raise :class:`CheckpointError` on bad files
+    (and ValueError naming CUDA for a ``map_location`` on a GPU this machine lacks).
 
     A checkpoint without a digest (written before digests existed) loads with a
     :class:`CheckpointWarning` naming the file and :func:`resave_checkpoint`.
     """
     import torch
 
+    from mlip_unc.train.device import require_available
+
     path = check_checkpoint_file(path)
+    require_available(map_location, name="map_location")  # not "truncated" when CUDA is missing
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # pickle, zip and EOF errors all mean an unreadable file

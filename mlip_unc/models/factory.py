@@ -37,7 +37,16 @@ from mlip_unc.models.property import (
 )
 from mlip_unc.nn.bayesian import BayesianLinear, BayesianMLP
 
-__all__ = ["build_model", "PropertyPredictor"]
+__all__ = ["TRAIN_ELEMENTS_KEY", "build_model", "PropertyPredictor", "molecule_elements"]
+
+#: metadata key of a property checkpoint: the atomic numbers its training molecules held
+TRAIN_ELEMENTS_KEY = "train_elements"
+
+
+def molecule_elements(graphs: Sequence[Data]) -> list[set[int]]:
+    """Atomic numbers of each molecule graph (:func:`~mlip_unc.data.molecules.smiles_to_graph`:
+    column 0 of the ``from_smiles`` atom features; implicit hydrogens are not atoms there)."""
+    return [{int(z) for z in graph.x[:, 0].tolist()} for graph in graphs]
 
 
 def build_model(
@@ -122,6 +131,25 @@ class PropertyPredictor:
 
             calibrators = [calibrator_from_state_dict(d) for d in payload["calibration"]]
         return cls(model.eval(), config, meta, calibrators)
+
+    def unseen_elements(self, graphs: Sequence[Data]) -> list[list[str]] | None:
+        """Per molecule, the symbols of its elements that no training molecule held.
+
+        The model's stds do not grow for them (a molecule with Si or Cl, trained on C, H, O,
+        can get the epistemic std of one it knows), so such predictions are extrapolations that
+        the std does not flag. ``None`` for a checkpoint that does not record its training
+        elements (``metadata["train_elements"]``, written by training since it was added).
+        """
+        from ase.data import chemical_symbols
+
+        seen = self.metadata.get(TRAIN_ELEMENTS_KEY)
+        if seen is None:
+            return None
+        known = {int(z) for z in seen}
+        return [
+            [chemical_symbols[z] for z in sorted(elements - known)]
+            for elements in molecule_elements(graphs)
+        ]
 
     def predict(self, graphs: Sequence[Data], *, batch_size: int = 256) -> dict[str, np.ndarray]:
         out = predict_graphs(self.model, graphs, batch_size=batch_size)

@@ -23,38 +23,62 @@ receiver to the sender; MACE's edge vector points from the sender to the receive
 given ``-batch_edge_vectors(batch)`` on the same ``edge_index``: the same messages, and the
 gradients reach positions and cell (forces, stress).
 
-mace-torch is optional: it is imported when a MACE backbone is built (``pip install
-mlip-unc[mace]``). The constructor arguments of both classes are plain data, so checkpoints
+mace-torch is optional: it is imported when a MACE backbone is built (the ``mace`` extra; a
+missing install raises :class:`~mlip_unc.extras.MissingDependencyError` with the pip command
+for this installation). e3nn compiles the blocks' modules with TorchScript as they are built,
+and torch warns about their annotations once per module: :func:`quiet_scripting` drops those
+warnings, which say nothing about the model. The constructor arguments of both classes are plain data, so checkpoints
 rebuild them without pickled code (:mod:`mlip_unc.nn.mace_config` converts a model's config).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from mlip_unc import keys
+from mlip_unc.extras import MissingDependencyError, pip_install_hint
 from mlip_unc.geometry import batch_edge_vectors
 from mlip_unc.nn.radial import PerAtomBackbone
 
-__all__ = ["MACEBackbone", "MACEModelFeatures", "import_mace", "mace_inputs", "mace_layer_features"]
+__all__ = [
+    "MACEBackbone",
+    "MACEModelFeatures",
+    "import_mace",
+    "mace_inputs",
+    "mace_layer_features",
+    "quiet_scripting",
+]
 
-INSTALL_HINT = "pip install mlip-unc[mace]"
+#: torch's warning on every e3nn module that TorchScript compiles while a MACE is built
+_SCRIPTING_WARNING = r"The TorchScript type system doesn't support instance-level annotations"
 
 
 def import_mace(name: str = "mace.modules") -> Any:
-    """Import a mace-torch module, or raise ImportError saying how to install it."""
+    """Import a mace-torch module, or raise :class:`MissingDependencyError` saying how to
+    install it (the command right for this installation)."""
     try:
         return importlib.import_module(name)
     except ImportError as err:
-        raise ImportError(
+        raise MissingDependencyError(
             f"the MACE backbones need mace-torch ({name} could not be imported: {err}); "
-            f"install it with: {INSTALL_HINT}"
+            f"install it with: {pip_install_hint('mace')}"
         ) from err
+
+
+@contextlib.contextmanager
+def quiet_scripting() -> Iterator[None]:
+    """Build mace-torch modules without torch's TorchScript annotation warnings (one per e3nn
+    module compiled; other warnings pass)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SCRIPTING_WARNING, category=UserWarning)
+        yield
 
 
 def scalar_slices(irreps: Any) -> list[tuple[int, int]]:
@@ -206,24 +230,25 @@ class MACEBackbone(PerAtomBackbone):
         self.latent_dim = int(latent_dim)
         self.r_max = float(r_max)
         self.num_types = int(num_types)
-        self.mace = modules.MACE(
-            r_max=float(r_max),
-            num_bessel=int(num_basis),
-            num_polynomial_cutoff=int(cutoff_p),
-            max_ell=int(l_max),
-            interaction_cls=modules.interaction_classes[interaction],
-            interaction_cls_first=modules.interaction_classes[interaction_first],
-            num_interactions=int(num_layers),
-            num_elements=int(num_types),
-            hidden_irreps=o3.Irreps(_hidden_irreps(int(channels), int(max_L))),
-            MLP_irreps=o3.Irreps("16x0e"),
-            atomic_energies=np.zeros(int(num_types)),
-            avg_num_neighbors=float(avg_num_neighbors),
-            atomic_numbers=list(range(1, int(num_types) + 1)),
-            correlation=int(correlation),
-            gate=torch.nn.functional.silu,
-            radial_MLP=[int(w) for w in radial_mlp],
-        )
+        with quiet_scripting():
+            self.mace = modules.MACE(
+                r_max=float(r_max),
+                num_bessel=int(num_basis),
+                num_polynomial_cutoff=int(cutoff_p),
+                max_ell=int(l_max),
+                interaction_cls=modules.interaction_classes[interaction],
+                interaction_cls_first=modules.interaction_classes[interaction_first],
+                num_interactions=int(num_layers),
+                num_elements=int(num_types),
+                hidden_irreps=o3.Irreps(_hidden_irreps(int(channels), int(max_L))),
+                MLP_irreps=o3.Irreps("16x0e"),
+                atomic_energies=np.zeros(int(num_types)),
+                avg_num_neighbors=float(avg_num_neighbors),
+                atomic_numbers=list(range(1, int(num_types) + 1)),
+                correlation=int(correlation),
+                gate=torch.nn.functional.silu,
+                radial_MLP=[int(w) for w in radial_mlp],
+            )
         # atomic_numbers 1..num_types stand for the type indices: only MACE's ZBL repulsion and
         # distance transforms read them, and neither is used here. The readouts are this project's: MACE's are dropped.
         self.mace.readouts = nn.ModuleList()

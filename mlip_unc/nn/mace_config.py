@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlip_unc.nn.mace_backbone import import_mace
+from mlip_unc.nn.mace_backbone import import_mace, quiet_scripting
 
 __all__ = ["SUPPORTED_CLASSES", "build_mace_model", "plain_mace_config"]
 
@@ -115,4 +115,5 @@ def build_mace_model(class_name: str, config: dict[str, Any]) -> nn.Module:
             kwargs[key] = o3.Irreps(kwargs[key])
     for key in _ARRAY_KEYS:
         kwargs[key] = np.asarray(kwargs[key], dtype=np.float64)
-    return getattr(modules, class_name)(**kwargs)
+    with quiet_scripting():
+        return getattr(modules, class_name)(**kwargs)

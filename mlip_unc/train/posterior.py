@@ -367,9 +367,11 @@ def fit_full_posterior(
     (moment matching, ``mlip-unc attach``; may raise :class:`PosteriorCalibrationError`).
     ``probes``: estimate the training frames' force precision from that many random sign probes
     per batch (seeded by ``seed``; module docstring) where validation frames are given; the
-    validation pass, which calibrates, stays exact. Calibrated on fewer structures than
-    :data:`~mlip_unc.uncertainty.sample_size.MIN_CALIBRATION_SIZE`, it logs a warning and
-    returns it as ``warning``."""
+    validation pass, which calibrates, stays exact. Without force labels (energy-only data,
+    ``loss.forces_weight: 0``) lambda and the scales come from the energies, the force scales
+    are the energy's and the force noise is 0 (nothing to calibrate them on). Calibrated on
+    fewer structures than :data:`~mlip_unc.uncertainty.sample_size.MIN_CALIBRATION_SIZE`, it
+    logs a warning and returns it as ``warning``."""
     if calibration not in ("nll", "rmse"):
         raise ValueError(f"calibration must be 'nll' or 'rmse', got {calibration!r}")
     was_training = model.training
@@ -389,18 +391,26 @@ def fit_full_posterior(
     scale = float(eig.mean()) if float(eig.mean()) > 0 else 1.0
     f_proj = vec.T @ val["jac"]  # (d, 3 M)
     e_proj = vec.T @ val["phi"].T  # (d, n_frames)
+    energy_only = val["f_err"].numel() == 0  # no force labels (loss.forces_weight 0)
     scores = []
     for c in _GRID:
         lam = c * scale
-        alpha2, noise2, nll = gaussian_scale_fit(val["f_err"], _variances(f_proj, eig, lam))
-        scores.append((nll, lam, alpha2, noise2))
+        if energy_only:  # lambda from the energies' NLL
+            fitted = gaussian_scale_fit(val["e_err"], _variances(e_proj, eig, lam), val["n_atoms"])
+        else:
+            fitted = gaussian_scale_fit(val["f_err"], _variances(f_proj, eig, lam))
+        scores.append((fitted[2], lam, fitted[0], fitted[1]))
     nll_f, lam, alpha2_f, noise2_f = min(scores)
     alpha2_e, noise2_e, nll_e = gaussian_scale_fit(
         val["e_err"], _variances(e_proj, eig, lam), val["n_atoms"]
     )
     rank = min(int(model.posterior_rank), eig.shape[0])  # low rank: the smallest eig of A
     low = _variances(f_proj[:rank], eig[:rank], lam)
-    alpha2_r, _, nll_r = gaussian_scale_fit(val["f_err"], low, fixed_noise=noise2_f)
+    if energy_only:  # the forces' scales are the energy's, their noise unknown (0)
+        alpha2_f, noise2_f, nll_f = alpha2_e, 0.0, math.nan
+        alpha2_r, nll_r = alpha2_e, math.nan
+    else:
+        alpha2_r, _, nll_r = gaussian_scale_fit(val["f_err"], low, fixed_noise=noise2_f)
     checks: dict[str, float] = {}
     if calibration == "rmse":
         scales, checks = _rmse_calibration(val, f_proj, e_proj, eig, lam, rank)

@@ -4,6 +4,7 @@ statistics. :func:`prepare_data` is shared by the members of a committee.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,8 +23,11 @@ from mlip_unc.data import (
     random_split,
     read_structures,
 )
+from mlip_unc.data.neighbours import crowded_cutoff
 from mlip_unc.data.ondisk import is_store
 from mlip_unc.data.open import FrameSelection, select_frames
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PreparedData", "prepare_data", "data_fingerprint", "select_part"]
 
@@ -53,10 +57,16 @@ class PreparedData:
     avg_num_neighbors: float
 
 
-def select_part(config: PotentialConfig, path: str, *, forces: bool = True) -> FrameSelection:
+def select_part(
+    config: PotentialConfig, path: str, *, forces: bool | None = None
+) -> FrameSelection:
     """The frames ``data.index`` of a training, validation or test file or on-disk set, with the
-    energy (and forces, and stress when the loss uses it) checked on every frame."""
+    energy (and forces, by default when the loss uses them, and stress when the loss uses it)
+    checked on every frame."""
     data = config.data
+    if forces is None:  # energy-only data trains with loss.forces_weight 0
+        loss = config.loss
+        forces = loss.forces_weight > 0 or (loss.stage_two_forces_weight or 0.0) > 0
     return select_frames(
         path,
         r_max=data.r_max,
@@ -150,6 +160,9 @@ def prepare_data(config: PotentialConfig) -> PreparedData:
         raise DataError(f"'{data.train}': no multi-atom training frames")
     train_part = selected.subset(train_pos)
     train_atoms = train_part.structures()
+    crowded = crowded_cutoff(train_atoms, data.r_max)  # before the graphs are built
+    if crowded is not None:
+        log.warning("%s", crowded)
     type_map = TypeMap(tuple(sorted(train_part.elements() | valid.elements())))
     refs = _reference_energies(
         config.model.reference_energies,

@@ -28,7 +28,12 @@ from torch_geometric.data import Data
 from mlip_unc import keys
 from mlip_unc.config import PropertyConfig, RegularizerKind, StopMetric
 from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from mlip_unc.models.factory import PropertyPredictor, build_model
+from mlip_unc.models.factory import (
+    TRAIN_ELEMENTS_KEY,
+    PropertyPredictor,
+    build_model,
+    molecule_elements,
+)
 from mlip_unc.models.property import (
     CHECKPOINT_KIND,
     StandardisedModel,
@@ -319,6 +324,7 @@ def train_property_model(
         "n_targets": n_targets,
         "target_names": names,
         "n_train": len(train),
+        TRAIN_ELEMENTS_KEY: sorted(set().union(*molecule_elements(train))),
     }
     model = seeded_model(config, train)
     if freeze_posterior is not None:

@@ -53,6 +53,11 @@ def _finite(*arrays: np.ndarray) -> np.ndarray:
     return mask
 
 
+#: points below which :func:`spearman` and :func:`partial_spearman` are NaN
+MIN_RANK_PAIRS = 3
+MIN_PARTIAL_PAIRS = 4
+
+
 def spearman(a: ArrayLike, b: ArrayLike) -> float:
     """Spearman rank correlation of ``a (n,)`` and ``b (n,)`` over the finite pairs.
 
@@ -61,7 +66,7 @@ def spearman(a: ArrayLike, b: ArrayLike) -> float:
     """
     x, y = as_numpy(a), as_numpy(b)
     ok = _finite(x, y)
-    if ok.sum() < 3:
+    if ok.sum() < MIN_RANK_PAIRS:
         return float("nan")
     return spearman_corr(x[ok], y[ok])
 
@@ -131,7 +136,7 @@ def partial_spearman(x: ArrayLike, y: ArrayLike, control: ArrayLike) -> float:
     """
     a, b, c = as_numpy(x), as_numpy(y), as_numpy(control)
     ok = _finite(a, b, c)
-    if ok.sum() < 4:
+    if ok.sum() < MIN_PARTIAL_PAIRS:
         return float("nan")
     a, b, c = a[ok], b[ok], c[ok]
     r_xy, r_xz, r_yz = spearman_corr(a, b), spearman_corr(a, c), spearman_corr(b, c)

@@ -98,7 +98,14 @@ def test_train_then_predict(tiny_csv, tmp_path):
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader(preds.open()))
     assert len(rows) == len(SMILES)
-    assert list(rows[0]) == ["smiles", "mean", "std", "epistemic_std", "aleatoric_std"]
+    assert list(rows[0]) == [
+        "smiles",
+        "mean",
+        "std",
+        "epistemic_std",
+        "aleatoric_std",
+        "unseen_elements",
+    ]
     assert [r["smiles"] for r in rows] == SMILES
     for row in rows:
         std, epi, alea = float(row["std"]), float(row["epistemic_std"]), float(row["aleatoric_std"])
