@@ -379,6 +379,9 @@ def run_md(
     whose frame the calculator refused (:data:`CALCULATOR_FAILURES`: NaN results, coincident
     atoms) ends normally too, with ``failure`` set, a failed row in ``md.csv`` and the frame in
     ``failed.xyz``. ``progress``: a tqdm bar of the MD steps (the caller decides: terminal, ``-q``).
+    A run that raises before its first frame is logged (an element the model never saw) leaves
+    none of these files (nor ``out_dir`` when this call made it): no empty ``md.traj`` looks
+    like a run.
     """
     from ase.io.trajectory import Trajectory
     from ase.md.langevin import Langevin
@@ -386,6 +389,7 @@ def run_md(
     from ase.md.verlet import VelocityVerlet
 
     out_dir = Path(out_dir)
+    made_dir = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     atoms = atoms.copy()
     atoms.calc = calc
@@ -414,30 +418,39 @@ def run_md(
     bar = tqdm(
         total=settings.steps, desc=title or "md", unit="step", disable=not progress, leave=False
     )
-    with (
-        Trajectory(paths["trajectory"], "w", atoms) as traj,
-        UncertaintyMonitor(
-            atoms,
-            paths["csv"],
-            flagged_path=paths["flagged_path"],
-            dyn=dyn,
-            max_flags=settings.max_flags,
-        ) as monitor,
-        bar,
-    ):
-        dyn.attach(monitor, interval=settings.interval)  # first: computes the uncertainties
-        dyn.attach(lambda: traj.write(predicted_frame(atoms)), interval=settings.interval)
-        dyn.attach(lambda: bar.update(int(dyn.nsteps) - bar.n), interval=settings.interval)
-        try:
-            dyn.run(settings.steps)
-        except UncertaintyLimitReached:
-            stopped = True
-        except MDFailed as err:  # the monitor's own calculator call failed (row recorded)
-            failure = str(err.error)
-        except CALCULATOR_FAILURES as err:  # the integrator's force call failed
-            monitor.record_failure(err, step=int(dyn.nsteps) + (1 if monitor.n_calls else 0))
-            failure = str(err)
-        md_log = {k: monitor.column(k) for k in CSV_COLUMNS}
+    monitor: UncertaintyMonitor | None = None
+    try:
+        with (
+            Trajectory(paths["trajectory"], "w", atoms) as traj,
+            UncertaintyMonitor(
+                atoms,
+                paths["csv"],
+                flagged_path=paths["flagged_path"],
+                dyn=dyn,
+                max_flags=settings.max_flags,
+            ) as monitor,
+            bar,
+        ):
+            dyn.attach(monitor, interval=settings.interval)  # first: computes the uncertainties
+            dyn.attach(lambda: traj.write(predicted_frame(atoms)), interval=settings.interval)
+            dyn.attach(lambda: bar.update(int(dyn.nsteps) - bar.n), interval=settings.interval)
+            try:
+                dyn.run(settings.steps)
+            except UncertaintyLimitReached:
+                stopped = True
+            except MDFailed as err:  # the monitor's own calculator call failed (row recorded)
+                failure = str(err.error)
+            except CALCULATOR_FAILURES as err:  # the integrator's force call failed
+                monitor.record_failure(err, step=int(dyn.nsteps) + (1 if monitor.n_calls else 0))
+                failure = str(err)
+            md_log = {k: monitor.column(k) for k in CSV_COLUMNS}
+    except BaseException:
+        if monitor is None or not monitor.rows:  # raised before the first logged frame
+            for path in paths.values():
+                path.unlink(missing_ok=True)
+            if made_dir and not any(out_dir.iterdir()):
+                out_dir.rmdir()
+        raise
     if failure is not None:
         failed = atoms.copy()  # no calculator: nothing passes as a label
         failed.info.update(step=int(monitor.rows[-1]["step"]), error=failure)
