@@ -21,12 +21,17 @@ at every size; the default with a full posterior), ``"sampled"`` (``n_samples`` 
 generator is re-seeded with ``seed`` at every calculation), ``"energy"`` (energy uncertainties
 only, free with the forward pass) and ``"none"``; default ``default_uncertainty_mode(model)``.
 
-One model call per structure: whatever property ASE asks for first, the calculator computes
-everything its mode provides (energy, forces, stress on fully periodic cells, and their
-uncertainties) in that one pass and serves every later request for the same structure from
-the cache, as MACE's calculator does. So the order of ``get_forces()`` and
-``get_property("max_force_std")`` does not matter. MD that needs no force uncertainty should
-use ``uncertainty="energy"`` (energy variances are free with the forward pass) or ``"none"``.
+One model call per structure: the backbone runs once per new structure, and every later
+request for the same structure is served from the cache, as MACE's calculator does.
+Force uncertainties on demand (``on_demand=True``, the default): a request that needs no force
+uncertainty (``get_forces()``, as every ASE integrator makes) runs energy, forces, stress and
+the free energy uncertainties, and keeps that forward pass; asking for ``max_force_std`` (or
+any force or stress uncertainty) on the same structure later adds only its backward passes,
+in ``lowrank`` for ``"auto"`` at every size. So MD that reads sigma every ``interval`` steps
+pays for it on those steps only, at full quality. A request that names a force uncertainty
+first computes everything in one pass (``"auto"``: lowrank on small structures, sketch on
+large ones). The values are the same either way; ``on_demand=False`` always computes
+everything in one pass.
 
 Safety: atoms closer than 0.01 A raise :class:`~mlip_unc.data.domain.CoincidentAtomsError` (a
 ``ValueError`` naming the pair) before the model runs; the domain guard (``metadata["domain"]``
@@ -61,12 +66,12 @@ from mlip_unc.models.committee import Committee
 from mlip_unc.models.full_posterior import default_uncertainty_mode
 from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
 from mlip_unc.models.potential_checkpoint import incomplete_reason
+from mlip_unc.train.device import require_available
 from mlip_unc.uncertainty.sample_size import MIN_CALIBRATION_SIZE, CalibrationWarning
 
 __all__ = [
     "UncertaintyCalculator",
     "Thresholds",
-from mlip_unc.train.device import require_available
     "ThresholdError",
     "NonFiniteResultError",
     "UNCERTAINTY_MODES",
@@ -259,6 +264,8 @@ class UncertaintyCalculator(Calculator):
         domain: a :class:`~mlip_unc.data.domain.DomainGuard` (or its ``to_dict()``); ``None``
             reads ``metadata["domain"]`` of the checkpoint (or ``model.metadata``), ``False``
             disables it. Without a guard ``out_of_domain*`` are not available.
+        on_demand: force uncertainties only when asked for, from the kept forward pass (module
+            docstring); a committee always computes everything in one pass.
         **kwargs: passed to ``ase.calculators.calculator.Calculator``.
 
     Raises:
@@ -298,6 +305,7 @@ class UncertaintyCalculator(Calculator):
         thresholds: Thresholds | Mapping[str, Any] | None = None,
         seed: int = 0,
         domain: DomainGuard | Mapping[str, Any] | bool | None = None,
+        on_demand: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -344,7 +352,15 @@ class UncertaintyCalculator(Calculator):
             p for p in type(self).implemented_properties if p not in drop
         ]
         self.n_model_calls = 0  # forward passes run (for tests and profiling)
+        self.n_uncertainty_calls = 0  # force-uncertainty passes on a kept forward pass
         self.last_domain_check: DomainCheck | None = None
+        # On demand: a request without force uncertainties runs energy + forces and keeps the
+        # forward pass; asking for them later on the same structure adds only their backward
+        # passes (lowrank for "auto": the amortised cost allows the full-quality mode).
+        self.on_demand = bool(
+            on_demand and uncertainty in _FORCE_MODES and hasattr(self.model, "forward_kept")
+        )
+        self._kept: tuple[Batch, Any, dict[str, torch.Tensor]] | None = None
 
     # ------------------------------------------------------------------ ASE entry point
     def calculate(
@@ -368,6 +384,7 @@ class UncertaintyCalculator(Calculator):
             ]
         if system_changes:
             self.results = {}
+            self._kept = None
         unknown = [p for p in properties if p not in self.implemented_properties]
         if unknown:
             raise PropertyNotImplementedError(
@@ -377,6 +394,13 @@ class UncertaintyCalculator(Calculator):
             raise PropertyNotImplementedError(
                 "stress needs a fully periodic cell (atoms.pbc all True)"
             )
+        wants_sigma = any(p in self._sigma_properties for p in properties)
+        if self._kept is not None and wants_sigma:  # the same structure: add the uncertainties
+            self._add_force_uncertainty(periodic)
+            return
+        if self.on_demand and not wants_sigma:
+            self._plain_kept(structure, periodic)
+            return
         # Everything the mode provides, in one pass; later requests are served from the cache.
         force_unc = self.uncertainty in _FORCE_MODES
         want_stress = periodic
@@ -386,6 +410,69 @@ class UncertaintyCalculator(Calculator):
         domain = self._check_domain(batch)  # raises on coincident atoms before the model runs
         out = self._run(batch, mode, forces=want_forces, stress=want_stress)
         res = self._convert(out, forces=want_forces, stress=want_stress, force_unc=force_unc)
+        if domain is not None:
+            res[keys.CALC_OUT_OF_DOMAIN] = domain.out_of_domain
+            res[keys.CALC_OUT_OF_DOMAIN_REASON] = domain.reason
+        if keys.CALC_UNCERTAINTY_FLAG in res:
+            res[keys.CALC_FLAG] = res[keys.CALC_UNCERTAINTY_FLAG] or bool(
+                domain and domain.out_of_domain
+            )
+        self._check_finite(res)
+        self.results.update(res)
+
+    # ------------------------------------------------------------------ on demand
+    @property
+    def _sigma_properties(self) -> set[str]:
+        """The properties that need the force uncertainties (the flags too when a force
+        threshold is set)."""
+        out = set(_FORCE_UNC)
+        if self.thresholds.needs_forces:
+            out |= set(_FLAGS)
+        return out
+
+    def _plain_kept(self, structure: Atoms, periodic: bool) -> None:
+        """Energy, forces (stress), the free energy uncertainties and the domain check in one
+        forward pass whose graph is kept for :meth:`_add_force_uncertainty`."""
+        batch = self._graph_batch(structure)
+        domain = self._check_domain(batch)
+        self.n_model_calls += 1
+        out, state = self.model.forward_kept(batch, compute_stress=periodic)
+        plain = {k: v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)}
+        res = self._convert(plain, forces=True, stress=periodic, force_unc=False)
+        self._finish(res, domain)  # the flag too when no force threshold is set
+        self._kept = (batch, state, plain)
+
+    def _add_force_uncertainty(self, periodic: bool) -> None:
+        """The force (stress) uncertainties of the kept forward pass: its backward passes only.
+        The energy and forces already returned stay as they are."""
+        assert self._kept is not None
+        batch, state, plain = self._kept
+        self._kept = None  # its graph is used up
+        mode = "lowrank" if self.uncertainty == "auto" else self.uncertainty
+        generator = (
+            torch.Generator(device=self.device).manual_seed(self.seed)
+            if mode == "sampled"
+            else None
+        )
+        self.n_uncertainty_calls += 1
+        extra = self.model.uncertainty_from_state(
+            state, mode, n_samples=self.n_samples, generator=generator
+        )
+        out = dict(plain)
+        for key, value in extra.items():
+            if isinstance(value, torch.Tensor) and key not in plain:
+                out[key] = value.detach()
+        with torch.no_grad():
+            noise = self.model.noise_variances(batch)
+        out["_forces_noise"] = noise[keys.FORCES].detach()  # (n_atoms, 3)
+        if keys.STRESS in noise:
+            out["_stress_noise"] = noise[keys.STRESS].detach()  # (n_graphs, 3, 3)
+        res = self._convert(out, forces=True, stress=periodic, force_unc=True)
+        new = {k: v for k, v in res.items() if k not in self.results or k in _FLAGS}
+        self._finish(new, self.last_domain_check if self.domain is not None else None)
+
+    def _finish(self, res: dict[str, Any], domain: DomainCheck | None) -> None:
+        """Domain verdict and combined flag into ``res``, finiteness checked, cached."""
         if domain is not None:
             res[keys.CALC_OUT_OF_DOMAIN] = domain.out_of_domain
             res[keys.CALC_OUT_OF_DOMAIN_REASON] = domain.reason

@@ -425,3 +425,62 @@ def test_nve_20000_steps_drift(capsys):
         )
     assert np.all(np.isfinite(etot)) and len(etot) == 2001
     assert abs(slope) < 1e-5 and np.abs(etot - etot[0]).max() < 1e-4
+
+
+def _full_posterior_model() -> BayesianPotential:
+    model = tiny_model()
+    d = model.posterior_width
+    model.set_full_posterior(0.5 * torch.eye(d), torch.tensor([1.0, 1.0, 0.01, 0.01]))
+    return model
+
+
+def test_monitored_md_runs_one_forward_a_step_and_sigma_only_on_monitored_steps(tmp_path, cu):
+    """MD asks for forces every step and the monitor for sigma every ``interval`` steps: the
+    backbone runs once a step, the force-uncertainty backward passes only on monitored steps."""
+    import mlip_unc.models.full_posterior as fp
+    from mlip_unc.active.monitor import run_md
+    from mlip_unc.config import MDSettings
+
+    calc = UncertaintyCalculator(_full_posterior_model(), uncertainty="auto")
+    forwards, sigma_passes = [], []
+    calc.model.backbone.register_forward_hook(
+        lambda _m, _i, z: forwards.append(1) if z.shape[0] == len(cu) else None
+    )
+    original = fp.full_derivatives
+
+    def counted(*args, **kwargs):
+        sigma_passes.append(1)
+        return original(*args, **kwargs)
+
+    fp.full_derivatives = counted
+    try:
+        settings = MDSettings(temperature=300, steps=20, timestep=1.0, interval=5)
+        result = run_md(cu, calc, settings, tmp_path / "md", plot=False)
+    finally:
+        fp.full_derivatives = original
+    monitored = len(result.log["step"])
+    assert monitored == 5  # steps 0, 5, 10, 15, 20
+    assert len(forwards) == calc.n_model_calls == 21  # the start and one per step
+    assert len(sigma_passes) == calc.n_uncertainty_calls == monitored
+    assert np.all(np.isfinite(result.log["max_force_std"]))
+
+
+@pytest.mark.parametrize("mode", ["lowrank", "exact", "sketch", "sampled", "auto"])
+def test_on_demand_sigma_equals_the_one_call_mode(cu, mode):
+    """Forces first, then sigma (on demand, one forward pass) gives what asking for sigma
+    first gives; ``auto`` on demand is ``lowrank``."""
+    model = _full_posterior_model()
+    lazy = UncertaintyCalculator(model, uncertainty=mode)
+    eager = UncertaintyCalculator(
+        model, uncertainty="lowrank" if mode == "auto" else mode, on_demand=False
+    )
+    for calc in (lazy, eager):
+        atoms = cu.copy()
+        atoms.calc = calc
+        atoms.get_forces()
+        calc.get_property("max_force_std", atoms)
+        calc.get_property("stress_std", atoms)
+        assert calc.n_model_calls == 1
+    for key in ("forces", "stress", "energy", "forces_var", "max_force_std", "stress_var"):
+        np.testing.assert_allclose(lazy.results[key], eager.results[key], rtol=1e-10, atol=1e-12)
+    assert lazy.n_uncertainty_calls == 1 and eager.n_uncertainty_calls == 0

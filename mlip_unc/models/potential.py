@@ -402,6 +402,51 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
                 out.update(forces_and_stress(state, list(grads)))
         return out
 
+    def forward_kept(
+        self, batch, *, compute_stress: bool = False
+    ) -> tuple[dict[str, Tensor], PotentialState]:
+        """Energies, forces (stress) and the free energy uncertainties, with the autograd graph
+        of the forward pass kept in the returned state, so that :meth:`uncertainty_from_state`
+        adds the force (stress) uncertainties later without a second forward pass.
+
+        Returns:
+            (the outputs of ``forward(batch, uncertainty="energy")`` with FORCES (and STRESS),
+            the state for :meth:`uncertainty_from_state`).
+        """
+        with torch.enable_grad():
+            state = self._state(batch, forces=True, stress=compute_stress)
+            mu, _ = self.posterior()
+            out = self._energies(state, weights=mu)
+            out.update(
+                posterior_uncertainty(
+                    self, state, UncertaintyMode.ENERGY, n_samples=2, generator=None
+                )
+            )
+            grads = torch.autograd.grad(
+                out[keys.ENERGY].sum(),
+                state.inputs,
+                retain_graph=True,  # kept for uncertainty_from_state
+                allow_unused=True,
+                materialize_grads=True,
+            )
+            out.update(forces_and_stress(state, list(grads)))
+        return out, state
+
+    def uncertainty_from_state(
+        self,
+        state: PotentialState,
+        uncertainty: UncertaintyMode | str,
+        *,
+        n_samples: int = 4,
+        generator: torch.Generator | None = None,
+    ) -> dict[str, Tensor]:
+        """The uncertainty outputs of ``forward(..., uncertainty=uncertainty)`` from the state of
+        :meth:`forward_kept` (its graph is used up: call once per state)."""
+        with torch.enable_grad():
+            return posterior_uncertainty(
+                self, state, UncertaintyMode(uncertainty), n_samples=n_samples, generator=generator
+            )
+
     def sample_forward(
         self,
         batch,
