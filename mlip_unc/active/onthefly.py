@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from mlip_unc.active.data import build_structure, write_frames
 from mlip_unc.active.evaluation import evaluate_structures
 from mlip_unc.active.guard import GeometryGuard
-from mlip_unc.active.oracles import label_structures, make_oracle
+from mlip_unc.active.oracles import check_oracle_elements, label_structures, make_oracle
 from mlip_unc.active.selection import distance_histograms, farthest_point_sampling
 from mlip_unc.active.state import CachedLabels, RunState
 from mlip_unc.active.training import train_members
@@ -278,13 +278,15 @@ def run_on_the_fly(
     """
     from mlip_unc.active.loop import _calculator
 
+    starts = build_structure(config.structures) if config.structures is not None else []
+    check_oracle_elements(config.oracle, starts)  # before any folder or work
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     state = RunState.start(out, config.to_dict(), resume=resume, overwrite=overwrite)
     remove_stale_temps(out, recursive=True)
     cache = CachedLabels(out / "labels")
     oracle = make_oracle(config.oracle)
-    start = build_structure(config.structures)[0] if config.structures is not None else None
+    start = starts[0] if starts else None
     cpu = time.process_time()
     train, valid = _seed_data(config, oracle, start if start is not None else Atoms(), out, cache)
     state.data.setdefault("cpu_seed_s", time.process_time() - cpu)

@@ -428,7 +428,9 @@ def active_learn(
     ),
     threads: int = threads_option(),
 ) -> None:
-    """Rounds of MD -> flag -> label with the oracle -> retrain; writes OUT/report.md and rounds.png.
+    """MD -> flag -> label with the oracle -> retrain, in rounds or on the fly (mode:
+    on_the_fly: the oracle is called when a monitored frame crosses the threshold); writes
+    OUT/report.md.
 
     Every finished stage is committed to OUT/state.json and every oracle label to OUT/labels/, so
     a killed run continues with --resume without labelling a structure twice."""
@@ -445,6 +447,22 @@ def active_learn(
     from mlip_unc.active.oracles import OracleError
 
     set_threads(threads)
+    if cfg.mode == "on_the_fly":
+        from mlip_unc.active.onthefly import run_on_the_fly
+
+        try:
+            result = run_on_the_fly(cfg, resume=resume, overwrite=overwrite, progress=_progress())
+        except user_errors(OracleError, FileExistsError) as err:
+            fail(err)
+        last = result.rows[-1]
+        typer.echo(
+            f"{result.ended}: {result.calls} oracle calls, {len(result.rows) - 1} model updates, "
+            f"{last['md_ps']:.2f} ps of MD up to {last['temperature']:g} K; validation force MAE "
+            f"{1000 * last['valid_force_mae']:.1f} meV/Å, energy MAE "
+            f"{1000 * last['valid_energy_mae']:.1f} meV"
+        )
+        typer.echo(f"model: {result.model}; report: {Path(cfg.out) / 'report.md'}")
+        return
     try:
         rows = run_active_learning(cfg, resume=resume, overwrite=overwrite, progress=_progress())
     except user_errors(OracleError, FileExistsError) as err:

@@ -197,3 +197,14 @@ def test_resume_continues_without_new_oracle_calls_for_done_work(tmp_path, tiny_
     assert again.calls == first.calls and len(again.rows) == len(first.rows)
     with pytest.raises(FileExistsError):
         run_on_the_fly(config)
+
+
+def test_an_oracle_that_cannot_label_the_elements_fails_before_any_work(tmp_path, tiny_training):
+    from mlip_unc.active.oracles import OracleError
+
+    config = _config(tmp_path, tiny_training).updated(
+        structures={"bulk": "Si", "crystalstructure": "diamond", "a": 5.43, "cubic": True}
+    )
+    with pytest.raises(OracleError, match="Si"):
+        run_on_the_fly(config)
+    assert not (tmp_path / "run").exists()
