@@ -31,7 +31,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,27 @@ class _MD:
             md_fs=float(d["md_fs"]),
             geometry_stops=int(d["geometry_stops"]),
         )
+
+
+@contextmanager
+def _quiet_training() -> Iterator[None]:
+    """The trainer's per-epoch lines off while a model is updated (the run's bar and its
+    per-update summary say what matters; ``updates.jsonl`` keeps the numbers)."""
+    names = ("mlip_unc.train", "mlip_unc.active.training", "mlip_unc.data")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _quiet(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    with _quiet_training():
+        return fn(*args, **kwargs)
 
 
 def choose_labels(flagged: list[Atoms], k: int) -> list[Atoms]:
@@ -325,8 +347,14 @@ def run_on_the_fly(
         models = (
             [Path(config.model)]
             if config.model
-            else train_members(
-                train, valid, training, out / "update_0", members=config.committee, seed=config.seed
+            else _quiet(
+                train_members,
+                train,
+                valid,
+                training,
+                out / "update_0",
+                members=config.committee,
+                seed=config.seed,
             )
         )
         from ase.md.velocitydistribution import Stationary, thermalize_momenta
@@ -362,6 +390,16 @@ def run_on_the_fly(
                 fh.write(json.dumps({k: v for k, v in row.items() if k != "models"}) + "\n")
             if on_update is not None:
                 on_update(row)
+            log.info(
+                "update %d: %d oracle calls, %.2f ps of MD at %g K, validation force MAE "
+                "%.1f meV/A, energy MAE %.1f meV",
+                row["update"],
+                calls,
+                md.md_fs / 1000,
+                ladder[md.t_index],
+                1000 * row["valid_force_mae"],
+                1000 * row["valid_energy_mae"],
+            )
             bar.set_postfix_str(
                 f"MD {md.md_fs / 1000:.2f} ps at {ladder[md.t_index]:g} K, "
                 f"valid force MAE {row['valid_force_mae']:.3f} eV/A"
@@ -463,7 +501,8 @@ def run_on_the_fly(
             u = len(rows)
             scratch = otf.refresh_every > 0 and u % otf.refresh_every == 0
             cpu = time.process_time()
-            models = train_members(
+            models = _quiet(
+                train_members,
                 train,
                 valid,
                 training,
