@@ -45,7 +45,7 @@ from mlip_unc.active.selection import (
     score_properties,
     select,
 )
-from mlip_unc.data.errors import DataError, where
+from mlip_unc.data.errors import DataError, no_frames, where
 from mlip_unc.data.labels import validate_atoms
 from mlip_unc.data.stream import (
     Checkpoint,
@@ -203,6 +203,9 @@ def screen_file(
         chunk_size: frames per task (memory per process: one frame plus the candidates).
         threads_per_worker: torch threads of each worker process (0: torch's default).
         scores_csv: write every frame's scores here, in file order (streamed, atomically).
+
+    Raises:
+        DataError: ``path`` holds no frames (named in the message).
     """
     if top_k is None and threshold is None:
         raise ValueError("give top_k, threshold or both")
@@ -252,6 +255,8 @@ def screen_file(
                 _push(heap, item, keep)
             write_rows(chunk.rows)
             bar.update(chunk.n)
+        if not totals.n:  # an empty file: an error, not "0 structures" (and no --scores file)
+            raise DataError(no_frames(path))
     selected = _select(heap, top_k, threshold, diverse, calc)
     stats = {
         name: {"mean": acc[0] / acc[3], "min": acc[1], "max": acc[2]}

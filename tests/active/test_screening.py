@@ -215,3 +215,27 @@ def test_scale_benchmark_quick_runs_under_30_s(tmp_path):
     assert md.index("## Earlier flag run") < md.index(
         data["command"]
     )  # tables first, then commands
+
+
+@pytest.mark.parametrize("name", ["empty.xyz", "empty.traj"])
+def test_an_empty_file_is_an_error_naming_it_not_zero_structures(tmp_path, tiny_checkpoint, name):
+    from ase.io.trajectory import Trajectory
+    from typer.testing import CliRunner
+
+    from mlip_unc.cli import app
+
+    empty = tmp_path / name
+    if name.endswith(".traj"):
+        Trajectory(empty, "w").close()
+    else:
+        empty.write_text("")
+    make_calc = functools.partial(UncertaintyCalculator, tiny_checkpoint)
+    scores = tmp_path / "scores.csv"
+    with pytest.raises(DataError, match=f"file '{empty}' holds no frames"):
+        screen_file(empty, make_calc, top_k=1, scores_csv=scores)
+    assert not scores.exists()  # no header-only score file
+    out = tmp_path / "flagged.xyz"
+    args = ["flag", "-m", str(tiny_checkpoint), "--data", str(empty), "--out", str(out), "-k", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and f"error: file '{empty}' holds no frames" in result.output
+    assert not out.exists()
