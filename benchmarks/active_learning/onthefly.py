@@ -236,28 +236,35 @@ def _seed_size(out: Path) -> int:
     return len(read_structures(out / "data" / "train.xyz"))
 
 
+FULL_WIDTH = Path("configs/3bpa_equivariant.yaml")  # the potential config at full width
+
+
 def reference_model(
-    work: Path, sets: dict[str, list[Any]], frames: int, extra: Sequence[str] = ()
+    work: Path,
+    sets: dict[str, list[Any]],
+    frames: int,
+    extra: Sequence[str] = (),
+    recipe: str = "shipped",
 ) -> dict[str, Any]:
-    """The shipped config's backbone and recipe trained on ``frames`` oracle frames from MD at
-    :data:`REFERENCE_TEMPERATURES` (seeds 100+, 50 fs apart), with the shipped config's fixed
-    validation recipe (the seed-0 validation set) and isolated atoms."""
-    from mlip_unc.active.data import build_structure
+    """A model trained the plain way on ``frames`` oracle frames from MD at
+    :data:`REFERENCE_TEMPERATURES` (100 fs apart; seeds 100+, disjoint from the test sets) and 12
+    validation frames from their own trajectories, with the oracle's isolated atoms.
+    ``recipe``: ``shipped`` (the backbone and training of the shipped AL config) or
+    ``full_width`` (the model, loss and training of :data:`FULL_WIDTH`), on the same frames."""
+    from mlip_unc.active.data import build_structure, write_frames
     from mlip_unc.active.onthefly import _training
     from mlip_unc.active.oracles import make_oracle
     from mlip_unc.active.seed import seed_frames
     from mlip_unc.active.training import train_model
     from mlip_unc.config import SeedSettings, load_active_config
+    from mlip_unc.config.loader import load_raw
+    from mlip_unc.data.readers import read_structures
 
     config = load_active_config(CONFIG, [f"out={work / 'reference'}", *extra])
     out = work / "reference"
-    start = build_structure(config.structures)[0]
-    oracle = make_oracle(config.oracle)
     cpu = time.process_time()
     pool_file = out / "data" / "train.xyz"
     if pool_file.is_file():
-        from mlip_unc.data.readers import read_structures
-
         train = read_structures(pool_file)
         valid = read_structures(out / "data" / "valid.xyz")
     else:
@@ -269,15 +276,31 @@ def reference_model(
             timestep=0.5,
             seed=100,
         )
-        train, valid = seed_frames(start, oracle, settings)
-        from mlip_unc.active.data import write_frames
-
+        start = build_structure(config.structures)[0]
+        train, valid = seed_frames(start, make_oracle(config.oracle), settings)
         write_frames(out / "data" / "valid.xyz", valid)
         write_frames(pool_file, train)
     cpu_oracle = time.process_time() - cpu
+    training = _training(config, out, train)
+    if recipe == "full_width":
+        full = load_raw(FULL_WIDTH)
+        training = {
+            **training,
+            "model": {
+                **full["model"],
+                **{
+                    k: v
+                    for k, v in training["model"].items()
+                    if k in ("reference_energies", "refit_offsets")
+                },
+            },
+            "loss": full["loss"],
+            "train": full["train"],
+        }
     cpu = time.process_time()
-    model = train_model(train, valid, _training(config, out, train), out / "model", seed=0)
+    model = train_model(train, valid, training, out / f"model_{recipe}", seed=0)
     return {
+        "recipe": recipe,
         "frames": len(train),
         "errors": score(model, sets),
         "cpu_model_s": time.process_time() - cpu,
@@ -291,8 +314,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--arms",
-        default=",".join(("ours", "reference", *ARMS[1:])),
-        help="comma-separated, in run order (reference: the reference model)",
+        default=",".join(("ours", "reference", *ARMS[1:], "full_width")),
+        help="comma-separated, in run order (reference, full_width: the reference models)",
     )
     p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 5 or 3)")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="run folders")
@@ -331,10 +354,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     for seed in range(max(SEEDS.values())):
         for arm in [a for a in args.arms.split(",") if a]:
-            if arm == "reference":
-                if not read_jsonl(refs):
-                    print("reference model ...", flush=True)
-                    record = reference_model(args.work, sets(), args.reference_frames, extra)
+            if arm in ("reference", "full_width"):
+                recipe = "shipped" if arm == "reference" else "full_width"
+                if not any(r.get("recipe", "shipped") == recipe for r in read_jsonl(refs)):
+                    print(f"reference model ({recipe}) ...", flush=True)
+                    record = reference_model(
+                        args.work, sets(), args.reference_frames, extra, recipe
+                    )
                     append_jsonl(refs, {**record, "command": command})
                     page()
                 continue

@@ -61,7 +61,14 @@ def test_usable_needs_every_set_within_its_limit():
 
 def test_page_is_table_first_short_and_counts_runs(tmp_path):
     reference = [
-        {"frames": 300, "errors": _errors(100.0), "cpu_model_s": 600.0, "cpu_oracle_s": 60.0}
+        {"frames": 300, "errors": _errors(100.0), "cpu_model_s": 600.0, "cpu_oracle_s": 60.0},
+        {
+            "recipe": "full_width",
+            "frames": 300,
+            "errors": _errors(80.0),
+            "cpu_model_s": 1800.0,
+            "cpu_oracle_s": 60.0,
+        },
     ]
     curve = [{"calls": 36, "md_ps": 0, "temperature": 300, "valid_force_mae": 0.2}]
     records = [
@@ -89,5 +96,7 @@ def test_page_is_table_first_short_and_counts_runs(tmp_path):
     assert cells[5] == "110"  # median force MAE at 300 K, meV/A
     assert "(partial)" in lines[0]
     assert any("Broken frames labelled: 0 of the 40 labels" in line for line in lines)
+    assert any("at most 1.25x its force MAE" in line and "missed" in line for line in lines)
+    assert any(line.startswith("| full-width recipe (300") for line in lines)
     assert (tmp_path / report.FIGURE).stat().st_size > 0
     assert report.calls_to_usable(records[0], reference[0]["errors"]) == 60
