@@ -29,7 +29,7 @@ from mlip_unc.data.open import FrameSelection, select_frames
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PreparedData", "prepare_data", "data_fingerprint", "select_part"]
+__all__ = ["PreparedData", "prepare_data", "data_fingerprint", "select_part", "overlap_warning"]
 
 
 @dataclass
@@ -128,6 +128,38 @@ def _statistics(
     return float(np.mean(residuals)), float(np.std(residuals))
 
 
+def _frame_key(atoms: ase.Atoms) -> bytes:
+    """The structure of a frame (atomic numbers, positions to 1e-8 A, cell, pbc) as bytes."""
+    return b"".join(
+        (
+            np.asarray(atoms.numbers, dtype=np.int64).tobytes(),
+            np.round(np.asarray(atoms.positions, dtype=np.float64), 8).tobytes(),
+            np.round(np.asarray(atoms.cell.array, dtype=np.float64), 8).tobytes(),
+            np.asarray(atoms.pbc, dtype=bool).tobytes(),
+        )
+    )
+
+
+def overlap_warning(
+    test: FrameSelection, fitted: Sequence[FrameSelection], path: str
+) -> str | None:
+    """The warning when frames of the test set are also training or validation frames (the
+    same structure): test errors on them are not held-out errors. ``None`` when none are, or
+    when a part is an on-disk set (not read back to compare)."""
+    if test.atoms is None or any(part.atoms is None for part in fitted):
+        return None
+    seen = {_frame_key(atoms) for part in fitted for atoms in part.atoms or []}
+    same = [k for k, atoms in enumerate(test.atoms) if _frame_key(atoms) in seen]
+    if not same:
+        return None
+    first = ", ".join(str(int(test.indices[k])) for k in same[:5])
+    return (
+        f"{len(same)} of {len(test)} test frames in '{path}' are also training or validation "
+        f"frames (frames {first}{', ...' if len(same) > 5 else ''}): their test errors are not "
+        "held-out errors; test on structures the model was not fitted or selected on"
+    )
+
+
 def prepare_data(config: PotentialConfig) -> PreparedData:
     """Read, split and convert the data of ``config``; fit reference energies and statistics.
 
@@ -176,9 +208,11 @@ def prepare_data(config: PotentialConfig) -> PreparedData:
     valid_set = valid.dataset(type_map, dtype=dtype) if len(valid) else None
     test = None
     if data.test:
-        test = (
-            select_part(config, data.test, forces=False).multi_atom().dataset(type_map, dtype=dtype)
-        )
+        test_part = select_part(config, data.test, forces=False).multi_atom()
+        overlap = overlap_warning(test_part, [train_part, valid], data.test)
+        if overlap is not None:
+            log.warning("%s", overlap)
+        test = test_part.dataset(type_map, dtype=dtype)
     shift, std = _statistics(train_atoms, refs, data.energy_key)
     forces = torch.cat(
         [g[keys.FORCES] for g in train.graphs if bool(g[keys.HAS_FORCES])] or [torch.zeros(1, 3)]
