@@ -72,12 +72,15 @@ class ScreenResult:
         n_frames: frames scored.
         stats: per score name, ``mean``, ``min``, ``max`` over all frames (NaN-free scores).
         n_above_threshold: frames with the metric above the threshold (None without one).
+        out_of_domain: indices of the frames the checkpoint's domain guard calls out of
+            domain (selected or not; a warning names those not selected).
     """
 
     selected: list[ase.Atoms]
     n_frames: int
     stats: dict[str, dict[str, float]]
     n_above_threshold: int | None = None
+    out_of_domain: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -89,6 +92,7 @@ class _Chunk:
     n_above: int = 0
     sums: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, min, max, count]
     rows: list[list[Any]] = field(default_factory=list)
+    out_of_domain: list[int] = field(default_factory=list)  # frame indices
 
 
 def plan_chunks(path: str | Path, chunk_size: int) -> tuple[int | None, list[Task]]:
@@ -120,6 +124,8 @@ def _score_task(calc: Any, path: Path, task: Task, opts: dict[str, Any]) -> _Chu
             scores = score_one(calc, atoms, props)
         except (ValueError, FloatingPointError) as err:
             raise DataError(f"{where(path, frame)}: {err}") from err
+        if calc.results.get("out_of_domain"):  # the domain guard's verdict on this frame
+            out.out_of_domain.append(frame)
         value = scores[metric]
         if np.isnan(value):
             raise DataError(
@@ -243,6 +249,7 @@ def screen_file(
         for chunk in _run(path, tasks, opts, make_calc, calc, workers, threads_per_worker):
             totals.n += chunk.n
             totals.n_above += chunk.n_above
+            totals.out_of_domain += chunk.out_of_domain
             for name, acc in chunk.sums.items():
                 t = totals.sums[name]
                 t[0], t[1], t[2], t[3] = (
@@ -258,6 +265,7 @@ def screen_file(
         if not totals.n:  # an empty file: an error, not "0 structures" (and no --scores file)
             raise DataError(no_frames(path))
     selected = _select(heap, top_k, threshold, diverse, calc)
+    _warn_unselected(path, totals, selected, metric)
     stats = {
         name: {"mean": acc[0] / acc[3], "min": acc[1], "max": acc[2]}
         if acc[3]
@@ -265,8 +273,31 @@ def screen_file(
         for name, acc in totals.sums.items()
     }
     return ScreenResult(
-        selected, totals.n, stats, totals.n_above if threshold is not None else None
+        selected,
+        totals.n,
+        stats,
+        totals.n_above if threshold is not None else None,
+        totals.out_of_domain,
     )
+
+
+def _warn_unselected(path: Path, totals: _Chunk, selected: list[ase.Atoms], metric: str) -> None:
+    """Warn about frames out of the training domain that the ranking by ``metric`` left out:
+    the model extrapolates there, and a low std does not say so."""
+    chosen = {int(atoms.info["source_index"]) for atoms in selected}
+    missed = [k for k in totals.out_of_domain if k not in chosen]
+    if missed:
+        shown = ", ".join(map(str, missed[:10])) + (", ..." if len(missed) > 10 else "")
+        log.warning(
+            "%d of %d frames of '%s' are out of the training domain (the checkpoint's domain "
+            "guard) but not selected by %s (frames %s): the model extrapolates there, whatever "
+            "its std says; label them too",
+            len(missed),
+            totals.n,
+            path,
+            metric,
+            shown,
+        )
 
 
 @contextlib.contextmanager

@@ -239,3 +239,34 @@ def test_an_empty_file_is_an_error_naming_it_not_zero_structures(tmp_path, tiny_
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1 and f"error: file '{empty}' holds no frames" in result.output
     assert not out.exists()
+
+
+def test_out_of_domain_frames_left_out_by_the_ranking_are_named(tmp_path, caplog):
+    import logging
+
+    import torch
+
+    from mlip_unc.data.domain import DomainGuard
+    from mlip_unc.models.potential import BayesianPotential, build_backbone
+
+    torch.manual_seed(0)
+    backbone = build_backbone(
+        "gin", num_types=1, r_max=4.0, hidden=8, latent_dim=4, num_layers=1, num_basis=4
+    )
+    model = BayesianPotential(backbone, [29], 4.0, torch.tensor([-0.01]), init_std=0.3).double()
+    guard = DomainGuard.fit([bulk("Cu", "fcc", a=3.6, cubic=True)], 4.0)
+    model.save(tmp_path / "guarded.pt", metadata={"domain": guard.to_dict()})
+    frames = [bulk("Cu", "fcc", a=a, cubic=True) for a in (3.6, 4.6, 3.6)]  # frame 1: stretched
+    for k, atoms in enumerate(frames):
+        atoms.rattle(0.01, seed=k)
+    ase.io.write(tmp_path / "cands.xyz", frames)
+    make_calc = functools.partial(UncertaintyCalculator, tmp_path / "guarded.pt")
+    with caplog.at_level(logging.WARNING, logger="mlip_unc"):
+        result = screen_file(tmp_path / "cands.xyz", make_calc, threshold=1e9)
+    assert result.out_of_domain == [1] and result.selected == []
+    assert "1 of 3 frames of" in caplog.text and "(frames 1)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mlip_unc"):
+        result = screen_file(tmp_path / "cands.xyz", make_calc, top_k=3, workers=2, chunk_size=1)
+    assert result.out_of_domain == [1] and len(result.selected) == 3
+    assert "out of the training domain" not in caplog.text  # selected: nothing to say
