@@ -18,6 +18,8 @@ data root). Groups (one table each in ``OUT/reliability.md``, records in ``relia
 4. The bad inputs of issue 13 through the CLI: the expected clear outcome, never a traceback.
 5. Fuzzed structures (the strategy of tests/test_fuzz_calculator.py, derandomised) through the
    calculator and the graph builder: a clear error or finite results, never NaN, never a hang.
+6. Silent defects (:mod:`~benchmarks.reliability.silent`): inputs that a careful user gets wrong
+   without noticing; each must end in the expected message and leave nothing silently wrong.
 
 How a kill point is hit: the command runs as ``python -m benchmarks.reliability.harness ARGS``
 (the real ``mlip-unc`` CLI) with one pause installed: at the n-th call of a named function
@@ -28,6 +30,7 @@ SIGKILL. ``failures`` counts lost runs, mishandled faults and kill points never 
     python -m benchmarks.reliability --out benchmarks/results            # about 10 min, 2 jobs
     python -m benchmarks.reliability --quick --out /tmp/rel               # about 2 min
     python -m benchmarks.reliability --report-only --out benchmarks/results  # the page from the JSON
+    python -m benchmarks.reliability --group silent --out benchmarks/results  # group 6 alone, merged
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.pages import environment, run_section
+from benchmarks.reliability import silent
 from benchmarks.reliability.checks import bad_inputs, corruptions, fuzz, make_inputs
 from benchmarks.reliability.harness import (
     ORACLE_LOG_ENV,
@@ -325,6 +329,7 @@ MEANING = {
         "recovered: the expected outcome (one 'error:' line with the cause, exit 1, run folder untouched; or a run "
         "that works), never a traceback"
     ),
+    silent.GROUP: silent.MEANING,
     "fuzzed structures (hypothesis, derandomised)": (
         "recovered: a clear error (ValueError and subclasses, NonFiniteResultError) or finite results within 60 s; "
         "strategy of tests/test_fuzz_calculator.py; model: the uninterrupted training run's model.pt"
@@ -348,15 +353,11 @@ def render(records: list[dict], meta: dict[str, Any]) -> str:
             f"{sum(r['recovered'] for r in rows)} | {sum(r['lost'] for r in rows)} |"
         )
     for g in groups:
-        text += [
-            "",
-            f"## {g}",
-            "",
-            MEANING.get(g, ""),
-            "",
-            "| fault | tried | recovered | lost | detail |",
-            "|---|---:|---:|---:|---|",
-        ]
+        text += ["", f"## {g}", "", MEANING.get(g, ""), ""]
+        if g == silent.GROUP:  # its own columns: expected message, loud, silent
+            text += silent.section([r for r in records if r["group"] == g])
+            continue
+        text += ["| fault | tried | recovered | lost | detail |", "|---|---:|---:|---:|---|"]
         text += [
             f"| {r['fault']} | {r['tried']} | {r['recovered']} | {r['lost']} | {r['detail'].replace('|', '/')} |"
             for r in records
@@ -379,7 +380,8 @@ def render(records: list[dict], meta: dict[str, Any]) -> str:
             extra=[
                 f"{meta['mode']} mode, {meta['minutes']:.1f} min, {meta['jobs']} parallel jobs; tiny "
                 "EMT Cu/Al data made in the work folder; the docstring of "
-                "benchmarks/reliability/suite.py says how each fault is injected."
+                "benchmarks/reliability/suite.py says how each fault is injected.",
+                *silent.run_line(meta),
             ],
         ),
         "",
@@ -422,12 +424,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="keep the work folder; skip the faults already recorded",
     )
     p.add_argument(
+        "--group",
+        choices=("all", "silent"),
+        default="all",
+        help="silent: only the silent-defect group (and the tiny training it needs), merged into OUT",
+    )
+    p.add_argument(
         "--report-only",
         action="store_true",
         help="only rewrite OUT/reliability.md from OUT/reliability.json",
     )
     args = p.parse_args(argv)
-    args.work = args.work or REPO / "runs" / ("reliability_quick" if args.quick else "reliability")
+    name = "reliability_silent" if args.group == "silent" else "reliability"
+    args.work = args.work or REPO / "runs" / (f"{name}_quick" if args.quick else name)
     args.fuzz = args.fuzz if args.fuzz is not None else (60 if args.quick else 1000)
     return args
 
@@ -445,6 +454,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     command = shlex.join(
         ["python", "-m", "benchmarks.reliability", *(sys.argv[1:] if argv is None else argv)]
     )
+    if args.group == "silent":
+        return silent.run_group(args, command)
     t0, source = time.monotonic(), source_digest()
     torch.set_num_threads(1)
     if args.work.exists() and not args.resume:
@@ -520,6 +531,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ("corrupted", lambda: corruptions(train_base / "model.pt", args.work, args.quick)),
         ("bad", lambda: bad_inputs(files, args.work / "bad", train_base, al_base)),
         ("fuzz", lambda: fuzz(train_base / "model.pt", args.fuzz)),
+        ("silent", lambda: silent.silent_cases(files, args.work / "silent", train_base)),
     ):
         stored = [r for r in done.values() if r.get("section") == name]
         if not stored:
