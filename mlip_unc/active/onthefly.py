@@ -545,25 +545,31 @@ def write_report(result: OnTheFlyResult, out: Path, config: ActiveLearningConfig
     ax2.set(xlabel="MD time (ps)", ylabel="temperature (K)")
     fig.tight_layout()
     fig.savefig(out / "updates.png", dpi=110)
-    columns = [
-        "update",
-        "calls",
-        "md_ps",
-        "temperature",
-        "n_train",
-        "n_flagged",
-        "n_labelled",
-        "rescue",
-        "valid_force_mae",
-        "valid_energy_mae",
-        "threshold",
-        "geometry_stops",
+    shown = [
+        {
+            "update": r["update"],
+            "oracle calls": r["calls"],
+            "MD (ps)": round(r["md_ps"], 2),
+            "T (K)": r["temperature"],
+            "training frames": r["n_train"],
+            "flagged": r.get("n_flagged"),
+            "labelled": r.get("n_labelled"),
+            "rescue": r.get("rescue"),
+            "valid force MAE (meV/Å)": round(1000 * r["valid_force_mae"], 1),
+            "valid energy MAE (meV)": round(1000 * r["valid_energy_mae"], 1),
+            "threshold": r["threshold"],
+            "geometry stops": r["geometry_stops"],
+        }
+        for r in rows
     ]
     text = (
         f"# On-the-fly active learning: {out}\n\n"
         f"Ended: **{result.ended}** after {result.calls} oracle calls (trigger "
         f"`{config.on_the_fly.trigger}`, budget {config.on_the_fly.max_calls}); final model "
-        f"`{result.model}`.\n\n" + markdown_table(rows, columns) + "\n\n![updates](updates.png)\n"
+        f"`{result.model}`. Validation: the fixed set of {config.seed_set.valid_frames if config.seed_set else 'given'} frames; "
+        "threshold: of the trigger score (eV/Å for uncertainty and forces).\n\n"
+        + markdown_table(shown)
+        + "\n\n![updates](updates.png)\n"
     )
     path = out / "report.md"
     atomic_write_text(path, text)
