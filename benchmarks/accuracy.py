@@ -1,4 +1,4 @@
-"""Accuracy at MACE's level (issue 12): this project's potentials beside mace-torch's own MACE,
+"""Accuracy at MACE's level: this project's potentials beside mace-torch's own MACE,
 each trained for the same wall-time budget on one thread, on the same files.
 
 Datasets (``--data-root``): ethanol (train.xyz -> test_MD.xyz); 3BPA (400 of train_300K -> the
@@ -864,7 +864,8 @@ def assemble(runs: Runs, meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def acceptance(results: dict[str, Any]) -> list[str]:
-    """Issue 12's acceptance lines, computed from ``results`` (means over runs)."""
+    """The acceptance lines (our best row's force MAE against mace_torch's on ethanol and 3BPA,
+    and the mlearn rows), computed from ``results`` (means over runs)."""
     lines = []
     for name in ("ethanol", "3BPA"):
         rows = results.get(name, {})
@@ -995,7 +996,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         and "every run's row" not in line
         and not any(line.startswith(f"- {n} ") for n in MLEARN)
     ]
-    lines += ["## Acceptance (issue 12), computed from accuracy.json", "", *verdicts, ""]
+    lines += ["## Acceptance, computed from accuracy.json", "", *verdicts, ""]
     if meta["skipped"]:
         lines += ["Skipped rows:", *(f"- {k}: {v}" for k, v in meta["skipped"].items()), ""]
     if meta["failed"]:

@@ -1,4 +1,4 @@
-"""Uncertainty-driven exploration (issue 15.4): does biasing the active-learning MD towards high
+"""Uncertainty-driven exploration: does biasing the active-learning MD towards high
 epistemic energy variance buy a lower error for the same number of oracle calls?
 
 Setup (EMT copper, EMT is the oracle): per seed, a 32-atom fcc Cu cell; bootstrap frames from

@@ -1,4 +1,4 @@
-"""Force uncertainty that carries information (issue 11): the modes of one model, a 5-member
+"""Force uncertainty that carries information: the modes of one model, a 5-member
 committee and |F_pred| alone, ranking the same frames.
 
 Per dataset one Bayesian model (configs/<dataset>_equivariant.yaml) and a committee of 5 MAP
@@ -499,8 +499,9 @@ def paired_gap(
 
     Both rows are resampled with the same frame indices (paired bootstrap over the in-domain frames;
     each row ranks its own errors). Per key: ``gap`` = single - committee on all frames, ``std`` of
-    the resampled gaps, ``p_within_slack`` = fraction of resamples with gap >= -slack (issue 11's
-    slack of that key). The resamples are ranked all at once (one matrix per row and quantity).
+    the resampled gaps, ``p_within_slack`` = fraction of resamples with gap >= -slack (the slack
+    of that key in TARGETS). The resamples are ranked all at once (one matrix per row and
+    quantity).
     """
     rng = np.random.default_rng(seed)
     rows = [
@@ -698,7 +699,7 @@ def _posterior_text(post: dict[str, Any]) -> str:
     return f"full, basis {post.get('basis', 'shared')}, lowrank rank {post.get('rank')}"
 
 
-TARGETS = {  # issue 11, default row: key -> (slack below committee5, lowest, highest)
+TARGETS = {  # the default row's targets: key -> (slack below committee5, lowest, highest)
     "spearman_frame_in_domain": (0.05, None, None),
     "partial_spearman_given_force": (0.05, 0.3, None),
     "auroc_ood": (0.03, None, None),
@@ -708,7 +709,7 @@ TARGETS = {  # issue 11, default row: key -> (slack below committee5, lowest, hi
 
 
 def target_bounds(key: str, committee_value: float | None) -> tuple[float | None, float | None]:
-    """Issue 11's ``(lowest, highest)`` for ``key`` (TARGETS): the floor or committee5 - slack,
+    """The target's ``(lowest, highest)`` for ``key`` (TARGETS): the floor or committee5 - slack,
     whichever is higher; None where the target has no such side."""
     slack, low, high = TARGETS[key]
     ref = None if slack is None or committee_value is None else committee_value - slack
@@ -716,7 +717,7 @@ def target_bounds(key: str, committee_value: float | None) -> tuple[float | None
 
 
 def acceptance(entry: dict[str, Any]) -> list[str]:
-    """Issue 11's targets for the default row, each 'met' or 'missed by' how much."""
+    """The targets (TARGETS) for the default row, each 'met' or 'missed by' how much."""
     d, c = entry.get(entry["default"], {}), entry.get("committee5", {})
     out = []
     for key in TARGETS:
@@ -804,7 +805,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                 else []
             ),
             "",
-            f"Acceptance of the default row ({entry['default']}; committee5 - slack, issue 11):",
+            f"Acceptance of the default row ({entry['default']}; committee5 - slack):",
             *acceptance(entry),
             *gap_lines(meta.get("paired_bootstrap", {}).get(name)),
             "",

@@ -1,5 +1,5 @@
 """The SNAP, qSNAP and NNP potentials published with Zuo et al. (J. Phys. Chem. A 2020, 124, 731),
-evaluated here on the mlearn test sets that benchmarks/accuracy.py uses (issue 12).
+evaluated here on the mlearn test sets that benchmarks/accuracy.py uses.
 
 The paper's own table of test errors could not be read here (see accuracy.md). Its fitted
 models are public in materialsvirtuallab/mlearn (BSD-3-Clause; the data in ../shared/data are

@@ -1,4 +1,4 @@
-"""Molecular property benchmark (issue 14.2): our uncertainty methods and chemprop 2.x, raw and recalibrated.
+"""Molecular property benchmark: our uncertainty methods and chemprop 2.x, raw and recalibrated.
 
 Datasets ESOL, FreeSolv, Lipophilicity, BACE (pIC50 regression), QM7 and CEP (a seeded random
 subset, ``--cep-max``) from ``--data-root`` / ``$MLIP_UNC_DATA`` (default ``../shared/data``,

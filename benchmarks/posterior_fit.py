@@ -1,4 +1,4 @@
-"""Time of the full-posterior fit against the training it follows (issue 40).
+"""Time of the full-posterior fit against the training it follows.
 
 For each trained checkpoint given, the posterior fit runs again with this code, exactly as
 ``finalize_checkpoint`` runs it after training (the config stored in the checkpoint: its
@@ -185,7 +185,7 @@ def _shipped_minutes(record: dict[str, Any]) -> float:
     return float(record["train_minutes"])
 
 
-TARGET = 0.10  # issue 40: the fit takes at most 10 % of the training it follows
+TARGET = 0.10  # the fit, an add-on to training, should take at most 10 % of the training it follows
 
 
 def latest_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -251,7 +251,7 @@ def write_page(records: list[dict[str, Any]], out: Path) -> None:
         "`model.posterior_valid_frames` validation frames for the forces (the energy calibration "
         "reads all of them) as the shipped config of that name "
         "sets them now, and its `model.posterior_probes`: the training frames' force precision "
-        "from that many random sign probes per batch, the validation frames exact). Target (issue 40): fit / training <= 10 % (`TARGET`). The Jacobian "
+        "from that many random sign probes per batch, the validation frames exact). Target: fit / training <= 10 % (`TARGET`). The Jacobian "
         "column times one batch both ways; the fit uses the mode with fewer products "
         "(`latent_jacobian(method='auto')`).",
         "",

@@ -1,4 +1,4 @@
-"""Latent-posterior alignment of the force Jacobian on 3BPA (issue 14 item 3; docs/method.md s.3b, 4).
+"""Latent-posterior alignment of the force Jacobian on 3BPA (docs/method.md s.3b, 4).
 
 Model: the single Bayesian model of benchmarks/force_uncertainty.py (``<checkpoints>/3bpa_single``)
 with its own full-covariance last-layer posterior ``Sigma = L^T L`` (stored factor, shared basis,

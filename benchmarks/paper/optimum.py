@@ -1,4 +1,4 @@
-"""The paper study's claim 1 at the ELBO-optimal posterior widths (issue 14 item 3, convergence).
+"""The paper study's claim 1 at the ELBO-optimal posterior widths (a convergence check).
 
 The study's runs (benchmarks/paper/study.py) train for a fixed number of optimizer steps, and
 the checks at 4,000 and 8,000 steps showed the posterior widths s still moving by +27 to +244 %

@@ -1,4 +1,4 @@
-"""Latent-posterior alignment study (issue 4 item 6): training-fraction sweep of bgnn, AGL and interventions.
+"""Latent-posterior alignment study: training-fraction sweep of bgnn, AGL and interventions.
 
 On the reference split (``<data root>/splits/<dataset>.json``), for each training fraction
 (nested subsets of the fixed training set, shuffled by the run's seed), seed and variant, train

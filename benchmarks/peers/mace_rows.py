@@ -1,4 +1,4 @@
-"""MACE users' rows of the force-uncertainty benchmark (issue 40): the same frames, the same lines.
+"""MACE users' rows of the force-uncertainty benchmark: the same frames, the same lines.
 
 Three rows per dataset (3bpa, ethanol), on the test and OOD frames of
 :func:`benchmarks.force_uncertainty.dataset_split` (same ``--seed``, same frames as the native rows)
@@ -71,7 +71,7 @@ PARTS = ("torch", "backbone")  # torch: rows (b) and (c); backbone: row (a)
 BACKBONE, ATTACH, COMMITTEE = "backbone_mace", "mace_torch_attach", "mace_torch_committee"
 BEGIN = "<!-- peers/mace_rows: begin (written by python -m benchmarks.peers.mace_rows) -->"
 END = "<!-- peers/mace_rows: end -->"
-TARGETS = {  # issue 40, rows (a) and (b): key -> (slack below the committee, lowest, highest)
+TARGETS = {  # rows (a) and (b) against the committee: key -> (slack below it, lowest, highest)
     "spearman_frame_in_domain": (0.05, None, None),
     "partial_spearman_given_force": (0.05, None, None),
     "auroc_ood": (0.03, None, None),
@@ -791,8 +791,8 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
 
 
 def acceptance(row: dict[str, Any] | None, committee: dict[str, Any] | None) -> dict[str, Any]:
-    """Issue 40's lines for a default row against the committee: value, bounds, miss (0 = met,
-    None = not measured)."""
+    """The target lines (TARGETS) for a default row against the committee: value, bounds, miss
+    (0 = met, None = not measured)."""
     out = {}
     for key, (slack, low, high) in TARGETS.items():
         ref = (committee or {}).get(key)
@@ -812,7 +812,7 @@ def section(results: dict[str, Any]) -> list[str]:
     """The page section (markdown lines) from the results JSON."""
     meta = results["meta"]
     lines = [
-        "## MACE users' rows (issue 40)",
+        "## MACE users' rows",
         "",
         "Same test and OOD frames as the native rows above (seed "
         f"{meta.get('seed')}), scored by the same functions. `{BACKBONE}:<mode>`: configs/<set>_mace.yaml (our MACE "
@@ -907,7 +907,7 @@ def section(results: dict[str, Any]) -> list[str]:
                 )
         lines += [
             "",
-            f"Acceptance (issue 40; default row vs {COMMITTEE}: Spearmans >= committee - 0.05, AUROC >= committee - 0.03, std/RMSE in [0.5, 2], cost <= 2):",
+            f"Acceptance (default row vs {COMMITTEE}: Spearmans >= committee - 0.05, AUROC >= committee - 0.03, std/RMSE in [0.5, 2], cost <= 2):",
         ]
         for group, acc_lines in entry.get("acceptance", {}).items():
             parts = []

@@ -1118,7 +1118,7 @@ def force_uncertainty_section(results: dict[str, Any]) -> list[str]:
     from benchmarks.force_uncertainty import ROW_KEYS
 
     lines = [
-        "## Peer: metatrain's PET with LLPR (issue 41)",
+        "## Peer: metatrain's PET with LLPR",
         "",
         "Same test and OOD frames as our rows of the same seed; the suite's functions score the "
         "peer. metatrain_pet_llpr: max over atoms of the LLPR last-layer ensemble's force std; "
@@ -1211,7 +1211,7 @@ def accuracy_section(results: dict[str, Any]) -> list[str]:
     (mean ± std over seeds), our default force_uncertainty model's force MAE on the same frames,
     and the verdicts."""
     lines = [
-        "## Peer: metatrain's PET (issue 41)",
+        "## Peer: metatrain's PET",
         "",
         "PET trained by metatrain (`mtt train`) on the force-uncertainty suite's frames, evaluated "
         "on its in-domain test frames (ethanol: test_MD, 1000; 3BPA: the 100 train_300K frames not "

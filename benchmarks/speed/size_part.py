@@ -1,4 +1,4 @@
-"""Part ``size`` of the speed suite: the calculator's cost from 10 to 10,000 atoms (issue 40).
+"""Part ``size`` of the speed suite: the calculator's cost from 10 to 10,000 atoms.
 
 In ONE process, per thread count and per system (:mod:`benchmarks.speed.sizes`: molecules,
 a liquid and a crystal at about 10, 100, 1,000 and 10,000 atoms), rows of calculator calls:

@@ -1,4 +1,4 @@
-"""Speed: per-call cost of the ASE calculator, training throughput and peak memory (issue 14.4).
+"""Speed: per-call cost of the ASE calculator, training throughput and peak memory.
 
 1. Calculator: the median wall time of one ``calc.calculate(atoms, properties, all_changes)``
    (what ``atoms.get_forces()`` etc. run on a new geometry) after warm-up calls, ``--repeats``

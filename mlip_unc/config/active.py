@@ -262,9 +262,10 @@ class ActiveLearningConfig(Section):
             warm start at the first training's rate undoes much of what it learned.
         retrain_from_scratch: train each round's model anew with the training config's own
             epochs and rate instead of fine-tuning the last one (``retrain_epochs`` and
-            ``retrain_lr`` then unused). It costs a full training per round. On Si the loop
-            run this way ended with a 17 % lower force error on the uncertainty's labels than
-            on random ones; fine-tuned, the two were level (docs/tutorials/active-learning.md).
+            ``retrain_lr`` then unused). It costs a full training per round; in exchange each
+            round's model depends on the labels alone, not on the path of warm starts before it
+            (the two protocols compared:
+            ``benchmarks/results/active_learning/rounds_protocol.md``).
         uncertainty: calculator mode during MD (``exact``, ``lowrank``, ``sketch``, ``auto``
             or ``sampled``).
         thresholds: ``mlip_unc.calculator.Thresholds`` fields (checked when the run starts).

@@ -383,9 +383,9 @@ LOWRANK_ATOM_DIRECTIONS = 256
 """``auto`` keeps the ``r`` low-rank directions while the largest structure has at most
 ``LOWRANK_ATOM_DIRECTIONS / r`` atoms, and sketches them above. The cost of ``r + 1`` backward
 passes against energy + forces is ``(f + (r + 1) b) / (f + b)`` once the backward ``b`` outweighs
-the per-call overhead: about 1.5-1.9x for ``r = 4`` on a 27-atom molecule and ``r = 16`` on a
-9-atom one (batched), 3x for ``r = 4`` at 108 atoms and above (CPU, e3nn and GIN backbones, the
-shipped configs' sizes; benchmarks/results/speed.md)."""
+the per-call overhead, so it stays within 2x only on small structures, where the overhead
+dominates; on larger ones the sketch's two passes keep it within 2x (the cost at each size:
+benchmarks/results/speed.md)."""
 
 SKETCH_SEED = 0
 """Seed of the fixed +-1 signs of the ``sketch`` mode (the same combination on every call)."""

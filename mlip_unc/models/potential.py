@@ -79,8 +79,8 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         isolated_reference: subtract the isolated-atom latent ``z_iso(Z)`` (module docstring).
         gradient_method: ``"auto"``, ``"batched"`` or ``"loop"``: how the d (exact) or K+1
             (sampled) vector-Jacobian products are run (see
-            :func:`mlip_unc.uncertainty.moments.linear_gradients`; batched measured fastest
-            here, the loop needs the least memory).
+            :func:`mlip_unc.uncertainty.moments.linear_gradients`; batched is the faster on
+            small structures, the loop needs the least memory).
         full_posterior: hold a full-covariance last-layer posterior (buffers; set by
             :meth:`set_full_posterior`, fitted by ``mlip_unc.train.posterior``).
         posterior_rank: directions of the ``lowrank`` uncertainty mode.

@@ -153,7 +153,7 @@ def potential_from_mace(
         learn_noise=False,
         posterior_rank=posterior_rank,
         posterior_basis=posterior_basis,
-        gradient_method="loop",  # vmapped backward passes through MACE measured ~3x slower on CPU
+        gradient_method="loop",  # batched passes through MACE are slower (docs/what-we-tried.md)
     ).to(dtype)
     try:
         backbone.model.load_state_dict(mace_model.state_dict(), strict=True)  # copied into `dtype`

@@ -27,7 +27,7 @@ Explicit all-reduce instead of ``DistributedDataParallel``: the tasks call the m
 backward, and a MAP head or an element absent from a batch leaves gradients undefined; one
 flat all-reduce after ``backward`` handles all of these with no wrapper (so no ``module.``
 prefix in any state dict) at the cost of not overlapping communication with the backward pass
-(benchmarks/scale_train.py measures both).
+(``python -m benchmarks.scale.train --ddp``, benchmarks/scale/train.py, measures both).
 """
 
 from __future__ import annotations

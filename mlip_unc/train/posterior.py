@@ -24,9 +24,8 @@ so the least constrained directions are not swamped by the large ones. The valid
 which calibrates every scale, keeps the exact Jacobians, so a noisier ``A`` shows as worse
 validation NLL and is scaled, not hidden.
 
-The grid is wide on purpose: the validation NLL picked its lowest values on the native 3BPA and
-ethanol models. (It picked its highest on attached MACE models only while the force errors fed
-to the fit left out the MACE model's own forces, issue 40.)
+The grid is wide on purpose, so that it does not cut off the NLL's optimum: that optimum lies
+near the grid's low end on the shipped native models (docs/what-we-tried.md records the values).
 
 ``calibration="rmse"`` (``mlip-unc attach``, docs/guides/attach-calibration.md) keeps that
 ``lambda`` but sets each epistemic scale by moment matching on the validation set, so that the

@@ -2,7 +2,7 @@
 
 Pure functions on arrays (numpy, torch tensors or sequences; flattened to float64 as in
 :mod:`mlip_unc.uncertainty.calibration`, whose :func:`spearman_corr` and :func:`auroc` are
-reused). The failure they detect (issue 11): with a near rank-one latent Jacobian,
+reused). The failure they detect: with a near rank-one latent Jacobian,
 ``sigma_F`` is ``|F_pred|`` times a constant, so ranking frames by ``sigma_F`` says nothing
 ``|F_pred|`` does not already say.
 

@@ -139,9 +139,10 @@ def linear_gradients(
             ``"batched"`` (one vmapped backward, ``is_grads_batched=True``; about K times the
             backward memory) or ``"auto"`` (batched below :data:`BATCHED_MAX_ROWS` rows of the
             first input, the loop above; batched falls back to the loop with a warning if an
-            operation has no batching rule). Measured on CPU with torch 2.13, K = 5: batched is
-            2x faster than the loop on a 27-atom molecule, 10-40 % slower from 216 to 3,375 atoms
-            (memory-bound: K copies of every backward buffer) for the e3nn and GIN backbones.
+            operation has no batching rule). Batching pays on small structures, where the
+            per-pass overhead dominates; on large ones it holds K copies of every backward
+            buffer and is memory-bound, so the loop is faster there (timings:
+            docs/what-we-tried.md, "Force uncertainty within 2x E+F at every size").
         create_graph: keep the graph of the gradients (for training losses).
         retain_graph: keep the forward graph after the last pass.
 

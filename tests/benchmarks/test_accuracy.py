@@ -202,7 +202,10 @@ def test_quick_run_layout_and_resume(tmp_path):
     else:
         assert "mace_torch" in rows
     md = (tmp_path / "accuracy.md").read_text()
-    assert meta["commands"][0].split("  ")[0] in md and "## Acceptance (issue 12)" in md
+    assert (
+        meta["commands"][0].split("  ")[0] in md
+        and "## Acceptance, computed from accuracy.json" in md
+    )
     assert not list((tmp_path / "checkpoints").rglob("last.pt"))
     # resumable: a second call finds every run done, adds only its invocation line
     before = [

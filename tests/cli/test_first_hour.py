@@ -1,4 +1,4 @@
-"""What a new user meets in the first hour with the command line (issue 38, item 9).
+"""What a new user meets in the first hour with the command line.
 
 Each test guards one defect found by trying the commands as a newcomer would: md/flag without a
 threshold, ``--dataset`` and the data root, a config passed as ``--model``, ``--resume`` on an

@@ -1,4 +1,4 @@
-"""Calibration of the posterior that ``mlip-unc attach`` fits (issue 40): moment matching
+"""Calibration of the posterior that ``mlip-unc attach`` fits: moment matching
 (``fit_full_posterior(calibration="rmse")``) gives std/RMSE = 1 on the validation structures in
 every mode, and features that cannot carry a posterior are refused with the measured reason.
 
@@ -195,7 +195,7 @@ def _data_root() -> Path:
 
 @pytest.mark.slow
 def test_attach_on_an_ethanol_mace_model_is_calibrated_on_held_out_frames(tmp_path):
-    """Issue 40's check at a user's size (~16 min on one core): mace-torch 32x0e+32x1o trained
+    """The calibration checked at a user's size (~16 min on one core): mace-torch 32x0e+32x1o trained
     30 epochs on 200 rMD17 ethanol frames, attach with its defaults, std/RMSE on 200 held-out
     frames of test_MD.xyz in [0.5, 2] in every mode, energy included."""
     pytest.importorskip("mace")

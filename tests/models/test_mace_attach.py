@@ -342,8 +342,9 @@ def test_a_per_element_basis_keeps_the_predictions_and_widens_the_posterior(trai
 
 
 def test_the_fit_sees_the_mace_models_own_errors(trained, attached):
-    """Issue 40: the force errors the calibration fits are those of the MACE model's
-    predictions (its own forces included), not those of the zero-mean head alone."""
+    """The force errors the calibration fits are those of the MACE model's predictions (its
+    own forces included), not those of the zero-mean head alone, whose errors are the
+    reference forces themselves and would make the uncertainties far too large."""
     from mlip_unc.data import StructureDataset, TypeMap, read_structures
     from mlip_unc.train.posterior import _pass
     from mlip_unc.train.predictions import predict
