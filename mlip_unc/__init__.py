@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is kept: pyproject.toml reads it from here
 
 # public name -> module that defines it (the API reference documents it there)
 _EXPORTS: dict[str, str] = {

@@ -75,7 +75,7 @@ class GINOptions(BackboneOptions):
             (bond angles); 0: distances only.
         angular_channels: channels of that neighbour density.
         check_latent_span: refuse a ``latent_dim`` wider than the readout's input (off only
-            to rebuild old checkpoints).
+            in models rebuilt from format-1 checkpoints written before the check existed).
     """
 
     hidden: int = Field(32, gt=0)
@@ -109,7 +109,7 @@ class EquivariantOptions(BackboneOptions):
             reads; 0: none.
         angular_channels: channels of that neighbour density.
         check_latent_span: refuse a ``latent_dim`` wider than the readout's input (off only
-            to rebuild old checkpoints).
+            in models rebuilt from format-1 checkpoints written before the check existed).
     """
 
     channels: int = Field(8, gt=0)

@@ -3,9 +3,16 @@
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so it loads
 without unpickling any code::
 
-    {"format": "mlip_unc", "version": 1, "kind": "property" | "potential",
+    {"format": "mlip_unc", "version": 1, "format_version": 2,
+     "kind": "property" | "potential" | "training",
      "config": {...}, "metadata": {...}, "model_state": {...},
      "optimizer_state": {...} (optional), "epoch": int, ..., "sha256": str}
+
+``format_version`` (:data:`FORMAT_VERSION`) says how the contents are laid out, so a loader
+tells an older layout by its number rather than by the keys it lacks; a checkpoint without the
+key was written before it existed and is format 1 (:func:`checkpoint_format_version`).
+``version`` is the container's version: 1 since the first checkpoint, kept at 1 because
+mlip-unc 0.1.0 refuses anything above it.
 
 ``sha256`` is a digest of the whole payload, written at save and checked at load: every tensor
 (name, dtype, shape, bytes) and every other value (name, type, ``repr``), so flipped bits
@@ -37,9 +44,11 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT",
     "VERSION",
+    "FORMAT_VERSION",
     "CheckpointError",
     "CheckpointWarning",
     "check_checkpoint_file",
+    "checkpoint_format_version",
     "save_checkpoint",
     "load_checkpoint",
     "resave_checkpoint",
@@ -50,6 +59,21 @@ _UNHASHED = ("sha256", "digest")  # the digest's own fields
 
 FORMAT = "mlip_unc"
 VERSION = 1
+
+FORMAT_VERSION = 2
+"""The layout of the contents that :func:`save_checkpoint` writes (``"format_version"``).
+
+1. No ``format_version`` key: every checkpoint written before the key existed. A potential's
+   config may lack keys that later code added (a backbone's ``concat_layers``,
+   ``readout_hidden`` and ``check_latent_span``; ``gradient_method``, ``posterior``,
+   ``dtype``), so the loaders infer them from their absence
+   (:func:`mlip_unc.nn.radial.checkpoint_backbone_kwargs`).
+2. The payload builders write the complete config (every backbone's constructor arguments), and
+   the loaders take it as written.
+
+Raise it, and add a test that a checkpoint of the previous format still loads, whenever a
+loader has to tell the new layout from the old one.
+"""
 
 
 class CheckpointError(RuntimeError):
@@ -110,14 +134,28 @@ def check_checkpoint_file(path: str | os.PathLike) -> Path:
     return path
 
 
+def checkpoint_format_version(payload: dict[str, Any]) -> int:
+    """The :data:`FORMAT_VERSION` of a checkpoint payload: 1 when it has no ``format_version``
+    (written before the key existed)."""
+    return int(payload.get("format_version", 1))
+
+
 def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     """Write ``payload`` atomically: a temporary file in the same folder, then rename.
 
-    A crash mid-write leaves the previous checkpoint intact.
+    A crash mid-write leaves the previous checkpoint intact. The file gets ``format_version``
+    :data:`FORMAT_VERSION` unless ``payload`` has its own: a loaded checkpoint written again
+    (e.g. with new metadata) keeps the version of its unchanged contents.
     """
     import torch
 
-    full = {"format": FORMAT, "version": VERSION, **payload, "digest": 2}
+    full = {
+        "format": FORMAT,
+        "version": VERSION,
+        "format_version": FORMAT_VERSION,
+        **payload,
+        "digest": 2,
+    }
     full["sha256"] = tensor_digest(full, values=True)
     return atomic_write(path, lambda handle: torch.save(full, handle))
 
@@ -155,7 +193,9 @@ def load_checkpoint(
     (and ValueError naming CUDA for a ``map_location`` on a GPU this machine lacks).
 
     A checkpoint without a digest (written before digests existed) loads with a
-    :class:`CheckpointWarning` naming the file and :func:`resave_checkpoint`.
+    :class:`CheckpointWarning` naming the file and :func:`resave_checkpoint`. The payload
+    returned always holds ``format_version`` (1 for a checkpoint without it); a format above
+    :data:`FORMAT_VERSION` is refused.
     """
     import torch
 
@@ -183,7 +223,13 @@ def load_checkpoint(
         raise CheckpointError(f"{path} is not an mlip-unc checkpoint")
     if payload.get("version", 0) > VERSION:
         raise CheckpointError(
-            f"{path} was written by a newer mlip-unc (format version {payload['version']})"
+            f"{path} was written by a newer mlip-unc (checkpoint version {payload['version']})"
+        )
+    fmt = payload.get("format_version", 1)
+    if isinstance(fmt, int) and fmt > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} was written by a newer mlip-unc (checkpoint format {fmt}; this version "
+            f"reads formats 1 to {FORMAT_VERSION}): upgrade mlip-unc to load it"
         )
     expected, full = payload.get("sha256"), payload.get("digest") == 2
     if expected is not None and tensor_digest(payload, values=full) != expected:
@@ -192,6 +238,8 @@ def load_checkpoint(
             f"checkpoint {path} is corrupted: {what} do not match the SHA-256 digest written with it "
             "(changed bytes in a weight tensor, the config or the metadata); restore it from a copy or retrain"
         )
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
+        raise CheckpointError(f"{path} has an invalid format_version {fmt!r}")
     if kind is not None and payload.get("kind") != kind:
         raise CheckpointError(f"{path} holds a {payload.get('kind')!r} model, expected {kind!r}")
     if expected is None:
@@ -202,13 +250,15 @@ def load_checkpoint(
             CheckpointWarning,
             stacklevel=2,
         )
+    payload["format_version"] = fmt  # explicit: a re-save keeps the version of these contents
     return payload
 
 
 def resave_checkpoint(path: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Load ``path`` and write it again (to ``out``, default in place) with the current digest.
 
-    For checkpoints written before digests existed: their contents are kept as they are.
+    For checkpoints written before digests existed: their contents are kept as they are, and so
+    is their ``format_version`` (1 for one without the key, now written out).
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CheckpointWarning)

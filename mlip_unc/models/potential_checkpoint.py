@@ -18,7 +18,12 @@ import torch
 from torch import nn
 
 from mlip_unc.models.backbones import BACKBONES, build_backbone
-from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint
+from mlip_unc.models.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    checkpoint_format_version,
+    load_checkpoint,
+)
 from mlip_unc.nn.radial import checkpoint_backbone_kwargs
 
 if TYPE_CHECKING:  # annotations only: potential.py imports this module
@@ -89,9 +94,16 @@ def potential_config(model: BayesianPotential) -> dict[str, Any]:
 
 
 def potential_payload(model: BayesianPotential) -> dict[str, Any]:
-    """``{"kind": "potential", "config": ..., "model_state": ...}`` (plain data, CPU tensors)."""
+    """``{"kind": "potential", "format_version": ..., "config": ..., "model_state": ...}``
+    (plain data, CPU tensors; the current :data:`~mlip_unc.models.checkpoint.FORMAT_VERSION`,
+    so the payload rebuilds as written before it is ever saved)."""
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    return {"kind": POTENTIAL_KIND, "config": potential_config(model), "model_state": state}
+    return {
+        "kind": POTENTIAL_KIND,
+        "format_version": FORMAT_VERSION,
+        "config": potential_config(model),
+        "model_state": state,
+    }
 
 
 def potential_from_checkpoint(
@@ -126,9 +138,10 @@ def potential_from_checkpoint(
             raise CheckpointError(reason)
     cfg = payload["config"]
     name = cfg["backbone"]["name"]
-    backbone = build_backbone(
-        name, **checkpoint_backbone_kwargs(BACKBONES.get(name), cfg["backbone"]["kwargs"])
+    kwargs = checkpoint_backbone_kwargs(
+        BACKBONES.get(name), cfg["backbone"]["kwargs"], checkpoint_format_version(payload)
     )
+    backbone = build_backbone(name, **kwargs)
     model = cls(
         backbone,
         cfg["type_map"],

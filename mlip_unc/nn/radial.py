@@ -268,15 +268,22 @@ class PerAtomBackbone(nn.Module):
         return nn.Sequential(*modules)
 
 
-def checkpoint_backbone_kwargs(cls: type | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+def checkpoint_backbone_kwargs(
+    cls: type | None, kwargs: dict[str, Any], format_version: int = 1
+) -> dict[str, Any]:
     """A checkpoint's backbone kwargs, ready for ``cls(**...)``.
 
-    Configs written before ``concat_layers``/``readout_hidden`` existed (no such key) rebuild
-    the backbone as it was trained: the latent-span check of
-    :meth:`PerAtomBackbone._build_readout` is off for them (the shipped equivariant checkpoints
-    have ``latent_dim`` 32 over 16 channels).
+    ``format_version`` is the checkpoint's
+    (:func:`mlip_unc.models.checkpoint.checkpoint_format_version`). From format 2 on, the
+    kwargs are complete (every backbone's ``config()`` writes ``check_latent_span``) and are
+    used as written. A format-1 checkpoint may predate ``concat_layers``/``readout_hidden``
+    (no such key): its backbone is rebuilt as it was trained, with the latent-span check of
+    :meth:`PerAtomBackbone._build_readout` off (equivariant checkpoints of that time have
+    ``latent_dim`` 32 over 16 channels).
     """
     out = dict(kwargs)
+    if format_version >= 2:
+        return out
     legacy = "concat_layers" not in out and "readout_hidden" not in out
     if cls is not None and issubclass(cls, PerAtomBackbone) and legacy:
         out["check_latent_span"] = False

@@ -122,7 +122,7 @@ def build_model(
             init_std=init_std,
             learn_noise=model_cfg.learn_noise,
             **noise,
-            # vmap through MACE is about 3x slower than the loop
+            # batched backward passes through MACE are slower than the loop (docs/what-we-tried.md)
             gradient_method="loop" if model_cfg.backbone is Backbone.MACE else "auto",
         )
     if model_cfg.head is HeadKind.MAP:
@@ -391,10 +391,10 @@ def finalize_checkpoint(
         metadata["uncertainty_levels"] = uncertainty_levels(
             best, levels_data, batch_size=batch_size
         )
-    extra = {
+    extra = {  # the model's own entries (format_version: its contents are written anew)
         k: v
         for k, v in payload.items()
-        if k not in ("kind", "config", "model_state", "format", "version")
+        if k not in ("kind", "config", "model_state", "format", "version", "format_version")
     }
     save_checkpoint(model_path, {**best.to_checkpoint(), **extra, "metadata": metadata})
     return best

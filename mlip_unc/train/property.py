@@ -27,7 +27,12 @@ from torch_geometric.data import Data
 
 from mlip_unc import keys
 from mlip_unc.config import PropertyConfig, RegularizerKind, StopMetric
-from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from mlip_unc.models.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+)
 from mlip_unc.models.factory import (
     TRAIN_ELEMENTS_KEY,
     PropertyPredictor,
@@ -78,6 +83,7 @@ def model_payload(
     """The weights-only dict of a trained property model (``DIR/model.pt``)."""
     return {
         "kind": CHECKPOINT_KIND,
+        "format_version": FORMAT_VERSION,
         "config": config.to_dict(),
         "metadata": metadata,
         "normalization": {"mean": model.y_mean.tolist(), "std": model.y_std.tolist()},
