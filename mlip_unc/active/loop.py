@@ -177,7 +177,7 @@ def _explore(
 
 
 def _check_thresholds(config: ActiveLearningConfig) -> None:
-    """``config.thresholds`` as :class:`~mlip_unc.calculator.Thresholds` (before any work)."""
+    """``config.thresholds`` as :class:`~mlip_unc.uncertainty.thresholds.Thresholds` (before any work)."""
     from mlip_unc.calculator import ThresholdError, Thresholds
 
     try:

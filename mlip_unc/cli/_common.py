@@ -81,8 +81,8 @@ def user_errors(*extra: type[BaseException]) -> tuple[type[BaseException], ...]:
     the command's ``extra`` ones."""
     from mlip_unc.config import ConfigError
     from mlip_unc.data.errors import DataError
-    from mlip_unc.extras import MissingDependencyError
     from mlip_unc.models.checkpoint import CheckpointError
+    from mlip_unc.nn.extras import MissingDependencyError
 
     return (
         ConfigError,
@@ -97,7 +97,7 @@ def user_errors(*extra: type[BaseException]) -> tuple[type[BaseException], ...]:
 
 def require_files(*items: tuple[Path | None, str]) -> None:
     """Fail at once on an input ``(path, what)`` that does not exist (``None``: not given)."""
-    from mlip_unc.data.errors import not_found
+    from mlip_unc.config.loader import not_found  # no torch: errors print at once
 
     for path, what in items:
         if path is not None and not path.exists():
@@ -153,7 +153,7 @@ def require_checkpoints(paths: Iterable[Path], *, run_folders: bool = False) -> 
 
 def require_device(device: str) -> None:
     """Fail in one line on a ``--device`` that cannot run here (CUDA named when it is missing)."""
-    from mlip_unc.train.device import require_available
+    from mlip_unc.models.devices import require_available
 
     try:
         require_available(device, name="--device")

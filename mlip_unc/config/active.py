@@ -268,7 +268,7 @@ class ActiveLearningConfig(Section):
             ``benchmarks/results/active_learning/rounds_protocol.md``).
         uncertainty: calculator mode during MD (``exact``, ``lowrank``, ``sketch``, ``auto``
             or ``sampled``).
-        thresholds: ``mlip_unc.calculator.Thresholds`` fields (checked when the run starts).
+        thresholds: ``mlip_unc.uncertainty.thresholds.Thresholds`` fields (checked when the run starts).
         refit_offsets: refit the per-element energy offsets after each training, for small
             energy weights.
         seed: seed of the MD and of the calculator.

@@ -33,6 +33,7 @@ __all__ = [
     "NestedConfigError",
     "Section",
     "default_data_root",
+    "not_found",
     "load_raw",
     "apply_overrides",
     "interpolate",
@@ -93,6 +94,30 @@ def config_to_dict(config: BaseModel) -> dict[str, Any]:
 def default_data_root() -> str:
     """``$MLIP_UNC_DATA`` when set, else ``../shared/data`` (relative to the working dir)."""
     return os.environ.get(DATA_ROOT_ENV) or str(Path("..") / "shared" / "data")
+
+
+def not_found(path: object, what: str = "structure file") -> str:
+    """The message of a missing input file; under the data root (``$MLIP_UNC_DATA``, default
+    ``../shared/data``, where the shipped configs read their data) it says how to point the root
+    at the data instead of naming only a path the user never wrote."""
+    return f"{what} not found: '{path}'{_data_root_hint(path)}"
+
+
+def _data_root_hint(path: object) -> str:
+    root = Path(default_data_root())
+    try:
+        Path(str(path)).resolve().relative_to(root.resolve())
+    except ValueError:
+        return ""
+    if os.environ.get(DATA_ROOT_ENV):
+        source = f"${DATA_ROOT_ENV}"
+    else:
+        source = f"the default, as ${DATA_ROOT_ENV} is not set"
+    state = "does not hold it" if root.is_dir() else "does not exist"
+    return (
+        f"; the data root '{root}' ({source}) {state}: set {DATA_ROOT_ENV} to the folder that "
+        "holds the data (structures/, moleculenet/)"
+    )
 
 
 def load_raw(path: str | os.PathLike) -> dict[str, Any]:

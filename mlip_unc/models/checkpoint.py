@@ -199,7 +199,7 @@ def load_checkpoint(
     """
     import torch
 
-    from mlip_unc.train.device import require_available
+    from mlip_unc.models.devices import require_available
 
     path = check_checkpoint_file(path)
     require_available(map_location, name="map_location")  # not "truncated" when CUDA is missing

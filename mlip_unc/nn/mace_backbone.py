@@ -24,7 +24,7 @@ given ``-batch_edge_vectors(batch)`` on the same ``edge_index``: the same messag
 gradients reach positions and cell (forces, stress).
 
 mace-torch is optional: it is imported when a MACE backbone is built (the ``mace`` extra; a
-missing install raises :class:`~mlip_unc.extras.MissingDependencyError` with the pip command
+missing install raises :class:`~mlip_unc.nn.extras.MissingDependencyError` with the pip command
 for this installation). e3nn compiles the blocks' modules with TorchScript as they are built,
 and torch warns about their annotations once per module: :func:`quiet_scripting` drops those
 warnings, which say nothing about the model. The constructor arguments of both classes are plain data, so checkpoints
@@ -43,8 +43,8 @@ import torch
 from torch import Tensor, nn
 
 from mlip_unc import keys
-from mlip_unc.extras import MissingDependencyError, pip_install_hint
 from mlip_unc.geometry import batch_edge_vectors
+from mlip_unc.nn.extras import MissingDependencyError, pip_install_hint
 from mlip_unc.nn.radial import PerAtomBackbone
 
 __all__ = [

@@ -25,7 +25,7 @@ class MissingDependencyError(ImportError):
 
 def _source_root() -> Path | None:
     """The checkout this package runs from (its ``pyproject.toml`` beside ``mlip_unc/``)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     pyproject = root / "pyproject.toml"
     if pyproject.is_file() and f'name = "{DISTRIBUTION}"' in pyproject.read_text(encoding="utf-8"):
         return root
