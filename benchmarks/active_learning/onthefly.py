@@ -34,6 +34,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,6 @@ from benchmarks.common.pages import environment
 from benchmarks.common.records import append_jsonl, read_jsonl
 
 RESULTS = Path("benchmarks/results")
-RUNS = "active_learning_otf.jsonl"  # under --results
-REFERENCE = "active_learning_otf_reference.jsonl"
 #: ``--quick``: seconds-to-minutes settings for the slow tier (numbers not meaningful)
 QUICK = [
     "seed_set.frames=4",
@@ -58,17 +57,88 @@ QUICK = [
     "retrain_epochs=2",
     "training.train.epochs=3",
 ]
-CONFIG = Path("configs/al_xtb_3bpa.yaml")
 ARMS = ("ours", "committee5", "periodic", "random", "force_magnitude", "true_error")
 SEEDS = {"ours": 5, "periodic": 5, "random": 5}  # the other arms: 3
-SETS = ("md_300K", "md_600K", "md_1200K", "torsion_scan")
 MILESTONES = (50, 75, 100, 125, 150)
-FORCE_LIMITS = {"md_300K": 1.25, "md_600K": 1.25, "md_1200K": 1.5, "torsion_scan": 1.5}
 ENERGY_LIMIT = 2.0
-REFERENCE_TEMPERATURES = (300, 600, 900, 1200)
-DEFAULT_WORK = (
-    Path(os.environ.get("MLIP_UNC_CACHE", "~/.cache/mlip_unc")).expanduser() / "al_otf" / "3bpa"
-)
+CACHE = Path(os.environ.get("MLIP_UNC_CACHE", "~/.cache/mlip_unc")).expanduser()
+
+
+@dataclass(frozen=True)
+class System:
+    """One benchmarked system: its shipped config, reference sets and usable limits.
+
+    Attributes:
+        name: ``3bpa`` or ``si``.
+        title: how the page names it.
+        config: the shipped on-the-fly config.
+        full_width: the potential config whose recipe the shipped backbone is checked against.
+        sets: the reference sets (``<set>.xyz`` under ``reference_sets``).
+        force_limits: per set, the force MAE a usable model may have, x the reference model's.
+        reference_sets: where the reference sets' module writes them.
+        reference_temperatures: MD temperatures of the reference model's training frames.
+        timestep: oracle MD timestep of those frames (fs).
+    """
+
+    name: str
+    title: str
+    config: Path
+    full_width: Path
+    sets: tuple[str, ...]
+    force_limits: dict[str, float]
+    reference_sets: Path
+    reference_temperatures: tuple[float, ...]
+    timestep: float
+
+    @property
+    def runs(self) -> str:
+        """The JSONL of its runs, under ``--results``."""
+        return (
+            "active_learning_otf.jsonl"
+            if self.name == "3bpa"
+            else f"active_learning_otf_{self.name}.jsonl"
+        )
+
+    @property
+    def references(self) -> str:
+        """The JSONL of its reference models, under ``--results``."""
+        return self.runs.replace(".jsonl", "_reference.jsonl")
+
+
+SYSTEMS = {
+    "3bpa": System(
+        name="3bpa",
+        title="3BPA with GFN2-xTB",
+        config=Path("configs/al_xtb_3bpa.yaml"),
+        full_width=Path("configs/3bpa_equivariant.yaml"),
+        sets=("md_300K", "md_600K", "md_1200K", "torsion_scan"),
+        force_limits={"md_300K": 1.25, "md_600K": 1.25, "md_1200K": 1.5, "torsion_scan": 1.5},
+        reference_sets=REFERENCE_SETS,
+        reference_temperatures=(300, 600, 900, 1200),
+        timestep=0.5,
+    ),
+    "si": System(
+        name="si",
+        title="64-atom Si with the mlearn SNAP potential",
+        config=Path("configs/al_snap_si.yaml"),
+        full_width=Path("configs/mlearn_equivariant.yaml"),
+        sets=("md_300K", "md_1200K", "md_melt", "vacancy", "surface"),
+        # near-equilibrium sets as 300 K, the hot, molten and open ones as 1200 K
+        force_limits={
+            "md_300K": 1.25,
+            "md_1200K": 1.5,
+            "md_melt": 1.5,
+            "vacancy": 1.25,
+            "surface": 1.5,
+        },
+        reference_sets=CACHE / "al_reference" / "si_snap",
+        reference_temperatures=(300, 1100, 1900, 2200),
+        timestep=1.0,
+    ),
+}
+THREE_BPA = SYSTEMS["3bpa"]
+CONFIG, SETS, FORCE_LIMITS = THREE_BPA.config, THREE_BPA.sets, THREE_BPA.force_limits
+RUNS, REFERENCE = THREE_BPA.runs, THREE_BPA.references
 
 
 def arm_overrides(arm: str, every: int) -> list[str]:
@@ -93,17 +163,18 @@ def periodic_rate(records: Sequence[dict[str, Any]]) -> int:
     return max(1, int(round(float(np.median(rates))))) if rates else 20
 
 
-def load_sets(folder: Path) -> dict[str, list[Any]]:
-    """The reference sets (oracle-labelled extxyz) under ``folder``."""
+def load_sets(folder: Path, system: System = THREE_BPA) -> dict[str, list[Any]]:
+    """The reference sets (oracle-labelled extxyz) of ``system`` under ``folder``."""
     from mlip_unc.data.readers import read_structures
 
-    missing = [s for s in SETS if not (folder / f"{s}.xyz").is_file()]
+    missing = [s for s in system.sets if not (folder / f"{s}.xyz").is_file()]
     if missing:
+        module = "reference_sets" if system.name == "3bpa" else f"reference_sets_{system.name}"
         raise SystemExit(
             f"reference sets {missing} missing under {folder}: make them with "
-            "`python -m benchmarks.active_learning.reference_sets`"
+            f"`python -m benchmarks.active_learning.{module}`"
         )
-    return {s: read_structures(folder / f"{s}.xyz") for s in SETS}
+    return {s: read_structures(folder / f"{s}.xyz") for s in system.sets}
 
 
 def score(model: Path, sets: dict[str, list[Any]]) -> dict[str, Any]:
@@ -130,13 +201,13 @@ def score(model: Path, sets: dict[str, list[Any]]) -> dict[str, Any]:
     return out
 
 
-def usable(errors: dict[str, Any], reference: dict[str, Any]) -> bool:
-    """The error part of "usable": force MAE within :data:`FORCE_LIMITS` x and energy MAE
-    within :data:`ENERGY_LIMIT` x the reference model's on every set."""
+def usable(errors: dict[str, Any], reference: dict[str, Any], system: System = THREE_BPA) -> bool:
+    """The error part of "usable": force MAE within the system's ``force_limits`` x and energy
+    MAE within :data:`ENERGY_LIMIT` x the reference model's on every set."""
     return all(
-        errors[s]["force_mae"] <= FORCE_LIMITS[s] * reference[s]["force_mae"]
+        errors[s]["force_mae"] <= system.force_limits[s] * reference[s]["force_mae"]
         and errors[s]["energy_mae"] <= ENERGY_LIMIT * reference[s]["energy_mae"]
-        for s in SETS
+        for s in system.sets
     )
 
 
@@ -151,7 +222,9 @@ def milestone_models(rows: Sequence[dict[str, Any]]) -> dict[int, str]:
     return out
 
 
-def broken_labels(out: Path, model: Path, seed_frames: int) -> tuple[int, int]:
+def broken_labels(
+    out: Path, model: Path, seed_frames: int, system: System = THREE_BPA
+) -> tuple[int, int]:
     """(labelled frames that break the geometry rules, labelled frames) of a run: the final
     model's training frames beyond the seed set, checked again with the run's guard."""
     from mlip_unc.active.data import build_structure
@@ -159,7 +232,7 @@ def broken_labels(out: Path, model: Path, seed_frames: int) -> tuple[int, int]:
     from mlip_unc.config import load_active_config
     from mlip_unc.data.readers import read_structures
 
-    config = load_active_config(CONFIG)
+    config = load_active_config(system.config)
     guard = GeometryGuard.from_structure(build_structure(config.structures)[0], config.guard)
     labels = read_structures(model.parent / "train.xyz")[seed_frames:]
     return sum(guard.check(a) is not None for a in labels), len(labels)
@@ -172,6 +245,7 @@ def run_arm(
     sets: Callable[[], dict[str, list[Any]]],
     every: int,
     extra: Sequence[str] = (),
+    system: System = THREE_BPA,
 ) -> dict[str, Any]:
     """One run of ``arm`` with ``seed``; arms other than ``ours`` start from the seed set,
     label cache and (one model) the seed model of ``ours`` with the same seed."""
@@ -191,7 +265,7 @@ def run_arm(
             shutil.copytree(base / "labels", out / "labels")
         if arm != "committee5":
             overrides.append(f"model={base / 'update_0' / 'model.pt'}")
-    config = load_active_config(CONFIG, overrides)
+    config = load_active_config(system.config, overrides)
     wall = time.monotonic()
     result = run_on_the_fly(config, resume=(out / "state.json").is_file())
     import json
@@ -200,8 +274,9 @@ def run_arm(
     rows = result.rows
     seed_calls = int(rows[0]["calls"])
     scored = {str(m): score(Path(p), sets()) for m, p in milestone_models(rows).items()}
-    broken, labelled = broken_labels(out, result.model, _seed_size(out))
+    broken, labelled = broken_labels(out, result.model, _seed_size(out), system)
     return {
+        "system": system.name,
         "arm": arm,
         "seed": seed,
         "ended": result.ended,
@@ -236,21 +311,20 @@ def _seed_size(out: Path) -> int:
     return len(read_structures(out / "data" / "train.xyz"))
 
 
-FULL_WIDTH = Path("configs/3bpa_equivariant.yaml")  # the potential config at full width
-
-
 def reference_model(
     work: Path,
     sets: dict[str, list[Any]],
     frames: int,
     extra: Sequence[str] = (),
     recipe: str = "shipped",
+    system: System = THREE_BPA,
 ) -> dict[str, Any]:
     """A model trained the plain way on ``frames`` oracle frames from MD at
-    :data:`REFERENCE_TEMPERATURES` (100 fs apart; seeds 100+, disjoint from the test sets) and 12
+    the system's ``reference_temperatures`` (100 fs apart; seeds 100+, disjoint from the test sets) and 12
     validation frames from their own trajectories, with the oracle's isolated atoms.
     ``recipe``: ``shipped`` (the backbone and training of the shipped AL config) or
-    ``full_width`` (the model, loss and training of :data:`FULL_WIDTH`), on the same frames."""
+    ``full_width`` (the model, loss and training of the system's ``full_width`` config), on the
+    same frames."""
     from mlip_unc.active.data import build_structure, write_frames
     from mlip_unc.active.onthefly import _training
     from mlip_unc.active.oracles import make_oracle
@@ -260,7 +334,7 @@ def reference_model(
     from mlip_unc.config.loader import load_raw
     from mlip_unc.data.readers import read_structures
 
-    config = load_active_config(CONFIG, [f"out={work / 'reference'}", *extra])
+    config = load_active_config(system.config, [f"out={work / 'reference'}", *extra])
     out = work / "reference"
     cpu = time.process_time()
     pool_file = out / "data" / "train.xyz"
@@ -269,11 +343,11 @@ def reference_model(
         valid = read_structures(out / "data" / "valid.xyz")
     else:
         settings = SeedSettings(
-            temperatures=list(REFERENCE_TEMPERATURES),
+            temperatures=list(system.reference_temperatures),
             frames=frames,
             valid_frames=12,
             spacing_fs=100,
-            timestep=0.5,
+            timestep=system.timestep,
             seed=100,
         )
         start = build_structure(config.structures)[0]
@@ -283,7 +357,7 @@ def reference_model(
     cpu_oracle = time.process_time() - cpu
     training = _training(config, out, train)
     if recipe == "full_width":
-        full = load_raw(FULL_WIDTH)
+        full = load_raw(system.full_width)
         training = {
             **training,
             "model": {
@@ -300,6 +374,7 @@ def reference_model(
     cpu = time.process_time()
     model = train_model(train, valid, training, out / f"model_{recipe}", seed=0)
     return {
+        "system": system.name,
         "recipe": recipe,
         "frames": len(train),
         "errors": score(model, sets),
@@ -318,9 +393,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="comma-separated, in run order (reference, full_width: the reference models)",
     )
     p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default 5 or 3)")
-    p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="run folders")
+    p.add_argument("--system", choices=sorted(SYSTEMS), default="3bpa")
+    p.add_argument("--work", type=Path, default=None, help="run folders (default: the cache)")
     p.add_argument("--results", type=Path, default=RESULTS, help="JSONL records and the page")
-    p.add_argument("--reference-sets", type=Path, default=REFERENCE_SETS)
+    p.add_argument("--reference-sets", type=Path, default=None, help="default: the cache")
     p.add_argument("--reference-frames", type=int, default=300)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="tiny settings (slow-tier test)")
@@ -332,13 +408,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     from benchmarks.active_learning.onthefly_report import write_page
 
     args = parse_args(argv)
+    system = SYSTEMS[args.system]
     command = "python -m benchmarks.active_learning " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
-    runs, refs = args.results / RUNS, args.results / REFERENCE
+    runs, refs = args.results / system.runs, args.results / system.references
+    work = args.work or CACHE / "al_otf" / system.name
 
     def page() -> Path:
-        return write_page(read_jsonl(runs), read_jsonl(refs), command, args.results)
+        return write_page(args.results, command)
 
     if args.report_only:
         print(page())
@@ -350,16 +428,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     extra = QUICK if args.quick else []
 
     def sets() -> dict[str, list[Any]]:  # read when first needed: they may still be made
-        return load_sets(args.reference_sets)
+        return load_sets(args.reference_sets or system.reference_sets, system)
 
     for seed in range(max(SEEDS.values())):
         for arm in [a for a in args.arms.split(",") if a]:
             if arm in ("reference", "full_width"):
                 recipe = "shipped" if arm == "reference" else "full_width"
                 if not any(r.get("recipe", "shipped") == recipe for r in read_jsonl(refs)):
-                    print(f"reference model ({recipe}) ...", flush=True)
+                    print(f"{system.name}: reference model ({recipe}) ...", flush=True)
                     record = reference_model(
-                        args.work, sets(), args.reference_frames, extra, recipe
+                        work, sets(), args.reference_frames, extra, recipe, system
                     )
                     append_jsonl(refs, {**record, "command": command})
                     page()
@@ -368,8 +446,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             done = {(r["arm"], r["seed"]) for r in read_jsonl(runs)}
             if seed >= n_seeds or (arm, seed) in done:
                 continue
-            print(f"{arm} seed {seed} ...", flush=True)
+            print(f"{system.name}: {arm} seed {seed} ...", flush=True)
             every = periodic_rate(read_jsonl(runs))
-            record = run_arm(arm, seed, args.work, sets, every, extra)
+            record = run_arm(arm, seed, work, sets, every, extra, system)
             append_jsonl(runs, {**record, "command": command})
             page()

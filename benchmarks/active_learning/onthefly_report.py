@@ -1,6 +1,6 @@
 """The page of the on-the-fly active-learning benchmark: ``benchmarks/results/active_learning.md``
 and ``active_learning.png`` (learning curves), written from the JSONL records of
-``onthefly.py``. Table first; every per-run number stays in the JSONL."""
+``onthefly.py``, one section per system. Table first; every per-run number stays in the JSONL."""
 
 from __future__ import annotations
 
@@ -13,28 +13,32 @@ import numpy as np
 from benchmarks.active_learning.onthefly import (
     ARMS,
     ENERGY_LIMIT,
-    FORCE_LIMITS,
     RESULTS,
-    RUNS,
     SEEDS,
-    SETS,
+    SYSTEMS,
+    THREE_BPA,
+    System,
     usable,
 )
 from benchmarks.common.figures import save_png
 from benchmarks.common.pages import run_section
+from benchmarks.common.records import read_jsonl
 
 PAGE = "active_learning.md"  # under the results folder
 FIGURE = "active_learning.png"
 ROUNDS_PAGE = "benchmarks/results/active_learning/rounds_protocol.md"
+BUDGET = 150
 
 
 def _f(x: Any, spec: str = "{:.0f}") -> str:
     return "-" if x is None or (isinstance(x, float) and not np.isfinite(x)) else spec.format(x)
 
 
-def calls_to_usable(record: dict[str, Any], reference: dict[str, Any]) -> int | None:
+def calls_to_usable(
+    record: dict[str, Any], reference: dict[str, Any], system: System = THREE_BPA
+) -> int | None:
     """The fewest scored calls at which the run's model was usable (error part), or None."""
-    hits = [int(m) for m, e in record["errors"].items() if usable(e, reference)]
+    hits = [int(m) for m, e in record["errors"].items() if usable(e, reference, system)]
     return min(hits) if hits else None
 
 
@@ -43,16 +47,23 @@ def final_errors(record: dict[str, Any]) -> dict[str, Any]:
     return record["errors"][str(max(int(m) for m in record["errors"]))]
 
 
-def arm_row(arm: str, records: list[dict[str, Any]], reference: dict[str, Any] | None) -> str:
+def _cells(errors: Sequence[dict[str, Any]], sets: Sequence[str]) -> str:
+    """Force MAE per set, worst energy MAE, worst p95 (medians over ``errors``)."""
+    med = [float(np.median([e[s]["force_mae"] for e in errors])) for s in sets]
+    worst_e = float(np.median([max(e[s]["energy_mae"] for s in sets) for e in errors]))
+    p95 = float(np.median([max(e[s]["p95_max_force_error"] for s in sets) for e in errors]))
+    return " | ".join(_f(m) for m in med) + f" | {_f(worst_e)} | {_f(p95)}"
+
+
+def arm_row(
+    arm: str,
+    records: list[dict[str, Any]],
+    reference: dict[str, Any] | None,
+    system: System = THREE_BPA,
+) -> str:
     """One table row: medians over the arm's seeds, each seed's calls listed."""
     calls = [r["calls"] for r in records]
-    finals = [final_errors(r) for r in records]
-    med = {s: float(np.median([f[s]["force_mae"] for f in finals])) for s in SETS}
-    worst_e = float(np.median([max(f[s]["energy_mae"] for s in SETS) for f in finals]))
-    p95 = float(np.median([max(f[s]["p95_max_force_error"] for s in SETS) for f in finals]))
-    to_usable: list[int | None] = (
-        [calls_to_usable(r, reference) for r in records] if reference else []
-    )
+    to_usable = [calls_to_usable(r, reference, system) for r in records] if reference else []
     usable_text = (
         ", ".join(_f(c) if c is not None else "never" for c in to_usable) if reference else "-"
     )
@@ -61,86 +72,83 @@ def arm_row(arm: str, records: list[dict[str, Any]], reference: dict[str, Any] |
     cpu_o = float(np.median([r["cpu_oracle_s"] for r in records])) / 60
     return (
         f"| {arm} | {len(records)} of {SEEDS.get(arm, 3)} | {', '.join(map(str, calls))} | {ended} "
-        f"| {usable_text} | "
-        + " | ".join(_f(med[s]) for s in SETS)
-        + f" | {_f(worst_e)} | {_f(p95)} | {cpu_m:.0f} | {cpu_o:.1f} |"
+        f"| {usable_text} | {_cells([final_errors(r) for r in records], system.sets)} "
+        f"| {cpu_m:.0f} | {cpu_o:.1f} |"
     )
 
 
-def plot_curves(records: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Validation force MAE against oracle calls, one line per run, coloured by arm."""
-    if not records:
+def plot_curves(by_system: dict[str, list[dict[str, Any]]], path: Path) -> Path | None:
+    """Validation force MAE against oracle calls, one panel per system with runs, one line per
+    run, coloured by arm."""
+    systems = [name for name, recs in by_system.items() if recs]
+    if not systems:
         return None
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.5, 3.6))
-    ax = fig.add_subplot(1, 1, 1)
+    fig = Figure(figsize=(6.5 * len(systems), 3.6))
     colours = {a: f"C{k}" for k, a in enumerate(ARMS)}
-    seen: set[str] = set()
-    for r in records:
-        curve = r["curve"]
-        ax.plot(
-            [c["calls"] for c in curve],
-            [1000 * c["valid_force_mae"] for c in curve],
-            "-",
-            color=colours.get(r["arm"], "k"),
-            alpha=0.8,
-            label=None if r["arm"] in seen else r["arm"],
+    for k, name in enumerate(systems):
+        ax = fig.add_subplot(1, len(systems), k + 1)
+        seen: set[str] = set()
+        for r in by_system[name]:
+            curve = r["curve"]
+            ax.plot(
+                [c["calls"] for c in curve],
+                [1000 * c["valid_force_mae"] for c in curve],
+                "-",
+                color=colours.get(r["arm"], "k"),
+                alpha=0.8,
+                label=None if r["arm"] in seen else r["arm"],
+            )
+            seen.add(r["arm"])
+        ax.set(
+            title=SYSTEMS[name].title,
+            xlabel="oracle calls",
+            ylabel="validation force MAE (meV/Å)",
+            yscale="log",
         )
-        seen.add(r["arm"])
-    ax.set(xlabel="oracle calls", ylabel="validation force MAE (meV/Å)", yscale="log")
-    ax.legend(fontsize=8)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     return save_png(fig, path)
 
 
-def write_page(
-    records: Sequence[dict[str, Any]],
-    references: Sequence[dict[str, Any]],
-    command: str,
-    results: Path = RESULTS,
-) -> Path:
-    """Write the page (and the figure) into ``results`` from the records; returns its path."""
+def system_section(
+    system: System, records: Sequence[dict[str, Any]], references: Sequence[dict[str, Any]]
+) -> list[str]:
+    """The system's table, its status line and its targets."""
     shipped = [r for r in references if r.get("recipe", "shipped") == "shipped"]
     full = [r for r in references if r.get("recipe") == "full_width"]
     reference = shipped[-1]["errors"] if shipped else None
     by_arm = {a: [r for r in records if r["arm"] == a] for a in ARMS}
     planned = sum(SEEDS.get(a, 3) for a in ARMS)
-    partial = len(records) < planned or reference is None
     lines = [
-        "# Active learning on the fly: 3BPA with GFN2-xTB" + (" (partial)" if partial else ""),
+        f"## {system.title}",
         "",
-        "Force MAE (meV/Å) of each arm's final model on the oracle-labelled sets, medians over "
-        "seeds; calls per seed; the calls at which a seed's model first counted as usable.",
-        "",
-        "| arm | seeds | calls | ended | usable at | 300 K | 600 K | 1200 K | scan | "
-        "energy MAE, worst set (meV) | p95 largest force error (meV/Å) | model CPU (min) | "
-        "oracle CPU (min) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | seeds | calls | ended | usable at | "
+        + " | ".join(system.sets)
+        + " | energy MAE, worst set (meV) | p95 largest force error (meV/Å) | model CPU (min) "
+        "| oracle CPU (min) |",
+        "|---" * (9 + len(system.sets)) + "|",
     ]
     for ref, name in [(r, "reference") for r in shipped[-1:]] + [
         (r, "full-width recipe") for r in full[-1:]
     ]:
-        errors = ref["errors"]
         lines.append(
             f"| {name} ({ref['frames']} random oracle frames) | - | {ref['frames']} | - | - | "
-            + " | ".join(_f(errors[s]["force_mae"]) for s in SETS)
-            + f" | {_f(max(errors[s]['energy_mae'] for s in SETS))} | "
-            f"{_f(max(errors[s]['p95_max_force_error'] for s in SETS))} | "
-            f"{ref['cpu_model_s'] / 60:.0f} | {ref['cpu_oracle_s'] / 60:.1f} |"
+            f"{_cells([ref['errors']], system.sets)} | {ref['cpu_model_s'] / 60:.0f} | "
+            f"{ref['cpu_oracle_s'] / 60:.1f} |"
         )
     for arm, recs in by_arm.items():
         if recs:
-            lines.append(arm_row(arm, recs, reference))
+            lines.append(arm_row(arm, recs, reference, system))
+    limits = ", ".join(f"{v:g}x on {k}" for k, v in system.force_limits.items())
     lines += [
         "",
         f"**{len(records)} of {planned} planned runs are done**"
         + ("; the reference model is not trained yet" if reference is None else "")
-        + ". Arms without a row have not run. Usable: force MAE within "
-        + ", ".join(f"{v:g}x" for v in FORCE_LIMITS.values())
-        + f" of the reference's at 300 K, 600 K, 1200 K and on the torsion scan, energy MAE "
-        f"within {ENERGY_LIMIT:g}x on every set (the 10 ps stability part is not measured "
-        "yet).",
+        + f". Arms without a row have not run. Usable: force MAE within {limits} of the "
+        f"reference's, energy MAE within {ENERGY_LIMIT:g}x on every set (the 10 ps stability "
+        "part is not measured yet).",
         "",
     ]
     if records:
@@ -151,32 +159,53 @@ def write_page(
             "checked again with the geometry guard).",
             "",
         ]
-    lines += targets(by_arm, reference)
+    lines += targets(by_arm, reference, system)
     if shipped and full:
         ratio = max(
-            shipped[-1]["errors"][s]["force_mae"] / full[-1]["errors"][s]["force_mae"] for s in SETS
+            shipped[-1]["errors"][s]["force_mae"] / full[-1]["errors"][s]["force_mae"]
+            for s in system.sets
         )
         lines += [
-            f"- The shipped backbone (half width) against `configs/3bpa_equivariant.yaml`'s on "
-            f"the same {full[-1]['frames']} frames: at most {ratio:.2f}x its force MAE on any "
-            f"set (target ≤ 1.3x: {'met' if ratio <= 1.3 else 'missed'}).",
+            f"- The shipped backbone (half width) against `{system.full_width}`'s on the same "
+            f"{full[-1]['frames']} frames: at most {ratio:.2f}x its force MAE on any set "
+            f"(target ≤ 1.3x: {'met' if ratio <= 1.3 else 'missed'}).",
             "",
         ]
+    return lines
+
+
+def write_page(results: Path = RESULTS, command: str = "") -> Path:
+    """Write the page (and the figure) into ``results`` from the records of every system;
+    returns its path."""
+    records = {n: read_jsonl(results / s.runs) for n, s in SYSTEMS.items()}
+    references = {n: read_jsonl(results / s.references) for n, s in SYSTEMS.items()}
+    planned = sum(SEEDS.get(a, 3) for a in ARMS) * len(SYSTEMS)
+    done = sum(len(r) for r in records.values())
+    lines = [
+        "# Active learning on the fly" + (" (partial)" if done < planned else ""),
+        "",
+        "Force MAE (meV/Å) of each arm's final model on the oracle-labelled sets, medians over "
+        "seeds; calls per seed; the calls at which a seed's model first counted as usable.",
+        "",
+    ]
+    for name, system in SYSTEMS.items():
+        lines += system_section(system, records[name], references[name])
     if plot_curves(records, results / FIGURE) is not None:
-        lines += ["", "![learning curves](active_learning.png)", ""]
+        lines += ["![learning curves](active_learning.png)", ""]
     lines += [
         "## What the arms are",
         "",
-        "Every arm runs the loop of `configs/al_xtb_3bpa.yaml` (MD with the current model, "
-        "monitored every 5 fs, up a 300-1200 K ladder; a physical frame over the trigger is "
-        "labelled, with up to three diverse frames flagged after it, and the model fine-tuned). "
-        "`ours` triggers on the force uncertainty (2x its level on the fixed validation set), "
-        "`committee5` on a 5-member committee's force spread, `force_magnitude` on the largest "
-        "predicted force, `true_error` on the true force error (the bound: its control calls are "
-        "not counted), `periodic` every n-th monitored frame and `random` with probability 1/n, "
-        "n matching the calls of `ours`. Arms of one seed share the seed set, validation set "
-        "and seed model. Triggering (*when*) is what separates `ours` from `periodic`/`random`; "
-        "selection (*which*, the diverse frames of one excursion) is the same in every arm.",
+        "Every arm runs the loop of the shipped config (`configs/al_xtb_3bpa.yaml`, "
+        "`configs/al_snap_si.yaml`: MD with the current model up a temperature ladder; a "
+        "physical frame over the trigger is labelled, with up to three diverse frames flagged "
+        "after it, and the model fine-tuned). `ours` triggers on the force uncertainty (2x its "
+        "level on the fixed validation set), `committee5` on a 5-member committee's force "
+        "spread, `force_magnitude` on the largest predicted force, `true_error` on the true "
+        "force error (the bound: its control calls are not counted), `periodic` every n-th "
+        "monitored frame and `random` with probability 1/n, n matching the calls of `ours`. "
+        "Arms of one seed share the seed set, validation set and seed model. Triggering "
+        "(*when*) is what separates `ours` from `periodic` and `random`; selection (*which*: "
+        "the diverse frames of one excursion) is the same in every arm.",
         "",
         "## The earlier protocol",
         "",
@@ -186,13 +215,14 @@ def write_page(
         f"records stay as they were: `{ROUNDS_PAGE}` and `benchmarks/results/active_learning.json`.",
         "",
     ]
-    env = (records[-1] if records else (references[-1] if references else {})).get(
-        "environment", {}
-    )
+    every = [r for recs in records.values() for r in recs] or [
+        r for refs in references.values() for r in refs
+    ]
+    env = every[-1].get("environment", {}) if every else {}
     lines += run_section(
-        command,
+        command or "python -m benchmarks.active_learning",
         date=None,
-        json_name=f"benchmarks/results/{RUNS}",
+        json_name="benchmarks/results/active_learning_otf*.jsonl",
         machine=env.get("machine"),
         load_avg=env.get("load_avg"),
         versions=env.get("versions"),
@@ -202,15 +232,19 @@ def write_page(
     return path
 
 
-def targets(by_arm: dict[str, list[dict[str, Any]]], reference: dict[str, Any] | None) -> list[str]:
-    """The acceptance targets, each met, missed or not measured yet."""
-    out = ["## Targets", ""]
+def targets(
+    by_arm: dict[str, list[dict[str, Any]]],
+    reference: dict[str, Any] | None,
+    system: System = THREE_BPA,
+) -> list[str]:
+    """The acceptance targets of ``system``, each met, missed or not measured yet."""
+    out = ["Targets:", ""]
     ours = by_arm["ours"]
     if reference is None or not ours:
         return out + ["- Not measured yet: no finished `ours` run or no reference model.", ""]
-    ours_usable = [calls_to_usable(r, reference) for r in ours]
+    ours_usable = [calls_to_usable(r, reference, system) for r in ours]
     out.append(
-        f"- `ours` usable within 150 calls: {sum(c is not None for c in ours_usable)} of "
+        f"- `ours` usable within {BUDGET} calls: {sum(c is not None for c in ours_usable)} of "
         f"{len(ours)} seeds (error part)."
     )
     med_ours = _median_calls(ours_usable)
@@ -219,7 +253,7 @@ def targets(by_arm: dict[str, list[dict[str, Any]]], reference: dict[str, Any] |
         if not recs:
             out.append(f"- ≤ {limit}x the calls of `{other}`: not measured (no run).")
             continue
-        med = _median_calls([calls_to_usable(r, reference) for r in recs])
+        med = _median_calls([calls_to_usable(r, reference, system) for r in recs])
         out.append(
             f"- ≤ {limit}x the calls of `{other}`: `ours` {_f(med_ours)} against {_f(med)} "
             "(median calls to usable; censored at the budget where never usable)."
@@ -228,6 +262,6 @@ def targets(by_arm: dict[str, list[dict[str, Any]]], reference: dict[str, Any] |
     return out
 
 
-def _median_calls(calls: Sequence[int | None], budget: int = 150) -> float | None:
+def _median_calls(calls: Sequence[int | None], budget: int = BUDGET) -> float | None:
     """Median calls to usable, a run never usable counted at the budget (censored)."""
     return float(np.median([c if c is not None else budget for c in calls])) if calls else None

@@ -60,7 +60,9 @@ def test_usable_needs_every_set_within_its_limit():
 
 
 def test_page_is_table_first_short_and_counts_runs(tmp_path):
-    reference = [
+    from benchmarks.common.records import append_jsonl
+
+    references = [
         {"frames": 300, "errors": _errors(100.0), "cpu_model_s": 600.0, "cpu_oracle_s": 60.0},
         {
             "recipe": "full_width",
@@ -86,7 +88,11 @@ def test_page_is_table_first_short_and_counts_runs(tmp_path):
         }
         for s in range(2)
     ]
-    page = report.write_page(records, reference, "python -m benchmarks.active_learning", tmp_path)
+    for r in records:
+        append_jsonl(tmp_path / otf.RUNS, r)
+    for r in references:
+        append_jsonl(tmp_path / otf.REFERENCE, r)
+    page = report.write_page(tmp_path, "python -m benchmarks.active_learning")
     lines = page.read_text().splitlines()
     assert len(lines) <= 150
     assert any(line.startswith("| arm |") for line in lines[:15])
@@ -98,5 +104,14 @@ def test_page_is_table_first_short_and_counts_runs(tmp_path):
     assert any("Broken frames labelled: 0 of the 40 labels" in line for line in lines)
     assert any("at most 1.25x its force MAE" in line and "1.3x: met" in line for line in lines)
     assert any(line.startswith("| full-width recipe (300") for line in lines)
+    assert "## 64-atom Si with the mlearn SNAP potential" in lines  # its section, not run yet
     assert (tmp_path / report.FIGURE).stat().st_size > 0
-    assert report.calls_to_usable(records[0], reference[0]["errors"]) == 60
+    assert report.calls_to_usable(records[0], references[0]["errors"]) == 60
+
+
+def test_every_arm_is_a_valid_override_of_the_si_config():
+    si = otf.SYSTEMS["si"]
+    for arm in otf.ARMS:
+        config = load_active_config(si.config, otf.arm_overrides(arm, 10))
+        assert config.mode == "on_the_fly" and config.isolated_atoms == "oracle"
+    assert set(si.force_limits) == set(si.sets) and si.runs != otf.RUNS
