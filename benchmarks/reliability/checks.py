@@ -260,7 +260,7 @@ def _flip(raw: bytes, offset: int, rng: Any) -> bytes:
 
 # ============================================================ group 4: bad inputs through the CLI
 def bad_inputs(files: dict[str, Path], work: Path, train_run: Path, al_run: Path) -> list[dict]:
-    """Each bad input of issue 13's list, run through the CLI in this process, outcome checked."""
+    """Each bad input of the reliability list, run through the CLI in this process, outcome checked."""
     import torch
     from typer.testing import CliRunner
 

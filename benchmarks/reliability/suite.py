@@ -15,7 +15,7 @@ data root). Groups (one table each in ``OUT/reliability.md``, records in ``relia
 3. Corrupted checkpoints (flipped bits inside tensors or anywhere, truncations, a pickled
    object, a foreign file, NaN weights): a clear error, or results identical to the intact
    model; never NaN, never another exception.
-4. The bad inputs of issue 13 through the CLI: the expected clear outcome, never a traceback.
+4. The bad inputs of the reliability list through the CLI: the expected clear outcome, never a traceback.
 5. Fuzzed structures (the strategy of tests/test_fuzz_calculator.py, derandomised) through the
    calculator and the graph builder: a clear error or finite results, never NaN, never a hang.
 6. Silent defects (:mod:`~benchmarks.reliability.silent`): inputs that a careful user gets wrong
