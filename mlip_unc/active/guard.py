@@ -4,7 +4,7 @@ A poor model can tear a molecule apart or push two atoms onto each other within 
 femtoseconds. Such frames say nothing about the region a user cares about, yet a reference
 calculation on them is expensive and their huge forces dominate any training they join. So
 exploration MD stops at the first frame that breaks one of these rules, restarts from the last
-good frame, and the broken frame never becomes a candidate nor reaches the oracle::
+good state, and the broken frame never becomes a candidate nor reaches the oracle::
 
     guard = GeometryGuard.from_structure(start, GuardSettings())
     why = guard.check(atoms)      # None, or "bond 3-7 at 1.62x its start length"

@@ -9,7 +9,7 @@ VASP's on-the-fly force fields do, with this package's closed-form uncertainty a
 2. **Explore.** Langevin MD with the current model, in segments of ``segment_fs``; every
    ``md.interval`` steps the frame is checked: an unphysical geometry
    (:class:`~mlip_unc.active.guard.GeometryGuard`) stops the segment and MD restarts from the
-   last good frame with fresh velocities; otherwise the trigger
+   segment's start (the last frame MD left intact and committed) with fresh velocities; otherwise the trigger
    (:class:`~mlip_unc.active.triggers.Trigger`) decides whether the frame needs a label.
 3. **Label and update.** After the first flagged frame MD goes on for ``window`` monitored
    frames collecting more; the first flagged frame and the most diverse of the others (up to
@@ -46,7 +46,7 @@ from mlip_unc.active.evaluation import evaluate_structures
 from mlip_unc.active.guard import GeometryGuard
 from mlip_unc.active.oracles import check_oracle_elements, label_structures, make_oracle
 from mlip_unc.active.selection import distance_histograms, farthest_point_sampling
-from mlip_unc.active.state import CachedLabels, RunState
+from mlip_unc.active.state import CachedLabels, RunState, structure_hash
 from mlip_unc.active.training import train_members
 from mlip_unc.active.triggers import Trigger
 from mlip_unc.atomic import atomic_write_text, remove_stale_temps
@@ -214,6 +214,19 @@ def _segment(
         "fs": checks * s.interval * s.timestep,
         "temperature": temperature,
     }
+
+
+def _fresh_momenta(
+    atoms: Atoms, positions: np.ndarray, temperature: float, rng: np.random.Generator
+) -> np.ndarray:
+    """(n, 3) Maxwell-Boltzmann momenta at ``temperature``, centre of mass at rest."""
+    from ase.md.velocitydistribution import Stationary, thermalize_momenta
+
+    fresh = atoms.copy()
+    fresh.positions = positions
+    thermalize_momenta(fresh, temperature_K=temperature, rng=rng)
+    Stationary(fresh)
+    return fresh.get_momenta().copy()
 
 
 def _label(
@@ -456,7 +469,7 @@ def run_on_the_fly(
         if seg["broken"] is not None:
             md.geometry_stops += 1
             log.info(
-                "MD stopped at %g K: %s; back to the last good frame",
+                "MD stopped at %g K: %s; back to the segment's start with fresh velocities",
                 seg["temperature"],
                 seg["broken"],
             )
@@ -468,9 +481,19 @@ def run_on_the_fly(
             rescue = True
             frame = atoms.copy()
             frame.positions, frame.calc = seg["good"][0], None
-            chosen = [frame]
-            restart = seg["good"]
+            known = {structure_hash(a) for a in train}
+            chosen = [] if structure_hash(frame) in known else [frame]
+            restart = (md.positions, md.momenta)
+        if seg["broken"] is not None:
+            # the segment's start (a frame MD left intact), not the frame before the breakage:
+            # from there, with any velocities, the same breakage follows within femtoseconds
+            restart = (md.positions, md.momenta)
         chosen = chosen[: otf.max_calls - calls]
+        if not chosen:  # a breakage at a frame labelled before: start the segment again
+            md.positions, md.momenta = restart
+            md.momenta = _fresh_momenta(atoms, restart[0], seg["temperature"], rng)
+            commit(None)
+            continue
         cpu = time.process_time()
         labelled, dropped = _label(chosen, oracle, cache, config.selection.max_label_force)
         cpu_oracle = time.process_time() - cpu
@@ -478,13 +501,7 @@ def run_on_the_fly(
         bar.update(len(chosen))
         md.positions, md.momenta = restart
         if seg["broken"] is not None:  # fresh velocities after a breakage
-            from ase.md.velocitydistribution import Stationary, thermalize_momenta
-
-            fresh = atoms.copy()
-            fresh.positions = restart[0]
-            thermalize_momenta(fresh, temperature_K=seg["temperature"], rng=rng)
-            Stationary(fresh)
-            md.momenta = fresh.get_momenta().copy()
+            md.momenta = _fresh_momenta(atoms, restart[0], seg["temperature"], rng)
         md.clean_fs = 0.0
         row: dict[str, Any] = {
             "update": len(rows),

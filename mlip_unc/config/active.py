@@ -182,8 +182,8 @@ class SeedSettings(Section):
 
 
 class GuardSettings(Section):
-    """When an exploration frame is unphysical: MD stops there, restarts from the last good
-    frame, and the frame is never a candidate nor sent to the oracle.
+    """When an exploration frame is unphysical: MD stops there and starts its segment again
+    with fresh velocities, and the frame is never a candidate nor sent to the oracle.
 
     Attributes:
         bonds: check the bonds of the starting structure (pairs closer than 1.15 x the sum of

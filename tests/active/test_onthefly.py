@@ -208,3 +208,19 @@ def test_an_oracle_that_cannot_label_the_elements_fails_before_any_work(tmp_path
     with pytest.raises(OracleError, match="Si"):
         run_on_the_fly(config)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_geometry_stop_restarts_md_and_labels_only_physical_frames(tmp_path, tiny_training):
+    """A guard that thermal Cu breaks within femtoseconds (no two atoms closer than 2.45 A,
+    nearest neighbours at 2.55 A): every segment stops, nothing is flagged, so each stop labels
+    the segment's last good frame (a rescue) and MD starts the segment again."""
+    config = _config(tmp_path, tiny_training, trigger="uncertainty", threshold=1e9, max_calls=9)
+    config = config.updated(guard={"min_distance": 2.45})
+    result = run_on_the_fly(config)
+    assert result.ended == "budget" and result.calls == 9
+    updates = result.rows[1:]
+    assert len(updates) == 2 and all(r["rescue"] and r["n_flagged"] == 0 for r in updates)
+    assert updates[-1]["geometry_stops"] >= 2
+    guard = GeometryGuard.from_structure(bulk("Cu", "fcc", a=3.61, cubic=True), config.guard)
+    labels = read_structures(tmp_path / "run" / "update_2" / "train.xyz")[4:]
+    assert len(labels) == 2 and all(guard.check(a) is None for a in labels)
