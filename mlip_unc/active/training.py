@@ -46,7 +46,8 @@ def _training_config(
     lr: float | None = None,
 ) -> Any:
     """The :class:`~mlip_unc.config.PotentialConfig` of ``training`` with the files, ``out``,
-    ``seed`` (unless set), ``train.progress`` off (unless set), ``epochs`` and ``init_from``."""
+    ``seed`` (unless set), ``train.progress`` off (unless set), ``epochs`` (whose learning-rate
+    schedule then follows the epochs, not a wall-clock budget) and ``init_from``."""
     from mlip_unc.config import potential_config_from_dict
 
     raw = copy.deepcopy(dict(training))
@@ -59,8 +60,9 @@ def _training_config(
     raw.setdefault("seed", seed)
     train_section = dict(raw.get("train") or {})
     train_section.setdefault("progress", False)
-    if epochs is not None:
+    if epochs is not None:  # a fine-tune of this many epochs: its schedule spans them
         train_section["epochs"] = int(epochs)
+        train_section["schedule_clock"] = "epochs"
     if lr is not None:
         train_section["lr"] = float(lr)
     if init_from is not None:
