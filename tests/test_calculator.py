@@ -484,3 +484,21 @@ def test_on_demand_sigma_equals_the_one_call_mode(cu, mode):
     for key in ("forces", "stress", "energy", "forces_var", "max_force_std", "stress_var"):
         np.testing.assert_allclose(lazy.results[key], eager.results[key], rtol=1e-10, atol=1e-12)
     assert lazy.n_uncertainty_calls == 1 and eager.n_uncertainty_calls == 0
+
+
+@pytest.mark.parametrize("n", [3, 9, pytest.param(22, marks=pytest.mark.slow)])
+def test_on_demand_sigma_at_size_is_lowrank(n):
+    """``auto`` asked on demand equals ``lowrank`` asked at once at 27, 729 and 10,648 atoms
+    (past 256 / r atoms ``auto`` asked at once would sketch)."""
+    atoms = bulk("Cu", "sc", a=2.6) * (n, n, n)
+    atoms.rattle(0.05, seed=3)
+    model = _full_posterior_model()
+    lazy = UncertaintyCalculator(model, uncertainty="auto")
+    eager = UncertaintyCalculator(model, uncertainty="lowrank", on_demand=False)
+    for calc in (lazy, eager):
+        calc.get_forces(atoms)
+        calc.get_property("max_force_std", atoms)
+    np.testing.assert_allclose(
+        lazy.results["forces_var"], eager.results["forces_var"], rtol=1e-9, atol=1e-14
+    )
+    assert lazy.results["max_force_std"] == pytest.approx(eager.results["max_force_std"], rel=1e-9)
