@@ -396,13 +396,18 @@ def _calls_table(entry: dict[str, Any]) -> list[str]:
 
 
 def render(results: dict[str, Any]) -> str:
-    """speed.md: part ``size`` first (its own section), then the per-call parts, training,
-    memory and their runs."""
+    """speed.md: part ``md`` first (one table), part ``size`` (its own section), then the
+    per-call parts, training, memory and their runs."""
+    from benchmarks.speed.md_part import render_md
     from benchmarks.speed.size_report import render_size
 
     parts = dict(results["parts"])
-    size = parts.pop("size", None)
+    size, md = parts.pop("size", None), parts.pop("md", None)
     lines = ["# Speed: the ASE calculator, the trainers, peak memory", ""]
+    if md is not None:  # the MD throughput table first: the page's headline
+        lines += render_md(md)
+        if size is None and not parts:
+            return "\n".join(lines)
     if size is not None:
         lines += render_size(size)
         if not parts:

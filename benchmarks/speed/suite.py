@@ -28,6 +28,11 @@
    atoms, at each of ``--threads`` (e.g. ``1,all``); the floor of the method, MD throughput and
    per-row peak memory. Run it in ``.venv-mace`` (where mace-torch lives; elsewhere the mace
    rows are "not measured").
+5. Part ``md`` (``--part md``, :mod:`benchmarks.speed.md_part`): steps/s of ASE Langevin MD,
+   plain (``uncertainty="none"``) and monitored by the package's ``UncertaintyMonitor`` every
+   10th and every step (the default mode), mace-torch plain and a 5-model committee read every
+   10th step, at about 27, 1,000 and 10,000 atoms (``--kinds``, default molecules), at each of
+   ``--threads``; run it in ``.venv-mace`` too. Its table goes to the top of speed.md.
 
 Results: ``OUT/speed.json`` (one entry per part: ``main``, ``mace`` from ``--mace-only``,
 ``size``, merged into the same file) and ``OUT/speed.md``. ``--quick`` (< 30 s, for CI): tiny
@@ -36,6 +41,7 @@ models, small systems, 3 repeats, one memory probe (part size: 2 repeats, system
     python -m benchmarks.speed --out benchmarks/results
     /work/venv_mace/bin/python -m benchmarks.speed --mace-only --out benchmarks/results
     .venv-mace/bin/python -m benchmarks.speed --part size --threads 1,all --out benchmarks/results
+    .venv-mace/bin/python -m benchmarks.speed --part md --threads 1,2 --out benchmarks/results
     python -m benchmarks.speed --report-only   # rewrite speed.md from speed.json
 """
 
@@ -61,7 +67,7 @@ import numpy as np
 import torch
 
 from benchmarks.speed import fixtures as setup
-from benchmarks.speed import size_part, sizes
+from benchmarks.speed import md_part, size_part, sizes
 from mlip_unc.atomic import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,6 +75,8 @@ REPO = Path(__file__).resolve().parents[2]
 STEM = "speed"
 PARTS = ("main", "mace")
 SIZE_PART = size_part.PART
+MD_PART = md_part.PART
+MULTI = (SIZE_PART, MD_PART)  # the parts that take several thread counts
 STAGES = ("calls", "train", "memory")
 
 
@@ -87,23 +95,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--threads",
         default="1",
-        help="torch threads (also OMP_NUM_THREADS of the probes); part size: a comma list, "
-        "'all' = every core, e.g. 1,all",
+        help="torch threads (also OMP_NUM_THREADS of the probes); parts size and md: a comma "
+        "list, 'all' = every core, e.g. 1,all",
     )
     p.add_argument(
         "--part",
-        choices=PARTS + (SIZE_PART,),
+        choices=PARTS + MULTI,
         default=None,
-        help="main (default), mace (= --mace-only) or size: the calculator from 10 to 10,000 "
-        "atoms, every mode, mace-torch, floor, MD, memory (benchmarks/speed/size_part.py)",
+        help="main (default), mace (= --mace-only), size: the calculator from 10 to 10,000 "
+        "atoms, every mode, mace-torch, floor, MD, memory (benchmarks/speed/size_part.py), or "
+        "md: MD steps/s, plain and monitored (benchmarks/speed/md_part.py)",
     )
     p.add_argument(
         "--kinds",
-        default=",".join(sizes.KINDS),
-        help="part size: which kinds of system (molecules, liquid, crystal)",
+        default=None,
+        help="parts size and md: which kinds of system (molecules, liquid, crystal; default: "
+        "all for size, molecules for md)",
     )
     p.add_argument(
-        "--max-atoms", type=int, default=None, help="part size: leave out larger systems"
+        "--max-atoms", type=int, default=None, help="parts size and md: leave out larger systems"
     )
     p.add_argument(
         "--max-call-s",
@@ -115,7 +125,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--row-budget-s",
         type=float,
         default=None,
-        help="part size: fewer timed calls (>= 1) for a row beyond this many seconds (default 5)",
+        help="part size: fewer timed calls (>= 1) for a row beyond this many seconds (default "
+        "5); part md: a row's timed seconds (default 12)",
     )
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 20; quick 3)")
     p.add_argument(
@@ -145,9 +156,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.part = args.part or ("mace" if args.mace_only else "main")
     args.mace_only = args.part == "mace"
     args.thread_list = parse_threads(args.threads, p)
-    if args.part != SIZE_PART and len(args.thread_list) > 1:
-        p.error("--threads takes several values only with --part size")
+    if args.part not in MULTI and len(args.thread_list) > 1:
+        p.error("--threads takes several values only with --part size or md")
     args.threads = args.thread_list[0]
+    if args.kinds is None:
+        args.kinds = ",".join(md_part.KINDS if args.part == MD_PART else sizes.KINDS)
     args.kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     if not args.kinds or set(args.kinds) - set(sizes.KINDS):
         p.error(f"--kinds takes a comma-separated subset of {sizes.KINDS}")
@@ -400,6 +413,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     if part == SIZE_PART:
         return run_size(args, command)
+    if part == MD_PART:
+        return run_md(args, command)
     stage_log = {
         "command": command,
         "python": sys.executable,
@@ -492,16 +507,42 @@ def size_settings(args: argparse.Namespace) -> size_part.Settings:
     )
 
 
-def run_size(args: argparse.Namespace, command: str) -> dict[str, Any]:
-    """Part ``size``: measured, merged into OUT/speed.json and speed.md after every system."""
+def saver(args: argparse.Namespace, part: str) -> Callable[[dict[str, Any]], None]:
+    """``save(entry)``: merge ``entry`` as ``part`` into OUT/speed.json, rewrite speed.md."""
 
     def save_entry(entry: dict[str, Any]) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
-        results = merge(args.out / f"{STEM}.json", SIZE_PART, entry)
+        results = merge(args.out / f"{STEM}.json", part, entry)
         atomic_write_text(args.out / f"{STEM}.json", json.dumps(results, indent=1))
         atomic_write_text(args.out / f"{STEM}.md", setup.render(results))
 
-    size_part.run(size_settings(args), args.data_root, command, save_entry)
+    return save_entry
+
+
+def run_size(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Part ``size``: measured, merged into OUT/speed.json and speed.md after every system."""
+    size_part.run(size_settings(args), args.data_root, command, saver(args, SIZE_PART))
+    print(f"results: {args.out / STEM}.md", flush=True)
+    return json.loads((args.out / f"{STEM}.json").read_text())
+
+
+def md_settings(args: argparse.Namespace) -> md_part.Settings:
+    """The md part's settings from the command line (quick: one chunk a row, tiny budgets)."""
+    return md_part.Settings(
+        threads=tuple(args.thread_list),
+        kinds=args.kinds,
+        max_atoms=args.max_atoms,
+        row_budget_s=args.row_budget_s or (0.2 if args.quick else 12.0),
+        min_chunks=1 if args.quick else 2,
+        max_chunks=2 if args.quick else 40,
+        warmup_steps=1 if args.quick else 2,
+        quick=args.quick,
+    )
+
+
+def run_md(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Part ``md``: measured, merged into OUT/speed.json and speed.md after every system."""
+    md_part.run(md_settings(args), args.data_root, command, saver(args, MD_PART))
     print(f"results: {args.out / STEM}.md", flush=True)
     return json.loads((args.out / f"{STEM}.json").read_text())
 

@@ -19,9 +19,11 @@ Stopping: when ``max_flags`` flagged frames have been seen, the monitor sets
 inside the integration loop). With ``on_limit="flag"`` it only sets the attribute; a driver
 that runs MD in chunks checks it between chunks.
 
-The monitor reads what the calculator already computed at the current positions (forces,
-energy and their uncertainties come from one model call when the calculator's uncertainty
-mode is ``exact``/``sampled``), so monitoring adds no model call after an MD step.
+The monitor reads the uncertainties at the current positions from the calculator. With an
+:class:`~mlip_unc.calculator.UncertaintyCalculator` (force uncertainties on demand) the MD
+steps run plain energy + forces, and a monitored step adds only the uncertainty's backward
+passes on the forward pass already made: monitoring every ``interval`` steps pays for sigma
+on those steps only, and adds no model call.
 A frame is flagged by the calculator's ``flag`` property: its :class:`Thresholds` on sigma
 (CSV column ``uncertainty_flag``) or its domain guard (column ``out_of_domain``), recorded
 separately; flagged frames carry ``info["flag_reason"]`` (``uncertainty``, ``out_of_domain`` or
