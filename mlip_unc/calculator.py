@@ -305,15 +305,7 @@ class UncertaintyCalculator(Calculator):
         domain = self._check_domain(batch)  # raises on coincident atoms before the model runs
         out = self._run(batch, mode, forces=want_forces, stress=want_stress)
         res = self._convert(out, forces=want_forces, stress=want_stress, force_unc=force_unc)
-        if domain is not None:
-            res[keys.CALC_OUT_OF_DOMAIN] = domain.out_of_domain
-            res[keys.CALC_OUT_OF_DOMAIN_REASON] = domain.reason
-        if keys.CALC_UNCERTAINTY_FLAG in res:
-            res[keys.CALC_FLAG] = res[keys.CALC_UNCERTAINTY_FLAG] or bool(
-                domain and domain.out_of_domain
-            )
-        self._check_finite(res)
-        self.results.update(res)
+        self._finish(res, domain)
 
     # ------------------------------------------------------------------ on demand
     @property
@@ -344,24 +336,15 @@ class UncertaintyCalculator(Calculator):
         batch, state, plain = self._kept
         self._kept = None  # its graph is used up
         mode = "lowrank" if self.uncertainty == "auto" else self.uncertainty
-        generator = (
-            torch.Generator(device=self.device).manual_seed(self.seed)
-            if mode == "sampled"
-            else None
-        )
         self.n_uncertainty_calls += 1
         extra = self.model.uncertainty_from_state(
-            state, mode, n_samples=self.n_samples, generator=generator
+            state, mode, n_samples=self.n_samples, generator=self._generator(mode)
         )
         out = dict(plain)
         for key, value in extra.items():
             if isinstance(value, torch.Tensor) and key not in plain:
                 out[key] = value.detach()
-        with torch.no_grad():
-            noise = self.model.noise_variances(batch)
-        out["_forces_noise"] = noise[keys.FORCES].detach()  # (n_atoms, 3)
-        if keys.STRESS in noise:
-            out["_stress_noise"] = noise[keys.STRESS].detach()  # (n_graphs, 3, 3)
+        self._add_noise(out, batch)
         res = self._convert(out, forces=True, stress=periodic, force_unc=True)
         new = {k: v for k, v in res.items() if k not in self.results or k in _FLAGS}
         self._finish(new, self.last_domain_check if self.domain is not None else None)
@@ -398,11 +381,6 @@ class UncertaintyCalculator(Calculator):
     def _run(
         self, batch: Batch, mode: str, *, forces: bool, stress: bool
     ) -> dict[str, torch.Tensor]:
-        generator = (
-            torch.Generator(device=self.device).manual_seed(self.seed)
-            if mode == "sampled"
-            else None
-        )
         self.n_model_calls += 1
         with torch.set_grad_enabled(forces or stress):
             out = self.model(
@@ -411,16 +389,26 @@ class UncertaintyCalculator(Calculator):
                 compute_stress=stress,
                 uncertainty=mode,
                 n_samples=self.n_samples,
-                generator=generator,
+                generator=self._generator(mode),
             )
         out = {k: v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)}
         if mode in _FORCE_MODES:
-            with torch.no_grad():
-                noise = self.model.noise_variances(batch)
-            out["_forces_noise"] = noise[keys.FORCES].detach()  # (n_atoms, 3)
-            if keys.STRESS in noise:
-                out["_stress_noise"] = noise[keys.STRESS].detach()  # (n_graphs, 3, 3)
+            self._add_noise(out, batch)
         return out
+
+    def _generator(self, mode: str) -> torch.Generator | None:
+        """The sampled mode's generator, re-seeded at every calculation (reproducible)."""
+        if mode != "sampled":
+            return None
+        return torch.Generator(device=self.device).manual_seed(self.seed)
+
+    def _add_noise(self, out: dict[str, torch.Tensor], batch: Batch) -> None:
+        """The model's noise variances into ``out`` (for the total force/stress variances)."""
+        with torch.no_grad():
+            noise = self.model.noise_variances(batch)
+        out["_forces_noise"] = noise[keys.FORCES].detach()  # (n_atoms, 3)
+        if keys.STRESS in noise:
+            out["_stress_noise"] = noise[keys.STRESS].detach()  # (n_graphs, 3, 3)
 
     def _convert(
         self, out: dict[str, torch.Tensor], *, forces: bool, stress: bool, force_unc: bool
