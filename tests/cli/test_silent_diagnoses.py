@@ -21,7 +21,6 @@ from typer.testing import CliRunner
 from mlip_unc import UncertaintyCalculator
 from mlip_unc.cli import app
 from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
-from mlip_unc.models.potential import BayesianPotential, build_backbone
 
 runner = CliRunner()
 NO_CUDA = not torch.cuda.is_available()
@@ -52,21 +51,6 @@ def _cells(n: int, *, forces: bool = True, a: float = 3.6) -> list[ase.Atoms]:
     return frames
 
 
-@pytest.fixture
-def checkpoint(tmp_path):
-    """An untrained tiny Cu potential with validation levels."""
-    torch.manual_seed(0)
-    backbone = build_backbone(
-        "gin", num_types=1, r_max=4.0, hidden=8, latent_dim=4, num_layers=1, num_basis=4
-    )
-    model = BayesianPotential(backbone, [29], 4.0, torch.tensor([-0.01]), init_std=0.3).double()
-    path = tmp_path / "tiny.pt"
-    model.save(
-        path, metadata={"uncertainty_levels": {"max_force_std": 1e-3, "energy_std_per_atom": 1e-3}}
-    )
-    return path
-
-
 def _train_config(tmp_path, train, **changes) -> str:
     config = {
         "seed": 0,
@@ -89,11 +73,11 @@ def _train_config(tmp_path, train, **changes) -> str:
 
 # ---------------------------------------------------------------- CUDA missing
 @pytest.mark.skipif(not NO_CUDA, reason="CUDA is available here")
-def test_flag_and_md_on_cuda_without_it_say_so_in_one_line(tmp_path, checkpoint):
+def test_flag_and_md_on_cuda_without_it_say_so_in_one_line(tmp_path, tiny_checkpoint):
     ase.io.write(tmp_path / "cells.xyz", _cells(3))
     for command in (
-        ["flag", "-m", str(checkpoint), "-d", str(tmp_path / "cells.xyz")],
-        ["md", "-m", str(checkpoint), "-s", str(tmp_path / "cells.xyz"), "--steps", "2"],
+        ["flag", "-m", str(tiny_checkpoint), "-d", str(tmp_path / "cells.xyz")],
+        ["md", "-m", str(tiny_checkpoint), "-s", str(tmp_path / "cells.xyz"), "--steps", "2"],
     ):
         result = runner.invoke(app, [*command, "--device", "cuda", "-o", str(tmp_path / "o")])
         line = _error_line(result)
@@ -102,12 +86,12 @@ def test_flag_and_md_on_cuda_without_it_say_so_in_one_line(tmp_path, checkpoint)
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="CUDA is available here")
-def test_calculator_on_cuda_without_it_names_cuda_not_a_corrupted_file(checkpoint):
+def test_calculator_on_cuda_without_it_names_cuda_not_a_corrupted_file(tiny_checkpoint):
     with pytest.raises(ValueError, match="CUDA is not available") as caught:
-        UncertaintyCalculator(str(checkpoint), device="cuda")
+        UncertaintyCalculator(str(tiny_checkpoint), device="cuda")
     assert "corrupted" not in str(caught.value)
     with pytest.raises(ValueError, match="map_location 'cuda:0': CUDA is not available"):
-        load_checkpoint(checkpoint, map_location="cuda:0")
+        load_checkpoint(tiny_checkpoint, map_location="cuda:0")
 
 
 # ---------------------------------------------------------------- the EMT oracle on Si
@@ -127,14 +111,14 @@ def test_emt_oracle_on_silicon_fails_in_one_line_before_any_work(tmp_path):
 
 
 # ---------------------------------------------------------------- empty files, the data root
-def test_an_empty_structure_file_is_named_as_such(tmp_path, checkpoint):
+def test_an_empty_structure_file_is_named_as_such(tmp_path, tiny_checkpoint):
     empty = tmp_path / "empty.xyz"
     empty.write_text("")
     line = _error_line(runner.invoke(app, ["train", "--config", _train_config(tmp_path, empty)]))
     assert line == f"error: file '{empty}' holds no frames"
     for command in (
-        ["eval", "-m", str(checkpoint), "-d", str(empty)],
-        ["md", "-m", str(checkpoint), "-s", str(empty), "-o", str(tmp_path / "md")],
+        ["eval", "-m", str(tiny_checkpoint), "-d", str(empty)],
+        ["md", "-m", str(tiny_checkpoint), "-s", str(empty), "-o", str(tmp_path / "md")],
     ):
         assert _error_line(runner.invoke(app, command)).endswith("holds no frames")
 
@@ -161,9 +145,9 @@ def test_a_missing_data_root_names_mlip_unc_data(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- mace-torch missing
 @pytest.mark.skipif(HAS_MACE, reason="mace-torch is installed")
 def test_eval_of_an_attached_mace_model_without_mace_is_one_line_with_this_installs_hint(
-    tmp_path, checkpoint, monkeypatch
+    tmp_path, tiny_checkpoint, monkeypatch
 ):
-    payload = load_checkpoint(checkpoint)
+    payload = load_checkpoint(tiny_checkpoint)
     payload["config"]["backbone"] = {
         "name": "mace_model",
         "kwargs": {"mace_class": "ScaleShiftMACE", "mace_config": {"r_max": 4.0}},
@@ -266,20 +250,22 @@ def test_energy_only_data_trains_with_forces_weight_zero(tmp_path):
 
 
 # ---------------------------------------------------------------- words where a user wants one
-def test_eval_says_why_a_frame_rank_correlation_has_no_value(tmp_path, checkpoint):
+def test_eval_says_why_a_frame_rank_correlation_has_no_value(tmp_path, tiny_checkpoint):
     ase.io.write(tmp_path / "two.xyz", _cells(2))
-    result = runner.invoke(app, ["eval", "-m", str(checkpoint), "-d", str(tmp_path / "two.xyz")])
+    result = runner.invoke(
+        app, ["eval", "-m", str(tiny_checkpoint), "-d", str(tmp_path / "two.xyz")]
+    )
     assert result.exit_code == 0, result.output
     energy_row = next(line for line in result.output.splitlines() if "energy Spearman" in line)
     assert energy_row.endswith("n/a (fewer than 3 structures)")
     assert " nan" not in result.output
 
 
-def test_relative_force_std_is_over_the_force_rms_of_the_set(checkpoint):
+def test_relative_force_std_is_over_the_force_rms_of_the_set(tiny_checkpoint):
     from mlip_unc.active.evaluation import evaluate_structures
 
     frames = _cells(3)
-    calc = UncertaintyCalculator(str(checkpoint))
+    calc = UncertaintyCalculator(str(tiny_checkpoint))
     metrics = evaluate_structures(calc, frames)
     rms = float(np.sqrt(np.mean([np.mean(f.get_forces() ** 2) for f in frames])))
     assert metrics["force_rms"] == pytest.approx(rms)
