@@ -7,6 +7,10 @@ Configs (``mlip_unc.config``) validate against these; the layers that implement 
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported lazily (configs load without it)
+    import torch
 
 __all__ = [
     "DType",
@@ -39,7 +43,7 @@ class DType(str, Enum):
     """Double precision (exact force/energy consistency)."""
 
     @property
-    def torch(self):  # -> torch.dtype; torch is imported lazily (configs load without it)
+    def torch(self) -> torch.dtype:
         import torch
 
         return torch.float32 if self is DType.FLOAT32 else torch.float64

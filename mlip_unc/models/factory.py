@@ -58,7 +58,6 @@ def build_model(
 ) -> StandardisedModel:
     """The model for ``config.model.method`` (parameters drawn from torch's global RNG)."""
     m, dtype = config.model, config.train.dtype.torch
-    common = {"n_targets": n_targets, "y_mean": y_mean, "y_std": y_std, "dtype": dtype}
     head: BayesianLinear | BayesianMLP
     if m.method in (Method.BGNN, Method.AGL):
         head = BayesianLinear(
@@ -80,14 +79,17 @@ def build_model(
             dtype=dtype,
         )
     else:
-        return build_baseline(config, **common)
+        return build_baseline(config, n_targets=n_targets, y_mean=y_mean, y_std=y_std, dtype=dtype)
     return PropertyModel(
         make_backbone(config),
         head,
         make_noise_module(config, n_targets),
         rotation=make_rotation(config),
         mc_samples=m.mc_samples,
-        **common,
+        n_targets=n_targets,
+        y_mean=y_mean,
+        y_std=y_std,
+        dtype=dtype,
     )
 
 

@@ -20,6 +20,7 @@ weights), so energies and forces are continuous across the cutoff.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from e3nn import o3
@@ -31,6 +32,9 @@ from mlip_unc import keys
 from mlip_unc.geometry import batch_edge_vectors
 from mlip_unc.nn.power_spectrum import edge_spherical_harmonics, power_spectrum
 from mlip_unc.nn.radial import PerAtomBackbone, RadialEmbedding
+
+if TYPE_CHECKING:
+    from torch_geometric.data.data import BaseData
 
 __all__ = ["EquivariantBackbone", "EquivariantInteraction"]
 
@@ -289,7 +293,7 @@ class EquivariantBackbone(PerAtomBackbone):
             + (f" x num_layers = {num_layers}" if concat_layers else ""),
         )
 
-    def forward(self, batch) -> Tensor:
+    def forward(self, batch: BaseData) -> Tensor:
         edge_index = batch[keys.EDGE_INDEX]
         vec = batch_edge_vectors(batch)  # (n_edges, 3)
         r = torch.linalg.vector_norm(vec, dim=-1)  # (n_edges,)

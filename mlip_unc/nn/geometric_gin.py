@@ -29,6 +29,7 @@ sits before ``W_out``. Both give latents whose position Jacobian spans more dire
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +38,9 @@ from mlip_unc import keys
 from mlip_unc.geometry import batch_edge_vectors
 from mlip_unc.nn.power_spectrum import edge_spherical_harmonics, power_spectrum
 from mlip_unc.nn.radial import PerAtomBackbone, RadialEmbedding
+
+if TYPE_CHECKING:
+    from torch_geometric.data.data import BaseData
 
 __all__ = ["GeometricGIN", "GeometricGINLayer"]
 
@@ -259,7 +263,7 @@ class GeometricGIN(PerAtomBackbone):
         )
         self.reset_parameters()
 
-    def forward(self, batch) -> Tensor:
+    def forward(self, batch: BaseData) -> Tensor:
         edge_index = batch[keys.EDGE_INDEX]
         vectors = batch_edge_vectors(batch)  # (n_edges, 3)
         r = torch.linalg.vector_norm(vectors, dim=-1)  # (n_edges,)

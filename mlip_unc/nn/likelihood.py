@@ -100,9 +100,17 @@ def make_noise(
     kind: Likelihood | str,
     in_features: int,
     out_features: int = 1,
-    **kwargs,
+    *,
+    init_std: float = 1.0,
+    min_std: float = 1e-3,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
 ) -> HomoscedasticNoise | HeteroscedasticNoise:
-    """The noise module for ``kind`` (keyword arguments: init_std, min_std, dtype, device)."""
+    """The noise module for ``kind`` (keyword arguments as in the modules' constructors)."""
     if Likelihood(kind) is Likelihood.HOMOSCEDASTIC:
-        return HomoscedasticNoise(out_features, **kwargs)
-    return HeteroscedasticNoise(in_features, out_features, **kwargs)
+        return HomoscedasticNoise(
+            out_features, init_std=init_std, min_std=min_std, dtype=dtype, device=device
+        )
+    return HeteroscedasticNoise(
+        in_features, out_features, init_std=init_std, min_std=min_std, dtype=dtype, device=device
+    )

@@ -37,7 +37,7 @@ import contextlib
 import importlib
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +46,9 @@ from mlip_unc import keys
 from mlip_unc.geometry import batch_edge_vectors
 from mlip_unc.nn.extras import MissingDependencyError, pip_install_hint
 from mlip_unc.nn.radial import PerAtomBackbone
+
+if TYPE_CHECKING:
+    from torch_geometric.data.data import BaseData
 
 __all__ = [
     "MACEBackbone",
@@ -90,7 +93,7 @@ def scalar_slices(irreps: Any) -> list[tuple[int, int]]:
     ]
 
 
-def mace_inputs(batch: Any, num_elements: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def mace_inputs(batch: BaseData, num_elements: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """What MACE's blocks read, from a batch of this project.
 
     Returns:
@@ -287,7 +290,7 @@ class MACEBackbone(PerAtomBackbone):
         """Fresh weights with MACE's own initialisation (a new instance of the same config)."""
         self.load_state_dict(type(self)(**self.config()).state_dict())  # copied into this dtype
 
-    def forward(self, batch) -> Tensor:
+    def forward(self, batch: BaseData) -> Tensor:
         node_attrs, vectors, lengths, edge_index = mace_inputs(batch, self.num_types)
         features = mace_layer_features(self.mace, node_attrs, vectors, lengths, edge_index)
         scalars = [
@@ -354,10 +357,10 @@ class MACEModelFeatures(nn.Module):
             "mace_config": dict(self._config["mace_config"]),
         }
 
-    def forward(self, batch) -> Tensor:
+    def forward(self, batch: BaseData) -> Tensor:
         return self.latents_and_energies(batch)[0]
 
-    def latents_and_energies(self, batch) -> tuple[Tensor, Tensor]:
+    def latents_and_energies(self, batch: BaseData) -> tuple[Tensor, Tensor]:
         """``(z (n_atoms, latent_dim), energies (n_atoms,))``: last-layer features, own energies."""
         model = self.model
         node_attrs, vectors, lengths, edge_index = mace_inputs(batch, self.num_elements)

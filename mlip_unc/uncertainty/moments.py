@@ -104,7 +104,9 @@ def factor_kappa(z: Tensor, factor: Tensor) -> Tensor:
     return torch.where(norm2 > 0, ratio, torch.ones_like(ratio))
 
 
-def _grads(output: Tensor, inputs: Sequence[Tensor], *, retain_graph: bool, create_graph: bool):
+def _grads(
+    output: Tensor, inputs: Sequence[Tensor], *, retain_graph: bool, create_graph: bool
+) -> tuple[Tensor, ...]:
     grads = torch.autograd.grad(
         output,
         inputs,
