@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +19,9 @@ from torch import Tensor, nn
 from mlip_unc import keys
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.models.potential_uncertainty import UncertaintyMode
+
+if TYPE_CHECKING:
+    from torch_geometric.data.data import BaseData
 
 __all__ = ["Committee", "load_potential"]
 
@@ -61,14 +64,14 @@ class Committee(nn.Module):
         """The members' (common) graph cutoff, Angstrom."""
         return getattr(self.members[0], "r_max", None)
 
-    def noise_variances(self, batch) -> dict[str, Tensor]:
+    def noise_variances(self, batch: BaseData) -> dict[str, Tensor]:
         """The members' mean aleatoric variances (keys of ``BayesianPotential.noise_variances``)."""
         outs = [cast(BayesianPotential, m).noise_variances(batch) for m in self.members]
         return {k: torch.stack([o[k] for o in outs]).mean(0) for k in outs[0]}
 
     def forward(
         self,
-        batch,
+        batch: BaseData,
         *,
         compute_forces: bool = True,
         compute_stress: bool = False,

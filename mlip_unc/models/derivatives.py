@@ -15,12 +15,15 @@ derivatives and their variances (:mod:`mlip_unc.models.potential_uncertainty`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from mlip_unc import keys
+
+if TYPE_CHECKING:
+    from torch_geometric.data.data import BaseData
 
 __all__ = [
     "PotentialState",
@@ -37,7 +40,7 @@ __all__ = [
 class PotentialState:
     """One forward pass: differentiable inputs, latents and their per-graph sums."""
 
-    batch: Any
+    batch: BaseData
     """The input graph or batch (read for ``pbc``)."""
     graph: Tensor
     """``(n_atoms,)`` graph index of each atom."""
@@ -57,7 +60,7 @@ class PotentialState:
     """``(n_graphs, d)`` per-graph latent sums ``Phi``."""
 
 
-def graph_index(batch) -> Tensor:
+def graph_index(batch: BaseData) -> Tensor:
     """``(n_atoms,)`` graph of each atom: ``batch.batch``, or zeros for a single graph."""
     graph = getattr(batch, keys.BATCH, None)
     if graph is None:
@@ -66,7 +69,7 @@ def graph_index(batch) -> Tensor:
     return graph
 
 
-def num_graphs(batch, graph: Tensor) -> int:
+def num_graphs(batch: BaseData, graph: Tensor) -> int:
     """Number of graphs of ``batch`` (``num_graphs``, else the cells, else ``graph``)."""
     n = getattr(batch, "num_graphs", None)
     if isinstance(n, int):
@@ -77,7 +80,7 @@ def num_graphs(batch, graph: Tensor) -> int:
     return int(graph.max().item()) + 1 if graph.numel() else 1
 
 
-def atom_types(batch, z_to_index: Tensor, type_map: list[int]) -> Tensor:
+def atom_types(batch: BaseData, z_to_index: Tensor, type_map: list[int]) -> Tensor:
     """``(n_atoms,)`` type indices: ``batch.atom_type``, or ``atomic_numbers`` mapped by ``z_to_index``.
 
     Args:

@@ -56,6 +56,9 @@ from mlip_unc.uncertainty import moments
 
 if TYPE_CHECKING:  # the mixin's host is an nn.Module (BayesianPotential)
     from torch.nn import Module as _ModuleHost
+    from torch_geometric.data.data import BaseData
+
+    from mlip_unc.models.potential import BayesianPotential
 else:
     _ModuleHost = object
 
@@ -252,7 +255,7 @@ def full_derivatives(
 
 
 def latent_jacobian(
-    model, batch, n_blocks: int = 1, *, method: str = "auto"
+    model: BayesianPotential, batch: BaseData, n_blocks: int = 1, *, method: str = "auto"
 ) -> tuple[PotentialState, dict[str, Tensor], Tensor]:
     """One forward pass and the position Jacobian of the per-graph latent sums, in a basis of
     ``n_blocks`` weight blocks (:func:`basis_state`).
@@ -311,7 +314,9 @@ def jvp_chunk(n_atoms: int) -> int:
     return max(1, min(64, JVP_ATOMS // max(n_atoms, 1)))
 
 
-def _phi_jvps(model, state: PotentialState, n_blocks: int, tangents: Tensor) -> Tensor:
+def _phi_jvps(
+    model: BayesianPotential, state: PotentialState, n_blocks: int, tangents: Tensor
+) -> Tensor:
     """``(T, n_graphs, D)`` Jacobian-vector products of the per-graph basis sums ``Phi`` along
     the position tangents ``(T, n_atoms, 3)`` (forward-mode AD, in chunks of :func:`jvp_chunk`)."""
     from torch.func import jvp, vmap
@@ -327,7 +332,7 @@ def _phi_jvps(model, state: PotentialState, n_blocks: int, tangents: Tensor) -> 
     return vmap(lambda t: jvp(phi_of, (pos,), (t,))[1], chunk_size=chunk)(tangents)
 
 
-def _forward_jacobian(model, state: PotentialState, n_blocks: int) -> Tensor:
+def _forward_jacobian(model: BayesianPotential, state: PotentialState, n_blocks: int) -> Tensor:
     """``(D, n_atoms, 3)`` Jacobian of the basis sums ``Phi`` by forward-mode AD: tangent
     ``(j, c)`` moves atom slot ``j`` of every frame along ``c``; frames are independent, so its
     Jacobian-vector product holds column ``(j, c)`` of every frame's Jacobian at once."""
@@ -347,8 +352,8 @@ def _forward_jacobian(model, state: PotentialState, n_blocks: int) -> Tensor:
 
 
 def latent_probes(
-    model,
-    batch,
+    model: BayesianPotential,
+    batch: BaseData,
     n_blocks: int,
     probes: int,
     *,
@@ -391,7 +396,7 @@ SKETCH_SEED = 0
 """Seed of the fixed +-1 signs of the ``sketch`` mode (the same combination on every call)."""
 
 
-def default_uncertainty_mode(model) -> str:
+def default_uncertainty_mode(model: torch.nn.Module) -> str:
     """The calculator's and the stored levels' default mode: ``auto`` (calibrated, within 2x
     energy + forces at every size) for a model with a full posterior, ``exact`` otherwise."""
     return "auto" if getattr(model, "has_full_posterior", False) else "exact"
@@ -432,7 +437,7 @@ def diagonal_factor(s2: Tensor, rank: int | None) -> Tensor:
 
 
 def posterior_uncertainty(
-    model,
+    model: BayesianPotential,
     state: PotentialState,
     mode: UncertaintyMode,
     *,

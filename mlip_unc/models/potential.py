@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +55,9 @@ from mlip_unc.models.potential_checkpoint import (
 from mlip_unc.models.potential_uncertainty import UncertaintyMode, noise_variances
 from mlip_unc.models.sampling import sample_forward
 from mlip_unc.nn.bayesian import BayesianLinear, inverse_softplus
+
+if TYPE_CHECKING:
+    from torch_geometric.data.data import BaseData
 
 # Re-exported for importers that predate the split: models.backbones, models.potential_uncertainty.
 __all__ = ["BayesianPotential", "UncertaintyMode", "Backbone", "BACKBONES", "build_backbone"]
@@ -217,7 +220,7 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         """The noise constructor arguments ``energy_noise``, ``force_noise``, ``learn_noise``."""
         return dict(self._noise_config)
 
-    def noise_variances(self, batch) -> dict[str, Tensor]:
+    def noise_variances(self, batch: BaseData) -> dict[str, Tensor]:
         """Aleatoric variances: ``{ENERGY: (n_graphs,) n_atoms sigma_e^2, FORCES: (n_atoms, 3)}``
         (the calibrated noises when a full posterior is attached)."""
         post = self.full_posterior()
@@ -228,7 +231,7 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
             )
         return noise_variances(batch, self.energy_noise.square(), self.force_noise.square())
 
-    def atom_types(self, batch) -> Tensor:
+    def atom_types(self, batch: BaseData) -> Tensor:
         """``(n_atoms,)`` ``atom_type`` in this model's type map (from ``atomic_numbers`` when present)."""
         return atom_types(batch, self.z_to_index, self.type_map)
 
@@ -258,7 +261,7 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         return self._iso_cache[1]
 
     def _latents(
-        self, batch, pos: Tensor, cell: Tensor, atom_type: Tensor
+        self, batch: BaseData, pos: Tensor, cell: Tensor, atom_type: Tensor
     ) -> tuple[Tensor, Tensor | None]:
         """``z~ (n_atoms, d)``: the backbone on ``batch`` with the given (strained) geometry, and its
         own per-atom energies ``(n_atoms,)`` or None (``latents_and_energies``, models/backbones.py)."""
@@ -281,7 +284,7 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
             z = z - self.isolated_latents().to(z.dtype)[atom_type]
         return z, base
 
-    def _state(self, batch, *, forces: bool, stress: bool) -> PotentialState:
+    def _state(self, batch: BaseData, *, forces: bool, stress: bool) -> PotentialState:
         """Positions (and strain) as differentiable inputs, latents and per-graph sums."""
         graph = graph_index(batch)
         n_graphs = num_graphs(batch, graph)
@@ -333,7 +336,7 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(
         self,
-        batch,
+        batch: BaseData,
         *,
         compute_forces: bool = True,
         compute_stress: bool = False,
@@ -403,7 +406,7 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
         return out
 
     def forward_kept(
-        self, batch, *, compute_stress: bool = False
+        self, batch: BaseData, *, compute_stress: bool = False
     ) -> tuple[dict[str, Tensor], PotentialState]:
         """Energies, forces (stress) and the free energy uncertainties, with the autograd graph
         of the forward pass kept in the returned state, so that :meth:`uncertainty_from_state`
@@ -449,7 +452,7 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
 
     def sample_forward(
         self,
-        batch,
+        batch: BaseData,
         *,
         generator: torch.Generator | None = None,
         compute_forces: bool = True,

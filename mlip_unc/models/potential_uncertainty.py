@@ -15,6 +15,7 @@ in :mod:`mlip_unc.uncertainty.moments`; the functions here apply them to one
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -28,6 +29,9 @@ from mlip_unc.models.derivatives import (
     num_graphs,
 )
 from mlip_unc.uncertainty import moments
+
+if TYPE_CHECKING:
+    from torch_geometric.data.data import BaseData
 
 __all__ = [
     "UncertaintyMode",
@@ -71,7 +75,9 @@ class UncertaintyMode(str, Enum):
     of energy + forces at every size (the default with a full posterior)."""
 
 
-def noise_variances(batch, energy_noise_var: Tensor, force_noise_var: Tensor) -> dict[str, Tensor]:
+def noise_variances(
+    batch: BaseData, energy_noise_var: Tensor, force_noise_var: Tensor
+) -> dict[str, Tensor]:
     """Aleatoric variances of ``batch`` from the per-atom energy and per-component force noises.
 
     Returns:

@@ -3,6 +3,8 @@ one reparameterised weight draw per graph (Bayes-by-Backprop, docs/method.md sec
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
@@ -10,12 +12,17 @@ from mlip_unc import keys
 from mlip_unc.models.derivatives import forces_and_stress
 from mlip_unc.models.potential_uncertainty import UncertaintyMode, energy_uncertainty
 
+if TYPE_CHECKING:
+    from torch_geometric.data.data import BaseData
+
+    from mlip_unc.models.potential import BayesianPotential
+
 __all__ = ["sample_forward"]
 
 
 def sample_forward(
-    model,
-    batch,
+    model: BayesianPotential,
+    batch: BaseData,
     *,
     generator: torch.Generator | None = None,
     compute_forces: bool = True,
