@@ -3,7 +3,8 @@
 A page shows its tables first; :func:`run_section` then gives the command, the date, the
 machine (with its load average when recorded) and the package versions, and points to the
 suite's JSON for the rest of the provenance (every command, per-run settings and notes).
-:func:`environment` is what a suite records in its JSON when it measures.
+:func:`environment` is what a suite records in its JSON when it measures. A page prints a
+recorded command through :func:`rerun_command`, in the form that runs today.
 """
 
 from __future__ import annotations
@@ -16,6 +17,38 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 VERSIONED = ("mlip-unc", "torch", "e3nn", "ase", "mace-torch")
+MOVED = {  # scripts recorded before they became packages or moved into one
+    "benchmarks/speed.py": "benchmarks.speed",
+    "benchmarks/scale.py": "benchmarks.scale",
+    "benchmarks/scale_train.py": "benchmarks.scale.train",
+    "benchmarks/reliability.py": "benchmarks.reliability",
+    "benchmarks/paper_study.py": "benchmarks.paper.study",
+    "benchmarks/paper_study_summary.py": "benchmarks.paper.summary",
+    "benchmarks/paper_study_optimum.py": "benchmarks.paper.optimum",
+    "benchmarks/force_lpa.py": "benchmarks.paper.force_lpa",
+}
+
+
+def rerun_command(command: str) -> str:
+    """A recorded command in the form that runs today.
+
+    Commands recorded as ``python benchmarks/x.py ARGS`` fail now (``benchmarks`` is not an
+    installed package, so a script's ``from benchmarks...`` import fails): they become
+    ``python -m benchmarks.x ARGS``, under the module's present name (:data:`MOVED`). The
+    arguments are kept as recorded (the JSON keeps the command itself); any other command is
+    returned unchanged.
+    """
+    words = command.split(" ")
+    for i, word in enumerate(words[:-1]):
+        script = words[i + 1]
+        if (
+            word in ("python", "python3")
+            and script.startswith("benchmarks/")
+            and script.endswith(".py")
+        ):
+            module = MOVED.get(script, script[: -len(".py")].replace("/", "."))
+            return " ".join([*words[: i + 1], "-m", module, *words[i + 2 :]])
+    return command
 
 
 def versions() -> dict[str, str]:
@@ -59,7 +92,7 @@ def run_section(
         machine, load_avg, versions: as recorded by :func:`environment` (or the suite).
         extra: further short lines (one sentence each).
     """
-    cmds = [commands] if isinstance(commands, str) else list(commands)
+    cmds = [rerun_command(c) for c in ([commands] if isinstance(commands, str) else commands)]
     lines = ["## Run", ""]
     if len(cmds) == 1:
         lines.append(f"- Command: `{cmds[0]}`")

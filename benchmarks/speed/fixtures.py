@@ -25,6 +25,8 @@ from ase.calculators.calculator import all_changes
 from ase.calculators.emt import EMT
 
 from benchmarks.common.format import fmt
+from benchmarks.common.pages import rerun_command
+from benchmarks.common.tables import Table
 from benchmarks.paper.study import QUICK_SMILES as SMILES  # the same tiny molecules
 from mlip_unc import UncertaintyCalculator
 from mlip_unc.config import PropertyConfig, load_potential_config
@@ -373,26 +375,73 @@ def versions() -> dict[str, str]:
     return out
 
 
-def _calls_table(entry: dict[str, Any]) -> list[str]:
-    calls = entry["calls"]
-    native = {
+CALLS_CSV = "speed_calls.csv"
+
+
+def _native(entry: dict[str, Any]) -> dict[str, float]:
+    """The native equivariant E+F median per system (a mace row's reference)."""
+    return {
         c["system"]: c["ms_median"]
-        for c in calls
+        for c in entry["calls"]
         if c["model"] == "equivariant" and c["row"] == "E+F"
     }
-    lines = [
-        "| model | system | atoms | row | ms (median) | IQR ms | x E+F | x E+F paired |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for c in calls:
-        ratio = fmt(c["ratio"])
-        if c["model"] == "mace" and c["system"] in native:
-            ratio += f" (x native equivariant E+F: {c['ms_median'] / native[c['system']]:.2f})"
-        lines.append(
-            f"| {c['model']} | {c['system']} | {c['n_atoms']} | {c['row']} | {c['ms_median']:.2f} | "
-            f"{c['ms_q25']:.2f}-{c['ms_q75']:.2f} | {ratio} | {fmt(c['ratio_paired'])} |"
-        )
-    return lines
+
+
+def calls_table(parts: dict[str, Any]) -> Table:
+    """Every timed row of the per-call parts, as the page showed them."""
+    table = Table(
+        CALLS_CSV,
+        ("part", "model", "system", "atoms", "row", "ms (median)", "IQR ms", "x E+F",
+         "x E+F paired", "x native equivariant E+F"),
+    )  # fmt: skip
+    for name, entry in parts.items():
+        native = _native(entry)
+        for c in entry["calls"]:
+            x_native = (
+                f"{c['ms_median'] / native[c['system']]:.2f}"
+                if c["model"] == "mace" and c["system"] in native
+                else ""
+            )
+            table.rows.append(
+                (name, c["model"], c["system"], c["n_atoms"], c["row"], f"{c['ms_median']:.2f}",
+                 f"{c['ms_q25']:.2f}-{c['ms_q75']:.2f}", fmt(c["ratio"]), fmt(c["ratio_paired"]),
+                 x_native)
+            )  # fmt: skip
+    return table
+
+
+def _calls_pivot(parts: dict[str, Any]) -> list[str]:
+    """One line per part, model and system: the E+F time and every row's time x E+F."""
+    names: dict[str, None] = {}
+    cells: dict[tuple[str, str, str, int], dict[str, str]] = {}
+    for part, entry in parts.items():
+        native = _native(entry)
+        for c in entry["calls"]:
+            cell = cells.setdefault((part, c["model"], c["system"], c["n_atoms"]), {})
+            if c["row"] != "E+F":
+                names[c["row"]] = None
+                cell[c["row"]] = fmt(c["ratio"])
+                continue
+            cell["E+F"] = f"{c['ms_median']:.2f}"
+            if c["model"] == "mace" and c["system"] in native:
+                cell["native"] = f"{c['ms_median'] / native[c['system']]:.2f}"
+    extra = ["x native equivariant E+F"] if any("native" in c for c in cells.values()) else []
+    table = Table("", ("part", "model", "system", "atoms", "E+F ms", *names, *extra))
+    for key, cell in cells.items():
+        table.rows.append(
+            (*key, cell.get("E+F", "n/a"), *[cell.get(n, "") for n in names],
+             *([cell.get("native", "")] if extra else []))
+        )  # fmt: skip
+    return table.markdown()
+
+
+def tables(results: dict[str, Any]) -> list[Table]:
+    """The tables of every row kept beside speed.md."""
+    from benchmarks.speed.size_report import size_tables
+
+    parts = {k: v for k, v in results["parts"].items() if k not in ("size", "md")}
+    size = results["parts"].get("size")
+    return (size_tables(size) if size is not None else []) + ([calls_table(parts)] if parts else [])
 
 
 def render(results: dict[str, Any]) -> str:
@@ -412,31 +461,41 @@ def render(results: dict[str, Any]) -> str:
         lines += render_size(size)
         if not parts:
             return "\n".join(lines)
-    for name, entry in parts.items():
-        m = entry["meta"]
+    if parts:
         lines += [
-            f"## Calculator: per-call time (part `{name}`)",
+            f"## Calculator: per-call time (parts {', '.join(f'`{n}`' for n in parts)})",
             "",
-            *_calls_table(entry),
+            *_calls_pivot(parts),
             "",
-            f"{m['threads']} torch thread(s); {m['repeats']} timed rounds after {m['warmup']} warm-up calls per row; "
-            "in each round every row is called once (order rotated between rounds), so load drifts hit all rows "
-            f"alike; weights: {m['weights']}"
-            + ("; QUICK mode (tiny models and systems)" if m["quick"] else "")
-            + ".",
-            "",
-            "Systems: "
-            + "; ".join(f"{k}: {v['formula']} ({v['source']})" for k, v in m["systems"].items())
-            + ".",
+            "E+F ms: the median; the other columns: median x E+F of the same part, model and "
+            f"system (medians, quartiles, paired ratios: [`{CALLS_CSV}`]({CALLS_CSV})).",
             "",
         ]
+    notes: dict[str, None] = {}
+    for name, entry in parts.items():
+        m = entry["meta"]
+        notes[
+            f"{m['threads']} torch thread(s); {m['repeats']} timed rounds after {m['warmup']} "
+            "warm-up calls per row; in each round every row is called once (order rotated "
+            f"between rounds), so load drifts hit all rows alike; weights: {m['weights']}"
+            + ("; QUICK mode (tiny models and systems)" if m["quick"] else "")
+            + "."
+        ] = None
+        notes[
+            "Systems: "
+            + "; ".join(f"{k}: {v['formula']} ({v['source']})" for k, v in m["systems"].items())
+            + "."
+        ] = None
         done = {
             "mace": "mace" in parts,
             "memory": bool(entry.get("memory")),
         }  # a later invocation filled it in
         skipped = {k: v for k, v in m.get("skipped", {}).items() if not done.get(k)}
         if skipped:
-            lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), ""]
+            notes[
+                f"Skipped (part `{name}`): " + "; ".join(f"{k}: {v}" for k, v in skipped.items())
+            ] = None
+    lines += [line for note in notes for line in (note, "")]
     train = [(n, t) for n, e in parts.items() for t in e.get("training", [])]
     lines += ["## Training throughput", ""]
     if train:
@@ -492,7 +551,7 @@ def render(results: dict[str, Any]) -> str:
     for name, entry in parts.items():
         m = entry["meta"]
         runs = m.get("invocations") or [{**m, "stages": ["calls"]}]
-        commands = list(dict.fromkeys(inv["command"] for inv in runs))
+        commands = list(dict.fromkeys(rerun_command(inv["command"]) for inv in runs))
         shown = f"`{commands[0]}`" + (
             f" (+{len(commands) - 1} resumed command(s) for later stages)"
             if len(commands) > 1

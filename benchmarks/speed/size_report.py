@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.common.format import fmt
+from benchmarks.common.pages import rerun_command
+from benchmarks.common.tables import Table
 
 NOT_MEASURED = "not measured"
 QUIET_LOAD = 0.5  # the issue's quiet machine: 1-min load average below this at the start
@@ -63,45 +65,50 @@ def headline(entry: dict[str, Any]) -> list[str]:
         "",
         "Columns after the first E+F time are times x ours E+F of the same system, thread count "
         "and run (the last: x mace E+F); floor: what the method allows, one forward and K "
-        "backward vectors against one forward and one backward (table below); not measured: "
-        "the reason is in the tables of every row.",
+        "backward vectors against one forward and one backward; not measured: the reason is "
+        "in the table of every row.",
         "",
     ]
 
 
-def rows_table(entry: dict[str, Any], threads: int) -> list[str]:
-    """Every row of every system at one thread count."""
-    lines = [
-        f"### Every row, {threads} thread(s)",
-        "",
-        "| system | atoms | row | ms (median) | IQR ms | calls | x ours E+F | x mace E+F "
-        "| floor | K | peak MiB | added MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+ROWS_CSV, FLOOR_CSV, MD_CSV = "speed_size_rows.csv", "speed_size_floor.csv", "speed_size_md.csv"
+
+
+def rows_table(entry: dict[str, Any]) -> Table:
+    """Every row of every system at every thread count (a skipped row: its reason)."""
+    table = Table(
+        ROWS_CSV,
+        (
+            "threads", "system", "atoms", "row", "ms (median)", "IQR ms", "calls", "x ours E+F",
+            "x mace E+F", "floor", "K", "peak MiB", "added MiB", "not measured",
+        ),
+    )  # fmt: skip
     default = entry["meta"]["default_mode"]
-    for g in (g for g in entry["groups"] if g["threads"] == threads):
+    for g in entry["groups"]:
+        where = (g["threads"], g["system"], g["n_atoms"])
         for r in g["rows"]:
             label = r["key"] + (" (default)" if r["default"] and r["mode"] == default else "")
-            lines.append(
-                f"| {g['system']} | {g['n_atoms']} | {label} | {r['ms_median']:.1f} | "
-                f"{r['ms_q25']:.1f}-{r['ms_q75']:.1f} | {r['calls']} | {_x(r['x_ours_ef'])} | "
-                f"{_x(r['x_mace_ef'])} | {_x(r.get('floor'))} | {r['vectors']} | "
-                f"{_mib(r['peak_mib'])} | {_mib(r['added_mib'])} |"
-            )
+            table.rows.append(
+                (
+                    *where, label, f"{r['ms_median']:.1f}", f"{r['ms_q25']:.1f}-{r['ms_q75']:.1f}",
+                    r["calls"], _x(r["x_ours_ef"]), _x(r["x_mace_ef"]), _x(r.get("floor")),
+                    r["vectors"], _mib(r["peak_mib"]), _mib(r["added_mib"]), "",
+                )
+            )  # fmt: skip
         for key, why in g["skipped"].items():
-            lines.append(f"| {g['system']} | {g['n_atoms']} | {key} | {NOT_MEASURED}: {why} |")
-    return lines + [""]
+            table.rows.append((*where, key, *[""] * 9, f"{NOT_MEASURED}: {why}"))
+    return table
 
 
-def floor_table(entry: dict[str, Any]) -> list[str]:
+def floor_table(entry: dict[str, Any]) -> Table:
     """Graph, forward, one-vector and batched K-vector backward times per system."""
-    lines = [
-        "### The floor: forward and backward times of our model",
-        "",
-        "| threads | system | atoms | graph ms | forward ms | backward, 1 vector, ms "
-        "| batched backward of K vectors, ms (K) | (f + b_K)/(f + b) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    table = Table(
+        FLOOR_CSV,
+        (
+            "threads", "system", "atoms", "graph ms", "forward ms", "backward, 1 vector, ms",
+            "batched backward of K vectors, ms (K)", "(f + b_K)/(f + b)",
+        ),
+    )  # fmt: skip
     for g in (g for g in entry["groups"] if g["floor_ms"]):
         t = g["floor_ms"]
         ks = sorted(int(name.split("_")[1]) for name in t if name.startswith("backward_"))
@@ -110,12 +117,17 @@ def floor_table(entry: dict[str, Any]) -> list[str]:
         measured = "; ".join(
             f"{(f + t[f'backward_{k}']) / (f + t['backward']):.2f} ({k})" for k in ks
         )
-        lines.append(
-            f"| {g['threads']} | {g['system']} | {g['n_atoms']} | {t['graph']:.1f} | "
-            f"{t['forward']:.1f} | {t['backward']:.1f} | {batched} | {measured or 'n/a'} |"
-        )
-    return lines + [
-        "",
+        table.rows.append(
+            (
+                g["threads"], g["system"], g["n_atoms"], f"{t['graph']:.1f}", f"{t['forward']:.1f}",
+                f"{t['backward']:.1f}", batched, measured or "n/a",
+            )
+        )  # fmt: skip
+    return table
+
+
+def floor_note(entry: dict[str, Any]) -> list[str]:
+    return [
         "f = graph build + forward (latents in the posterior's basis, what a call runs before its "
         "first backward); b = one backward vector; K = the backward vectors one call of the "
         "mode asks `torch.autograd.grad` for (counted during the timed calls: the mean forces "
@@ -129,27 +141,30 @@ def floor_table(entry: dict[str, Any]) -> list[str]:
     ]
 
 
-def md_table(entry: dict[str, Any]) -> list[str]:
-    """MD throughput rows."""
-    lines = [
-        "### MD throughput (ASE Langevin, 0.5 fs, σ read after every step)",
-        "",
-        "| threads | system | atoms | row | steps | steps/s | time per step x ours E+F |",
-        "|---|---|---|---|---|---|---|",
-    ]
+def md_table(entry: dict[str, Any]) -> Table:
+    """MD throughput rows (ASE Langevin, 0.5 fs, σ read after every step)."""
+    table = Table(
+        MD_CSV,
+        (
+            "threads", "system", "atoms", "row", "steps", "steps/s", "time per step x ours E+F",
+            "not measured",
+        ),
+    )  # fmt: skip
     for g in (g for g in entry["groups"] if g["md"]):
         for r in g["md"]:
+            where = (g["threads"], g["system"], g["n_atoms"], r["row"])
             if "skipped" in r:
-                lines.append(
-                    f"| {g['threads']} | {g['system']} | {g['n_atoms']} | {r['row']} | "
-                    f"{NOT_MEASURED}: {r['skipped']} | | |"
+                table.rows.append((*where, "", "", "", f"{NOT_MEASURED}: {r['skipped']}"))
+            else:
+                table.rows.append(
+                    (*where, r["steps"], f"{r['steps_per_s']:.2f}", _x(r.get("x_ours_ef_time")), "")
                 )
-                continue
-            lines.append(
-                f"| {g['threads']} | {g['system']} | {g['n_atoms']} | {r['row']} | {r['steps']} | "
-                f"{r['steps_per_s']:.2f} | {_x(r.get('x_ours_ef_time'))} |"
-            )
-    return lines + [""]
+    return table
+
+
+def size_tables(entry: dict[str, Any]) -> list[Table]:
+    """The part's tables of every row, kept beside the page."""
+    return [rows_table(entry), floor_table(entry), md_table(entry)]
 
 
 def size_limits(entry: dict[str, Any], prefix: str) -> list[str]:
@@ -259,7 +274,7 @@ def run_lines(entry: dict[str, Any]) -> list[str]:
     return [
         "### Run (part `size`)",
         "",
-        f"- Command: `{m['command']}`, with `{m['python']}`; status: {m.get('status', 'n/a')}",
+        f"- Command: `{rerun_command(m['command'])}`, with `{m['python']}`; status: {m.get('status', 'n/a')}",
         f"- Date: {m['started']} - {m.get('finished', 'unfinished')}"
         + (f"; wall time of the whole part {wall / 60:.1f} min" if wall else ""),
         f"- Machine: {m['cpu']}, {m['cpu_count']} CPUs; torch threads {m['threads']}; "
@@ -291,8 +306,15 @@ def render_size(entry: dict[str, Any]) -> list[str]:
         ),
         "",
     ]
+    rows, floor, md = size_tables(entry)
     lines += headline(entry)
-    for threads in m["threads"]:
-        lines += rows_table(entry, threads)
-    lines += floor_table(entry) + md_table(entry) + notes(entry) + run_lines(entry)
+    lines += [
+        "- " + rows.link("Every row, every thread count (times, ratios, floor, memory)"),
+        "- " + floor.link("The floor: forward and backward times of our model"),
+        "- " + md.link("MD throughput (ASE Langevin, 0.5 fs, σ read after every step)"),
+        "",
+        *floor_note(entry),
+        *notes(entry),
+        *run_lines(entry),
+    ]
     return lines

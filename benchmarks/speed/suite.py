@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.common.tables import write_page
 from benchmarks.speed import fixtures as setup
 from benchmarks.speed import md_part, size_part, sizes
 from mlip_unc.atomic import atomic_write_text
@@ -401,7 +402,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.report_only:
         results = json.loads((args.out / f"{STEM}.json").read_text())
-        atomic_write_text(args.out / f"{STEM}.md", setup.render(results))
+        write_page(args.out / f"{STEM}.md", setup.render(results), setup.tables(results))
         return results
     torch.set_num_threads(args.threads)
     if args.probe:
@@ -514,7 +515,7 @@ def saver(args: argparse.Namespace, part: str) -> Callable[[dict[str, Any]], Non
         args.out.mkdir(parents=True, exist_ok=True)
         results = merge(args.out / f"{STEM}.json", part, entry)
         atomic_write_text(args.out / f"{STEM}.json", json.dumps(results, indent=1))
-        atomic_write_text(args.out / f"{STEM}.md", setup.render(results))
+        write_page(args.out / f"{STEM}.md", setup.render(results), setup.tables(results))
 
     return save_entry
 
@@ -561,7 +562,7 @@ def save(
     args.out.mkdir(parents=True, exist_ok=True)
     results = merge(args.out / f"{STEM}.json", part, entry)
     atomic_write_text(args.out / f"{STEM}.json", json.dumps(results, indent=1))
-    atomic_write_text(args.out / f"{STEM}.md", setup.render(results))
+    write_page(args.out / f"{STEM}.md", setup.render(results), setup.tables(results))
     return results
 
 

@@ -16,7 +16,8 @@ import torch
 from ase.build import bulk
 from ase.neighborlist import neighbor_list
 
-from benchmarks.speed import instruments, size_part, sizes, suite
+from benchmarks.common.tables import read_csv
+from benchmarks.speed import instruments, size_part, size_report, sizes, suite
 from mlip_unc import UncertaintyCalculator
 from mlip_unc.models.full_posterior import default_uncertainty_mode
 from mlip_unc.models.potential_uncertainty import UncertaintyMode
@@ -243,11 +244,15 @@ def test_quick_part_writes_every_row_ratio_floor_memory_and_md(
     for section in (
         "## Calculator cost from 10 to 10,000 atoms (part `size`)",
         f"### The default mode (`{meta['default_mode']}`)",
-        "### Every row, 1 thread(s)",
-        "### The floor",
-        "### MD throughput",
-        "Memory: peak resident set",
         "### Run (part `size`)",
     ):
         assert section in page, section
     assert meta["command"] in page and "QUICK mode" in page
+    # every row, the floor and the MD rows: CSV files beside the page, linked from it
+    every = read_csv(tmp_path / size_report.ROWS_CSV)
+    assert len(every) == sum(len(g["rows"]) + len(g["skipped"]) for g in entry["groups"])
+    assert {r["threads"] for r in every} == {"1"} and {r["atoms"] for r in every} == {"6", "12"}
+    assert len(read_csv(tmp_path / size_report.FLOOR_CSV)) == len(entry["groups"])
+    assert {r["row"] for r in read_csv(tmp_path / size_report.MD_CSV)} == md
+    for name in (size_report.ROWS_CSV, size_report.FLOOR_CSV, size_report.MD_CSV):
+        assert f"]({name})" in page
