@@ -20,6 +20,7 @@ from benchmarks.active_learning.onthefly import (
     System,
     usable,
 )
+from benchmarks.active_learning.stability import records_name, summary
 from benchmarks.common.figures import save_png
 from benchmarks.common.pages import run_section
 from benchmarks.common.records import read_jsonl
@@ -55,11 +56,20 @@ def _cells(errors: Sequence[dict[str, Any]], sets: Sequence[str]) -> str:
     return " | ".join(_f(m) for m in med) + f" | {_f(worst_e)} | {_f(p95)}"
 
 
+def stability_cells(rows: Sequence[dict[str, Any]], arm: str) -> str:
+    """Two cells: 600 K trajectories that lasted 10 ps (of those run), the median ps survived
+    at 1200 K."""
+    ok, n, _ = summary(rows, arm, 600.0)
+    _, n_hot, median_hot = summary(rows, arm, 1200.0)
+    return f"{f'{ok} of {n}' if n else '-'} | {_f(median_hot, '{:.1f}') if n_hot else '-'}"
+
+
 def arm_row(
     arm: str,
     records: list[dict[str, Any]],
     reference: dict[str, Any] | None,
     system: System = THREE_BPA,
+    stability: Sequence[dict[str, Any]] = (),
 ) -> str:
     """One table row: medians over the arm's seeds, each seed's calls listed."""
     calls = [r["calls"] for r in records]
@@ -73,7 +83,7 @@ def arm_row(
     return (
         f"| {arm} | {len(records)} of {SEEDS.get(arm, 3)} | {', '.join(map(str, calls))} | {ended} "
         f"| {usable_text} | {_cells([final_errors(r) for r in records], system.sets)} "
-        f"| {cpu_m:.0f} | {cpu_o:.1f} |"
+        f"| {stability_cells(stability, arm)} | {cpu_m:.0f} | {cpu_o:.1f} |"
     )
 
 
@@ -113,7 +123,10 @@ def plot_curves(by_system: dict[str, list[dict[str, Any]]], path: Path) -> Path 
 
 
 def system_section(
-    system: System, records: Sequence[dict[str, Any]], references: Sequence[dict[str, Any]]
+    system: System,
+    records: Sequence[dict[str, Any]],
+    references: Sequence[dict[str, Any]],
+    stability: Sequence[dict[str, Any]] = (),
 ) -> list[str]:
     """The system's table, its status line and its targets."""
     shipped = [r for r in references if r.get("recipe", "shipped") == "shipped"]
@@ -126,29 +139,32 @@ def system_section(
         "",
         "| arm | seeds | calls | ended | usable at | "
         + " | ".join(system.sets)
-        + " | energy MAE, worst set (meV) | p95 largest force error (meV/Å) | model CPU (min) "
-        "| oracle CPU (min) |",
-        "|---" * (9 + len(system.sets)) + "|",
+        + " | energy MAE, worst set (meV) | p95 largest force error (meV/Å) "
+        "| 600 K runs lasting 10 ps | 1200 K median ps | model CPU (min) | oracle CPU (min) |",
+        "|---" * (11 + len(system.sets)) + "|",
     ]
     for ref, name in [(r, "reference") for r in shipped[-1:]] + [
         (r, "full-width recipe") for r in full[-1:]
     ]:
         lines.append(
             f"| {name} ({ref['frames']} random oracle frames) | - | {ref['frames']} | - | - | "
-            f"{_cells([ref['errors']], system.sets)} | {ref['cpu_model_s'] / 60:.0f} | "
+            f"{_cells([ref['errors']], system.sets)} | "
+            f"{stability_cells(stability, 'reference') if name == 'reference' else '- | -'} | "
+            f"{ref['cpu_model_s'] / 60:.0f} | "
             f"{ref['cpu_oracle_s'] / 60:.1f} |"
         )
     for arm, recs in by_arm.items():
         if recs:
-            lines.append(arm_row(arm, recs, reference, system))
+            lines.append(arm_row(arm, recs, reference, system, stability))
     limits = ", ".join(f"{v:g}x on {k}" for k, v in system.force_limits.items())
     lines += [
         "",
         f"**{len(records)} of {planned} planned runs are done**"
         + ("; the reference model is not trained yet" if reference is None else "")
         + f". Arms without a row have not run. Usable: force MAE within {limits} of the "
-        f"reference's, energy MAE within {ENERGY_LIMIT:g}x on every set (the 10 ps stability "
-        "part is not measured yet).",
+        f"reference's, energy MAE within {ENERGY_LIMIT:g}x on every set, and 5 of 5 600 K NVT "
+        "runs of the final model lasting 10 ps with no frame breaking the geometry guard "
+        "(`stability.py`; `-`: not run yet).",
         "",
     ]
     if records:
@@ -159,7 +175,7 @@ def system_section(
             "checked again with the geometry guard).",
             "",
         ]
-    lines += targets(by_arm, reference, system)
+    lines += targets(by_arm, reference, system, stability)
     if shipped and full:
         ratio = max(
             shipped[-1]["errors"][s]["force_mae"] / full[-1]["errors"][s]["force_mae"]
@@ -189,7 +205,8 @@ def write_page(results: Path = RESULTS, command: str = "") -> Path:
         "",
     ]
     for name, system in SYSTEMS.items():
-        lines += system_section(system, records[name], references[name])
+        stability = read_jsonl(results / records_name(system.runs))
+        lines += system_section(system, records[name], references[name], stability)
     if plot_curves(records, results / FIGURE) is not None:
         lines += ["![learning curves](active_learning.png)", ""]
     lines += [
@@ -236,6 +253,7 @@ def targets(
     by_arm: dict[str, list[dict[str, Any]]],
     reference: dict[str, Any] | None,
     system: System = THREE_BPA,
+    stability: Sequence[dict[str, Any]] = (),
 ) -> list[str]:
     """The acceptance targets of ``system``, each met, missed or not measured yet."""
     out = ["Targets:", ""]
@@ -245,7 +263,9 @@ def targets(
     ours_usable = [calls_to_usable(r, reference, system) for r in ours]
     out.append(
         f"- `ours` usable within {BUDGET} calls: {sum(c is not None for c in ours_usable)} of "
-        f"{len(ours)} seeds (error part)."
+        f"{len(ours)} seeds (error part); its final models' 600 K runs lasting 10 ps: "
+        + ("{} of {}".format(*summary(stability, "ours", 600.0)[:2]) if stability else "not run")
+        + "."
     )
     med_ours = _median_calls(ours_usable)
     for other, limit in (("periodic", 0.5), ("random", 0.5), ("committee5", 1.2)):

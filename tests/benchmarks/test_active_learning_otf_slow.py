@@ -59,3 +59,19 @@ def test_quick_on_the_fly_benchmark_with_xtb(tmp_path, monkeypatch):
     assert read_jsonl(results / otf.REFERENCE)[0]["frames"] == 8
     page = (results / "active_learning.md").read_text().splitlines()
     assert len(page) <= 150 and any(line.startswith("| ours |") for line in page)
+    # the stability part: one short 600 K trajectory per final model and the reference
+    otf.main(
+        [
+            "--quick",
+            "--stability",
+            "--stability-temperatures",
+            "600",
+            "--work",
+            str(work),
+            "--results",
+            str(results),
+        ]
+    )
+    rows = read_jsonl(results / "active_learning_otf_stability.jsonl")
+    assert sorted(r["arm"] for r in rows) == ["ours", "random", "reference"]
+    assert all(r["length_ps"] == 0.05 and 0 < r["survived_ps"] <= 0.05 for r in rows)
