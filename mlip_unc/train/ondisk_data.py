@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import ase
 import numpy as np
@@ -22,6 +23,9 @@ from mlip_unc.data import DataError, TypeMap, read_structures
 from mlip_unc.data.ondisk import OnDiskDataset, OnDiskStore
 from mlip_unc.data.references import is_isolated_atom
 from mlip_unc.data.typemap import element_symbol
+
+if TYPE_CHECKING:  # potential_data imports this module: a cycle at run time
+    from mlip_unc.train.potential_data import PreparedData
 
 __all__ = ["prepare_ondisk"]
 
@@ -181,7 +185,7 @@ def _statistics(
     return shift, std, force_rms, max(n_edges / max(n_atoms, 1), 1.0)
 
 
-def prepare_ondisk(config: PotentialConfig):  # -> PreparedData (import cycle: see potential_data)
+def prepare_ondisk(config: PotentialConfig) -> PreparedData:
     """:func:`~mlip_unc.train.potential_data.prepare_data` for ``data.train`` an on-disk set."""
     from mlip_unc.train.potential_data import PreparedData, _split, select_part
 

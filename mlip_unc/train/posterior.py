@@ -45,7 +45,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -53,10 +53,15 @@ from torch import Tensor
 from torch_geometric.loader import DataLoader
 
 from mlip_unc import keys
-from mlip_unc.models.derivatives import graph_index
+from mlip_unc.models.derivatives import PotentialState, graph_index
 from mlip_unc.models.full_posterior import basis_state, latent_jacobian, latent_probes
 from mlip_unc.train.device import module_device, to_device
 from mlip_unc.uncertainty.sample_size import too_few
+
+if TYPE_CHECKING:
+    from torch_geometric.data.data import BaseData
+
+    from mlip_unc.models.potential import BayesianPotential
 
 __all__ = [
     "MIN_JACOBIAN_RANK",
@@ -97,12 +102,14 @@ def random_subset(items: list, limit: int | None, seed: int) -> list:
     return [items[k] for k in sorted(keep)]
 
 
-def _batches(dataset: Any, batch_size: int):
+def _batches(dataset: Any, batch_size: int) -> DataLoader:
     graphs = list(getattr(dataset, "graphs", dataset))
     return DataLoader(graphs, batch_size=batch_size, shuffle=False)
 
 
-def _labelled_energies(state, batch, energy: Tensor | None = None) -> dict[str, Tensor]:
+def _labelled_energies(
+    state: PotentialState, batch: BaseData, energy: Tensor | None = None
+) -> dict[str, Tensor]:
     """One batch's energy rows on its frames with an energy label: ``phi (n, D)`` of ``state``
     (in the posterior's basis), ``n_atoms (n,)`` and, given the predicted ``energy
     (n_graphs,)``, its error ``e_err (n,)``."""
@@ -115,7 +122,13 @@ def _labelled_energies(state, batch, energy: Tensor | None = None) -> dict[str, 
 
 
 def _pass(
-    model, dataset: Any, batch_size: int, *, keep: bool, probes: int | None = None, seed: int = 0
+    model: BayesianPotential,
+    dataset: Any,
+    batch_size: int,
+    *,
+    keep: bool,
+    probes: int | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Precision sums over ``dataset``; with ``keep``, the per-frame features and errors too.
 
@@ -177,7 +190,7 @@ def _pass(
     return result
 
 
-def _energy_rows(model, dataset: Any, batch_size: int) -> dict[str, Tensor]:
+def _energy_rows(model: BayesianPotential, dataset: Any, batch_size: int) -> dict[str, Tensor]:
     """The energy calibration's rows of ``dataset`` without Jacobians (one forward pass per
     batch): ``phi (n_frames, D)``, ``e_err (n_frames,)`` at the posterior mean, ``n_atoms``."""
     device = module_device(model)
@@ -195,7 +208,7 @@ def _energy_rows(model, dataset: Any, batch_size: int) -> dict[str, Tensor]:
 
 
 def _calibration_rows(
-    model, valid: Any, batch_size: int, force_frames: int | None, seed: int
+    model: BayesianPotential, valid: Any, batch_size: int, force_frames: int | None, seed: int
 ) -> dict[str, Any]:
     """The validation pass (``_pass(keep=True)``) on at most ``force_frames`` of ``valid`` (a
     random subset, ``seed``), whose exact Jacobians calibrate lambda and the force scales; the
@@ -345,7 +358,7 @@ def _variances(proj: Tensor, eig: Tensor, lam: float) -> Tensor:
 
 
 def fit_full_posterior(
-    model,
+    model: BayesianPotential,
     train: Any,
     valid: Any | None = None,
     *,
