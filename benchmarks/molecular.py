@@ -54,6 +54,7 @@ import torch
 
 from benchmarks.common.pages import environment, run_section
 from benchmarks.common.records import append_jsonl, read_jsonl, take_lock
+from benchmarks.common.tables import Table, write_page
 from mlip_unc import keys
 from mlip_unc.config import PropertyConfig
 from mlip_unc.config import PropertyModelConfig as ModelConfig
@@ -825,17 +826,15 @@ _COLUMNS = (
 )
 
 
-def render_table(rows: list[dict[str, Any]]) -> list[str]:
-    head = [
-        "method",
-        "n",
-        *[c[1] for c in _COLUMNS],
-        "ρ(σ, 1−Tanimoto)",
-        "ρ(σ, latent kNN)",
-        "σ factor",
-        "train s",
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+TABLES_CSV = f"{STEM}_tables.csv"
+
+
+def cells_table(rows: list[dict[str, Any]]) -> Table:
+    """Every metric of every (dataset, split) and method, raw and recalibrated, mean ± std over
+    the seeds as the page showed them."""
+    head = ("dataset", "split", "method", "n", *[c[1].replace("\\|", "|") for c in _COLUMNS],
+            "ρ(σ, 1−Tanimoto)", "ρ(σ, latent kNN)", "σ factor", "train s")  # fmt: skip
+    table = Table(TABLES_CSV, head)
     for r in rows:
         for variant, label in (("raw", "raw"), ("recal", "recal.")):
             cells = [_cell(r[variant][k]) for k, _ in _COLUMNS]
@@ -848,10 +847,54 @@ def render_table(rows: list[dict[str, Any]]) -> list[str]:
                 _cell(r["recal_scale"], 2) if variant == "recal" else "",
                 _cell(r["train_seconds"], 1) if variant == "raw" else "",
             ]
+            method = f"{r['method']} ({label})"
+            table.rows.append((r["dataset"], r["split"], method, r["n"], *cells, *extra))
+    return table
+
+
+def render_cells(
+    out: Path,
+    records: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    datasets: list[str],
+    pngs: bool,
+) -> tuple[list[str], Table]:
+    """molecular_tables.md without its settings: one line per (dataset, split), its figure,
+    and the table of every metric (a CSV beside the page)."""
+    every = cells_table(rows)
+    lines = [
+        "# Molecular property benchmark: every (dataset, split)",
+        "",
+        "| dataset | split | split rule | train/val/test | methods | seeds (n) | figure |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    figures = []
+    for d in datasets:
+        for sp in SPLITS:
+            sub = [r for r in rows if r["dataset"] == d and r["split"] == sp]
+            if not sub:
+                continue
+            rec = next(r for r in records if r["dataset"] == d and r["split"] == sp)
+            sizes = f"{rec['n_train']} / {rec['n_val']} / {rec['n_test']}"
+            png = f"{STEM}_calibration_{d}_{sp}.png"
+            drawn = pngs or (out / png).exists()  # at the end of an invocation, or --report-only
+            seeds = "/".join(str(n) for n in dict.fromkeys(r["n"] for r in sub))
             lines.append(
-                f"| {r['method']} ({label}) | {r['n']} | " + " | ".join(cells + extra) + " |"
+                f"| {d} | {sp} | {rec.get('split_rule', '')} | {sizes} | {len(sub)} | {seeds} | "
+                + (f"[{d} {sp}](#calibration-{d}-{sp}) |" if drawn else "n/a |")
             )
-    return lines
+            if drawn:
+                figures += [f"### Calibration {d} {sp}", "", f"![calibration {d} {sp}]({png})", ""]
+    lines += [
+        "",
+        every.link(
+            "Every metric of every (dataset, split) and method, raw and recalibrated, mean ± "
+            "std over the seeds"
+        ),
+        "",
+        *figures,
+    ]
+    return lines, every
 
 
 def missing_runs(planned: list[Task], records: list[dict[str, Any]]) -> list[tuple]:
@@ -973,37 +1016,10 @@ def write_report(
             extra=[_runs_line(records, wall)],
         ),
     ]
-    tables = ["# Molecular property benchmark: every (dataset, split)", ""]
-    for d in datasets:
-        for sp in SPLITS:
-            sub = [r for r in rows if r["dataset"] == d and r["split"] == sp]
-            if not sub:
-                continue
-            rule = next(
-                (r.get("split_rule") for r in records if r["dataset"] == d and r["split"] == sp), ""
-            )
-            sizes = next(
-                (
-                    (r["n_train"], r["n_val"], r["n_test"])
-                    for r in records
-                    if r["dataset"] == d and r["split"] == sp
-                ),
-                None,
-            )
-            tables += [
-                f"## {d}, {sp} split ({rule}; train/val/test {sizes})",
-                "",
-                *render_table(sub),
-                "",
-            ]
-            png = f"{STEM}_calibration_{d}_{sp}.png"
-            if (
-                pngs or (out / png).exists()
-            ):  # drawn at the end of an invocation (or by --report-only)
-                tables += [f"![calibration {d} {sp}]({png})", ""]
+    tables, every = render_cells(out, records, rows, datasets, pngs)
     tables += ["## Columns and settings", "", *_setup_lines(s, records), ""]
     (out / f"{STEM}.md").write_text("\n".join(md) + "\n", encoding="utf-8")
-    (out / f"{STEM}_tables.md").write_text("\n".join(tables), encoding="utf-8")
+    write_page(out / f"{STEM}_tables.md", "\n".join(tables), [every])
     if pngs:
         draw_figures(out, records)
     return summary

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks import molecular as bench
+from benchmarks.common.tables import read_csv
 
 
 # ---------------------------------------------------------------- helpers
@@ -185,8 +186,21 @@ def test_quick_run_layout_and_resume(tmp_path, capsys):
     assert md.index("## Acceptance") < md.index("## Run") and "Partial" not in md
     assert "| tiny | random |" in md  # the overview tables: one row per (dataset, split)
     tables = (tmp_path / "molecular_tables.md").read_text()
-    assert "## tiny, random split" in tables and "## tiny, scaffold split" in tables
-    assert "| bgnn (raw) | 2 |" in tables and "| laplace (recal.) | 2 |" in tables
+    assert tables.splitlines()[2].startswith("| dataset | split |")  # the table first
+    assert [line.split(" | ")[:2] for line in tables.splitlines()[4:6]] == [
+        ["| tiny", "random"],
+        ["| tiny", "scaffold"],
+    ]
+    every = read_csv(tmp_path / "molecular_tables.csv")  # every metric: beside the page
+    assert {(r["split"], r["method"], r["n"]) for r in every} == {
+        (sp, f"{m} ({v})", "2")
+        for sp in ("random", "scaffold")
+        for m in ("bgnn", "laplace")
+        for v in ("raw", "recal.")
+    }
+    rmse = row["raw"]["rmse"]
+    first = every[0]
+    assert first["RMSE"] == f"{rmse['mean']:.3f} ± {rmse['std']:.3f}"
     assert (tmp_path / "molecular_calibration_tiny_random.png").stat().st_size > 0
 
     # resume: nothing is redone; a wider plan adds only the new runs
