@@ -72,7 +72,8 @@ import yaml
 
 from benchmarks import force_uncertainty as fu
 from benchmarks.common.format import clean, fmt_sig3
-from benchmarks.common.pages import environment, run_section
+from benchmarks.common.pages import environment, peer_sections, run_section
+from benchmarks.common.tables import Table, write_page
 from mlip_unc.atomic import atomic_write_text
 from mlip_unc.config import load_potential_config
 from mlip_unc.data import (
@@ -961,20 +962,16 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     """The page: one table of every (set, row), the published mlearn numbers, the acceptance
     verdicts, then the run footer; per-row configs and per-run notes stay in the JSON."""
     meta = results["meta"]
+    every = rows_table(results)
+    shown = headline_rows(results)
     lines = [
         "# Accuracy: this project's potentials vs mace-torch's MACE at equal wall time",
         "",
-        "| set | row | E MAE (meV/atom) | F MAE (meV/Å) | stress MAE (GPa) | train min | parameters | n | epochs |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, rows in ((n, r) for n, r in results.items() if n != "meta"):
-        for row, v in rows.items():
-            cells = [fmt_sig3(v[c], v["spread"][c]) for c in COLUMNS[:4]] + [
-                f"{v['parameters']:.0f}" if v["parameters"] else "n/a"
-            ]
-            epochs = ", ".join(str(r.get("epochs")) for r in v["runs"])  # the CPU a run got
-            lines.append(f"| {name} | {row} | " + " | ".join(cells) + f" | {v['n']} | {epochs} |")
-    lines += [
+        *Table("", every.header, [r for r in every.rows if (r[0], r[1]) in shown]).markdown(),
+        "",
+        "Per set: the unmarked rows, the rows of the configs that configs/ holds now "
+        "(mlearn sets), and of the other marked rows the lowest F MAE of ours and of mace_torch. "
+        + every.link("Every row (each config tried)"),
         "",
         (
             "Energy MAE per atom, force MAE per component, stress MAE over the 6 Voigt components of "
@@ -1020,7 +1017,44 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             + (f" Per-run notes ({notes}): `meta.notes` of the JSON." if notes else "")
         ],
     )
-    path.write_text("\n".join(lines) + "\n")
+    write_page(path, "\n".join(lines) + "\n" + peer_sections(path), [every])
+
+
+ROWS_CSV = "accuracy_rows.csv"
+
+
+def rows_table(results: dict[str, Any]) -> Table:
+    """Every (set, row): mean ± std over its runs, as the page shows them."""
+    table = Table(
+        ROWS_CSV,
+        ("set", "row", "E MAE (meV/atom)", "F MAE (meV/Å)", "stress MAE (GPa)", "train min",
+         "parameters", "n", "epochs"),
+    )  # fmt: skip
+    for name, rows in ((n, r) for n, r in results.items() if n != "meta"):
+        for row, v in rows.items():
+            cells = [fmt_sig3(v[c], v["spread"][c]) for c in COLUMNS[:4]]
+            parameters = f"{v['parameters']:.0f}" if v["parameters"] else "n/a"
+            epochs = ", ".join(str(r.get("epochs")) for r in v["runs"])  # the CPU a run got
+            table.rows.append((name, row, *cells, parameters, v["n"], epochs))
+    return table
+
+
+def headline_rows(results: dict[str, Any]) -> set[tuple[str, str]]:
+    """The (set, row) pairs on the page: the unmarked rows, the current mlearn configs
+    (:data:`CURRENT_MLEARN`) and, of the other marked rows, ours and mace_torch's lowest F MAE."""
+    current = {f"{row} [{variant}]" for row, variant in CURRENT_MLEARN.items()}
+    shown = set()
+    for name, rows in ((n, r) for n, r in results.items() if n != "meta"):
+        shown |= {(name, r) for r in rows if r in ROWS or (name in MLEARN and r in current)}
+        for peer in (False, True):
+            marked = {
+                r: v["force_mae_meV_A"]
+                for r, v in rows.items()
+                if r not in ROWS and is_peer(r) == peer and v["force_mae_meV_A"] is not None
+            }
+            if marked:
+                shown.add((name, min(marked, key=marked.__getitem__)))
+    return shown
 
 
 def published_lines(results: dict[str, Any], evaluated: Path) -> list[str]:

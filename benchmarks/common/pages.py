@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 VERSIONED = ("mlip-unc", "torch", "e3nn", "ase", "mace-torch")
@@ -110,3 +112,16 @@ def run_section(
     lines += [f"- {line}" for line in extra]
     lines.append(f"- Full provenance (every command, settings, per-run notes): `{json_name}`")
     return lines
+
+
+PEER_SECTION = re.compile(
+    r"<!-- peers/(?P<name>[\w.-]+): begin.*?-->.*?<!-- peers/(?P=name): end -->", re.DOTALL
+)
+
+
+def peer_sections(path: Path) -> str:
+    """The sections that benchmarks/peers keeps on the page ``path`` between
+    ``<!-- peers/NAME: begin ...-->`` and ``<!-- peers/NAME: end -->``, each after a blank line:
+    a suite appends them when it rewrites its page, so that the rewrite keeps them."""
+    text = path.read_text() if path.is_file() else ""
+    return "".join(f"\n{m.group(0)}\n" for m in PEER_SECTION.finditer(text))

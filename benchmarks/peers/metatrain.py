@@ -67,9 +67,12 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # imported where used: stage 3 runs this file in metatrain's venv
+    from benchmarks.common.tables import Table
 
 log = logging.getLogger("peers.metatrain")
 REPO = Path(__file__).resolve().parents[2]
@@ -783,20 +786,82 @@ def _summary(runs: list[dict[str, Any]], row: str, key: str) -> str:
     return f"{statistics.mean(values):.3f}{spread}"
 
 
-def write_markdown(results: dict[str, Any], path: Path) -> None:
+ROWS_CSV, RUNS_CSV = "metatrain_rows.csv", "metatrain_runs.csv"
+
+
+def _groups(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The runs by (dataset, trainer variant), in the order they were recorded."""
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        out.setdefault((r["dataset"], r.get("variant", "defaults")), []).append(r)
+    return out
+
+
+def seed_tables(results: dict[str, Any]) -> tuple[Table, Table]:
+    """Per seed: every row's lines (the peer's and ours), and the run's accuracy and cost."""
     from benchmarks.common.format import fmt2, fmt3
+    from benchmarks.common.tables import Table
+
+    rows = Table(ROWS_CSV, ("set", "trainer", "seed", "row", *LINES, "force_mae_meV_A", "source"))
+    runs = Table(
+        RUNS_CSV,
+        ("set", "trainer", "seed", "energy MAE meV (meV/atom)", "force MAE meV/A",
+         "force RMSE meV/A", "PET params (ours)", "epochs (exported)", "train min", "LLPR min",
+         "frames train/valid/test/ood"),
+    )  # fmt: skip
+    for (name, variant), these in _groups(results["runs"]).items():
+        for r in (r for r in these if r["status"] == "complete"):
+            table = [(row, r["rows"][row], "this run") for row in ROWS]
+            if "ours" in r:
+                ours = r["ours"]
+                table.append((f"ours: {ours['default_mode']}", ours["default"], ours["source"]))
+                if ours.get("committee5"):
+                    table.append(("ours: committee5", ours["committee5"], ours["source"]))
+            rows.rows += [
+                (name, variant, r["seed"], row, *(fmt3(v.get(k)) for k in LINES),
+                 fmt2(v.get("force_mae_meV_A")), src)
+                for row, v, src in table
+            ]  # fmt: skip
+            a, f = r["accuracy"]["in"], r["frames"]
+            runs.rows.append(
+                (name, variant, r["seed"], f"{a['energy_mae_meV']:.1f} ({a['energy_mae_meV_atom']:.2f})",
+                 f"{a['force_mae_meV_A']:.1f}", f"{a['force_rmse_meV_A']:.1f}",
+                 f"{r['pet_parameters']} ({r['our_parameters']})",
+                 f"{r['num_epochs']} ({(r.get('exported_epoch') or {}).get('best_epoch', 'n/a')})",
+                 f"{r['train_minutes']:.2f}", f"{r['llpr_minutes']:.2f}",
+                 f"{f['train']}/{f['valid']}/{f['test']}/{f['ood']}")
+            )  # fmt: skip
+    return rows, runs
+
+
+def write_markdown(results: dict[str, Any], path: Path) -> None:
+    """metatrain.md: the peer's lines (mean ± std over seeds) first, per trainer the deviations
+    and the paired gaps, then the settings and the commands; the per-seed tables are CSV files
+    beside the page."""
+    from benchmarks.common.pages import rerun_command
+    from benchmarks.common.tables import Table, write_page
 
     meta, runs = results["meta"], results["runs"]
     ok = [r for r in runs if r["status"] == "complete"]
     versions = ok[0]["versions"] if ok else {}
+    rows, seeds = seed_tables(results)
+    summary = Table("", ("set", "PET trainer", "row", "seeds", *LINES))
+    for (name, variant), these in _groups(runs).items():
+        done = [r for r in these if r["status"] == "complete"]
+        seeds_text = ", ".join(str(r["seed"]) for r in done)
+        summary.rows += [
+            (name, variant, row, seeds_text, *(_summary(done, row, k) for k in LINES))
+            for row in ROWS
+        ]
     lines = [
         "# Peer: metatrain's PET with LLPR on the force-uncertainty frames",
         "",
-        "Commands:",
+        "Peer, mean ± std over seeds:",
         "",
-        "```bash",
-        *meta["commands"],
-        "```",
+        *summary.markdown(),
+        "",
+        "- " + rows.link("Per seed, the peer's rows beside ours (same frames)"),
+        "- " + seeds.link("Per seed, PET's accuracy, size, epochs and minutes"),
         "",
         f"Status: {meta['status']} (missing: {', '.join(meta['missing']) or 'none'}); "
         f"updated {meta['updated']}. Versions: "
@@ -824,65 +889,14 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         "calls with the uncertainty outputs / plain E+F of the same model, interleaved.",
         "",
     ]
-    groups = dict.fromkeys((r["dataset"], r.get("variant", "defaults")) for r in runs)
-    for name, variant in groups:
-        these = [r for r in runs if (r["dataset"], r.get("variant", "defaults")) == (name, variant)]
+    for (name, variant), these in _groups(runs).items():
         lines += [
             f"## {name}, PET trainer: {variant}",
             "",
             *_tuned_text(variant, [r for r in these if r["status"] == "complete"]),
             "",
-            "| seed | row | " + " | ".join(LINES) + " | force_mae_meV_A | source |",
-            "|---" * (len(LINES) + 4) + "|",
         ]
-        for r in these:
-            if r["status"] != "complete":
-                continue
-            table = [(row, r["rows"][row], "this run") for row in ROWS]
-            if "ours" in r:
-                table += [
-                    (
-                        f"ours: {r['ours']['default_mode']}",
-                        r["ours"]["default"],
-                        r["ours"]["source"],
-                    ),
-                ]
-                if r["ours"].get("committee5"):
-                    table.append(("ours: committee5", r["ours"]["committee5"], r["ours"]["source"]))
-            lines += [
-                f"| {r['seed']} | {row} | "
-                + " | ".join(fmt3(v.get(k)) for k in LINES)
-                + f" | {fmt2(v.get('force_mae_meV_A'))} | {src} |"
-                for row, v, src in table
-            ]
-        done = [r for r in these if r["status"] == "complete"]
-        lines += [
-            "",
-            "Peer, mean ± std over seeds (" + ", ".join(str(r["seed"]) for r in done) + "):",
-        ]
-        lines += [
-            f"- {row}: " + "; ".join(f"{k} {_summary(done, row, k)}" for k in LINES) for row in ROWS
-        ]
-        lines += [
-            "",
-            "| seed | energy MAE meV (meV/atom) | force MAE meV/A | force RMSE meV/A | "
-            "PET params (ours) | epochs (exported) | train min | LLPR min | "
-            "frames train/valid/test/ood |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in done:
-            a = r["accuracy"]["in"]
-            f = r["frames"]
-            lines.append(
-                f"| {r['seed']} | {a['energy_mae_meV']:.1f} ({a['energy_mae_meV_atom']:.2f}) | "
-                f"{a['force_mae_meV_A']:.1f} | {a['force_rmse_meV_A']:.1f} | "
-                f"{r['pet_parameters']} ({r['our_parameters']}) | {r['num_epochs']} "
-                f"({(r.get('exported_epoch') or {}).get('best_epoch', 'n/a')}) | "
-                f"{r['train_minutes']:.2f} | {r['llpr_minutes']:.2f} | "
-                f"{f['train']}/{f['valid']}/{f['test']}/{f['ood']} |"
-            )
-        lines.append("")
-        for r in done:
+        for r in (r for r in these if r["status"] == "complete"):
             for ours, gaps in r.get("ours_minus_peer", {}).items():
                 lines.append(
                     f"- seed {r['seed']}, ours ({ours}) - metatrain_pet_llpr, paired bootstrap over "
@@ -900,7 +914,8 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                     "```",
                 ]
         lines.append("")
-    path.write_text("\n".join(lines) + "\n")
+    lines += ["## Commands", "", "```bash", *map(rerun_command, meta["commands"]), "```", ""]
+    write_page(path, "\n".join(lines), [rows, seeds])
 
 
 # --------------------------------------------------------- sections of the suite's own pages
@@ -1219,7 +1234,9 @@ def accuracy_section(results: dict[str, Any]) -> list[str]:
         "whose records hold force errors only (its energy MAE: n/a here; the 10-min rows above are "
         "other runs). The budget here is 8 min, not the 10 min of the table above.",
         "",
-        *_provenance(results),
+        "Commands, versions, budget, sources of our rows, superseded runs: "
+        "[peers/metatrain.md](peers/metatrain.md); records: peers/metatrain.json and "
+        "peers/metatrain.jsonl.gz.",
         "",
         "Trainer variants: 'defaults' = metatrain's documented PET trainer options; the tuned one "
         "(its options in the row label) and why it deviates: the peer section of "

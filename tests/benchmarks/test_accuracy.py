@@ -11,6 +11,7 @@ from ase.calculators.emt import EMT
 from ase.units import GPa
 
 from benchmarks import accuracy as bench
+from benchmarks.common.tables import read_csv
 
 SETTINGS = {"quick": True, "budget_minutes": 1.0, "split_seed": 0, "overrides": []}
 
@@ -385,3 +386,48 @@ def test_peer_architecture_and_labels():
         "mace_model": bench._flags(cmd, ("max_L", "batch_size", "max_ell")),
     }
     assert run["mace_model"] == {"max_L": "0", "batch_size": "2"}
+
+
+def test_page_shows_the_headline_rows_csv_every_row_and_keeps_peer_sections(tmp_path):
+    runs = bench.Runs(tmp_path / "accuracy.jsonl", SETTINGS)
+    for rec in (
+        _run("ethanol", "native", 0, 14.0),
+        {**_run("ethanol", "native", 0, 9.0), "variant": "good"},
+        {**_run("ethanol", "native", 0, 12.0), "variant": "worse"},
+        _run("ethanol", "mace_torch", 0, 11.0),
+    ):
+        runs.add(rec)
+    results = bench.assemble(runs, {"x": 1})
+    assert bench.headline_rows(results) == {
+        ("ethanol", "native"),
+        ("ethanol", "mace_torch"),
+        ("ethanol", "native [good]"),
+    }
+    meta = {
+        "commands": ["python benchmarks/accuracy.py --seed 0  (python: x)"],
+        "budget_minutes": 10.0,
+        "threads": 1,
+        "seeds": [0],
+        "status": "partial",
+        "updated": "now",
+        "mace_torch_method": "m",
+        "overrides": [],
+        "skipped": {},
+        "failed": {},
+    }
+    page = tmp_path / "accuracy.md"
+    section = "<!-- peers/x: begin (written by y) -->\n## Peer\n<!-- peers/x: end -->"
+    page.write_text(f"an earlier page\n\n{section}\n")
+    bench.write_markdown({**results, "meta": meta}, page)
+    text = page.read_text()
+    rows = [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| ethanol")]
+    assert rows == ["native", "mace_torch", "native [good]"]
+    every = read_csv(tmp_path / bench.ROWS_CSV)
+    assert [(r["row"], r["F MAE (meV/Å)"]) for r in every] == [
+        ("native", "14"),
+        ("mace_torch", "11"),
+        ("native [good]", "9"),
+        ("native [worse]", "12"),
+    ]
+    assert text.endswith(section + "\n") and "earlier page" not in text  # the peer's section is kept
+    assert "`python -m benchmarks.accuracy --seed 0`" in text  # the command as it runs today

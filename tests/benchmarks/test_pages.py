@@ -7,7 +7,7 @@ the ``python -m benchmarks.<module>`` form (``benchmarks`` is not installed, so 
 ``python benchmarks/x.py`` fails on import) and its module's ``main`` must accept the command's
 arguments and then ``--help``: the test runs the module as ``__main__`` in this process and stops
 it at its argument parser (module import, parser construction, every flag and value), without
-running the benchmark.
+running the benchmark: every suite's ``main`` parses with ``ArgumentParser.parse_args``.
 """
 
 from __future__ import annotations
@@ -89,26 +89,20 @@ class _Parsed(Exception):
 
 
 def parse_then_help(module: str, args: list[str]) -> tuple[str, str]:
-    """Run ``module`` as ``__main__`` up to its first argument parse: parse ``args`` (an error
-    exits 2), then ``--help`` (exits 0); returns (stdout, stderr) of the parser."""
-    original = argparse.ArgumentParser.parse_known_args
-    depth = 0
+    """Run ``module`` as ``__main__`` up to its first ``parse_args``: parse ``args`` (an error
+    exits 2), then ``--help`` (exits 0); returns (stdout, stderr) of the parser. A pre-parser's
+    ``parse_known_args`` (one option picks the main parser) runs as it would."""
+    original = argparse.ArgumentParser.parse_args
 
     def intercept(self: argparse.ArgumentParser, *a: Any, **k: Any) -> Any:
-        nonlocal depth
-        if depth:  # a subparser, inside the top-level parse
-            return original(self, *a, **k)
-        depth += 1
-        _, extras = original(self, args)
-        if extras:  # what parse_args does with them
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        original(self, args)
         original(self, ["--help"])
         raise _Parsed  # --help returned instead of exiting: not argparse's help
 
     out, err = io.StringIO(), io.StringIO()
     saved = sys.argv
     sys.argv = [module, *args]
-    argparse.ArgumentParser.parse_known_args = intercept  # type: ignore[method-assign]
+    argparse.ArgumentParser.parse_args = intercept  # type: ignore[method-assign,assignment]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             runpy.run_module(module, run_name="__main__", alter_sys=False)
@@ -117,7 +111,7 @@ def parse_then_help(module: str, args: list[str]) -> tuple[str, str]:
     else:
         raise AssertionError(f"{module} ran to its end without parsing arguments")
     finally:
-        argparse.ArgumentParser.parse_known_args = original  # type: ignore[method-assign]
+        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
         sys.argv = saved
     assert "usage:" in out.getvalue(), f"{module} --help printed no usage"
     return out.getvalue(), err.getvalue()

@@ -119,3 +119,22 @@ def test_under_budget_runs_are_run_again():
     assert metatrain.used_budget({"train_minutes": 6.0, "budget_minutes": 8.0})
     assert not metatrain.used_budget({"train_minutes": 3.7, "budget_minutes": 8.0})
     assert metatrain.used_budget({"train_minutes": 0.01, "budget_minutes": 0.1, "max_frames": 20})
+
+
+def test_page_table_first_and_per_seed_tables_beside_it(tmp_path):
+    """The committed results re-rendered: the mean ± std table first, per-seed rows in CSVs."""
+    from benchmarks.common.tables import read_csv
+
+    results = json.loads((REPO / "benchmarks/results/peers/metatrain.json").read_text())
+    metatrain.write_markdown(results, tmp_path / "metatrain.md")
+    lines = (tmp_path / "metatrain.md").read_text().splitlines()
+    assert lines[4].startswith("| set | PET trainer | row | seeds |")
+    done = [r for r in results["runs"] if r["status"] == "complete"]
+    groups = {(r["dataset"], r.get("variant", "defaults")) for r in done}
+    assert sum(line.startswith(("| 3bpa |", "| ethanol |")) for line in lines) == 3 * len(groups)
+    rows = read_csv(tmp_path / metatrain.ROWS_CSV)
+    ours = sum(1 + bool(r["ours"].get("committee5")) for r in done if "ours" in r)
+    assert len(rows) == len(metatrain.ROWS) * len(done) + ours
+    runs = read_csv(tmp_path / metatrain.RUNS_CSV)
+    first = done[0]["accuracy"]["in"]["force_mae_meV_A"]
+    assert len(runs) == len(done) and runs[0]["force MAE meV/A"] == f"{first:.1f}"
