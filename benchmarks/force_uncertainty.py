@@ -15,6 +15,15 @@ descriptor_distance (distance to the training set, :func:`distance_scores`). Spl
     python -m benchmarks.force_uncertainty --budget-minutes 10 --threads 1
     python -m benchmarks.force_uncertainty --quick --out /tmp/fu_quick
     python -m benchmarks.force_uncertainty --report-only   # rewrite the page from the JSON
+
+``--part size`` (the rest of the flags are its own): quality at size, boxes of 27 and 343
+independent molecules and Si cells of 216 and 1,000 atoms (benchmarks/force_uncertainty_size.py):
+
+    python -m benchmarks.force_uncertainty --part size --budget-minutes 10 --threads 1
+
+The page keeps its tables first; sections that other scripts write onto it (benchmarks/peers:
+between ``<!-- peers/NAME: begin ...-->`` and ``<!-- peers/NAME: end -->``) are moved to
+``OUT/force_uncertainty_NAME.md`` and linked (:func:`move_peer_sections`).
 """
 
 from __future__ import annotations
@@ -303,11 +312,17 @@ class Steps:
 
 
 def train(
-    name: str, split: dict[str, Any], args: argparse.Namespace, steps: Steps, ensemble: int
+    name: str,
+    split: dict[str, Any],
+    args: argparse.Namespace,
+    steps: Steps,
+    ensemble: int,
+    folder: str = "force_uncertainty",
 ) -> Path:
-    """Train the single model (``ensemble=1``) or the MAP committee once; the step records it."""
+    """Train the single model (``ensemble=1``) or the MAP committee once into
+    ``OUT/checkpoints/<folder>/<name>_<tag>``; the step records it."""
     tag = "single" if ensemble == 1 else f"committee{ensemble}"
-    out = args.out / "checkpoints" / "force_uncertainty" / f"{name}_{tag}"
+    out = args.out / "checkpoints" / folder / f"{name}_{tag}"
     if steps.get(f"train:{name}:{tag}"):
         return out
     log.info("[train] %s %s: %.3g min per model", name, tag, args.budget_minutes)
@@ -749,11 +764,86 @@ def gap_lines(gaps: dict[str, dict[str, float]] | None) -> list[str]:
     ]
 
 
+def _minutes(train: dict[str, list[float]] | None) -> str:
+    """Training minutes per model, two decimals (the JSON keeps them exact)."""
+    return (
+        "; ".join(f"{k} {', '.join(f'{m:.2f}' for m in v)}" for k, v in (train or {}).items())
+        or "n/a"
+    )
+
+
 def write_markdown(results: dict[str, Any], path: Path) -> None:
+    """The page: one table of every data set's rows first, then per data set its notes and the
+    default row's acceptance, the quality at size (force_uncertainty_size.py), definitions and
+    the run. Peer sections found on the page move to their own pages, linked here."""
     meta = results["meta"]
     commands = meta.get("commands") or [meta["command"]]
-    lines = ["# Force uncertainty: modes vs a committee vs |F_pred|", ""]
-    definitions = [
+    names = [n for n in results if n != "meta"]
+    peers = move_peer_sections(path)
+    from benchmarks.force_uncertainty_size import size_section  # it imports this module
+
+    size = size_section(path.parent)
+    links = ", ".join(f"[{title}]({page})" for title, page in peers)
+    lines = [
+        "# Force uncertainty: modes vs a committee vs |F_pred|",
+        "",
+        "Per data set, each mode of one Bayesian model, a 5-member committee and the baselines on the "
+        "same frames ((default) = the mode the results call default); notes, acceptance, definitions "
+        "and the run below the table"
+        + (
+            "; quality at size (boxes of molecules, Si cells): [below](#quality-at-size)"
+            if size
+            else ""
+        )
+        + (f"; peers' rows on the same frames: {links}" if links else "")
+        + ".",
+        "",
+        "| set | row | " + " | ".join(ROW_KEYS) + " |",
+        "|---" * (len(ROW_KEYS) + 2) + "|",
+    ]
+    for name in names:
+        entry = results[name]
+        lines += [
+            f"| {name} | {row}{' (default)' if row == entry['default'] else ''} | "
+            + " | ".join(fmt2(r[k]) for k in ROW_KEYS)
+            + " |"
+            for row, r in entry.items()
+            if row != "default"
+        ]
+    lines += ["", "## Per data set"]
+    for name in names:
+        entry = results[name]
+        cost = meta["cost_ms"].get(name) or {}
+        post = meta.get("posterior", {}).get(name)
+        lines += [
+            "",
+            f"**{name}** (default: {entry['default']}): plain E+F {fmt2(cost.get('plain'))} ms per frame "
+            f"(this set's in-domain frames); skipped modes: {meta['skipped'].get(name) or 'none'}; "
+            f"training minutes: {_minutes(meta['train_minutes'].get(name))}"
+            + (f"; single model's posterior: {_posterior_text(post)}" if post else "")
+            + ".",
+            *(
+                [
+                    f"The single model's posterior, domain guard and levels were fitted again (`--refit`) "
+                    f"on {meta['refitted'][name]}, by the code of that day; its mode rows were evaluated "
+                    "after that, and every row's cost was timed again (interleaved). Training and "
+                    "committee steps are from the first run."
+                ]
+                if meta.get("refitted", {}).get(name)
+                else []
+            ),
+            "",
+            f"Acceptance of the default row ({entry['default']}; committee5 - slack):",
+            *acceptance(entry),
+            *gap_lines(meta.get("paired_bootstrap", {}).get(name)),
+        ]
+    if size:
+        lines += ["", *size]
+    env = meta.get("environment") or {}
+    lines += [
+        "",
+        "## Definitions",
+        "",
         (
             "Frame score = max over atoms of the force std sqrt(sum_c Var F_ac) (energy mode: the epistemic energy "
             "std; force_magnitude: max over atoms of |F_pred|; latent_distance: max over atoms of the mean distance "
@@ -765,53 +855,11 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             "max |F_pred|; partial_spearman_given_force: in-domain score vs error with the frame max |F_pred| "
             "partialled out (ranks); std_over_rmse: sqrt(mean epistemic Var F) / RMSE per component, in-domain; "
             "cost_ratio: median over frames of the best of 3 single-frame calls / plain E+F, interleaved "
-            "(committee5 = 5 members); force MAE per component, in-domain."
+            "(committee5 = 5 members); force MAE per component, in-domain. Paired bootstrap: default - committee5 "
+            "on the same in-domain frames, 1000 resamples of the frames."
         ),
         "",
     ]
-    for name, entry in ((n, e) for n, e in results.items() if n != "meta"):
-        cost = meta["cost_ms"].get(name) or {}
-        lines += [
-            f"## {name} (default: {entry['default']})",
-            "",
-            "| row | " + " | ".join(ROW_KEYS) + " |",
-            "|---" * (len(ROW_KEYS) + 1) + "|",
-        ]
-        lines += [
-            f"| {row} | " + " | ".join(fmt2(r[k]) for k in ROW_KEYS) + " |"
-            for row, r in entry.items()
-            if row != "default"
-        ]
-        lines += [
-            "",
-            (
-                f"Plain E+F: {fmt2(cost.get('plain'))} ms per frame (this set's in-domain frames); skipped "
-                f"modes: {meta['skipped'].get(name) or 'none'}; training minutes: {meta['train_minutes'].get(name)}."
-            ),
-            *(
-                [f"Single model's posterior: {_posterior_text(post)}."]
-                if (post := meta.get("posterior", {}).get(name))
-                else []
-            ),
-            *(
-                [
-                    "",
-                    f"The single model's posterior, domain guard and levels were fitted again (`--refit`) on "
-                    f"{meta['refitted'][name]}, by the code of that day; its mode rows were evaluated after that, "
-                    "and every row's cost was timed again (interleaved). Training and committee steps are from the "
-                    "first run.",
-                ]
-                if meta.get("refitted", {}).get(name)
-                else []
-            ),
-            "",
-            f"Acceptance of the default row ({entry['default']}; committee5 - slack):",
-            *acceptance(entry),
-            *gap_lines(meta.get("paired_bootstrap", {}).get(name)),
-            "",
-        ]
-    env = meta.get("environment") or {}
-    lines += ["## Definitions", "", *definitions]
     lines += run_section(
         commands,
         date=f"started {meta['started']}, updated {meta['updated']}",
@@ -829,25 +877,45 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                 else [
                     "Load average and versions: not recorded (this run predates their "
                     "recording); each data set's cost ratios come from one run of interleaved "
-                    "calls. The MACE users' rows below record theirs."
+                    "calls. The peers' pages record theirs."
                 ]
             ),
         ],
     )
-    path.write_text("\n".join(lines) + "\n" + peer_sections(path))
+    path.write_text("\n".join(lines) + "\n")
 
 
 PEER_SECTION = re.compile(
     r"<!-- peers/(?P<name>[\w.-]+): begin.*?-->.*?<!-- peers/(?P=name): end -->", re.DOTALL
 )
+PEER_TITLE = re.compile(r"^## (?P<title>.+)$", re.MULTILINE)
 
 
-def peer_sections(path: Path) -> str:
-    """The sections that other scripts keep on ``path`` between ``<!-- peers/NAME: begin ...-->``
-    and ``<!-- peers/NAME: end -->`` (benchmarks/peers), each after a blank line, so that
-    rewriting the page keeps them."""
+def peer_page(path: Path, name: str) -> Path:
+    """Where the peer section ``name`` of the page ``path`` lives: ``force_uncertainty_NAME.md``."""
+    return path.with_name(f"{path.stem}_{name.replace('.', '_')}.md")
+
+
+def move_peer_sections(path: Path) -> list[tuple[str, str]]:
+    """Move the sections that other scripts write onto ``path`` (between ``<!-- peers/NAME:
+    begin ...-->`` and ``<!-- peers/NAME: end -->``, benchmarks/peers) to their own pages beside it
+    (:func:`peer_page`; a section on ``path`` replaces the one on its page: it is newer), so
+    that the page stays short; ``[(title, file name)]`` of every peer page there, for the links.
+    A peer page is the section as written, under a title line and a link back."""
     text = path.read_text() if path.is_file() else ""
-    return "".join(f"\n{m.group(0)}\n" for m in PEER_SECTION.finditer(text))
+    for match in PEER_SECTION.finditer(text):
+        name = match.group("name")
+        peer_page(path, name).write_text(
+            f"# {path.stem}: peer section `{name}`\n\n"
+            f"Written by benchmarks/peers ({name}) onto [{path.name}]({path.name}), moved here by "
+            f"benchmarks/force_uncertainty.py (the native rows are there).\n\n{match.group(0)}\n"
+        )
+    out = []
+    for page in sorted(path.parent.glob(f"{path.stem}_*.md")):
+        if section := PEER_SECTION.search(page.read_text()):
+            title = PEER_TITLE.search(section.group(0))
+            out.append((title.group("title") if title else section.group("name"), page.name))
+    return out
 
 
 def plot(steps: Steps, results: dict[str, Any], path: Path) -> None:
@@ -912,7 +980,21 @@ def save(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
     return results
 
 
+def split_part(argv: list[str]) -> tuple[str, list[str]]:
+    """``--part modes|size`` (default modes) and the other arguments."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--part", choices=("modes", "size"), default="modes")
+    known, rest = p.parse_known_args(argv)
+    return known.part, rest
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    part, rest = split_part(sys.argv[1:] if argv is None else argv)
+    if part == "size":  # boxes of molecules and large cells: benchmarks/force_uncertainty_size.py
+        from benchmarks import force_uncertainty_size
+
+        return force_uncertainty_size.main(rest)
+    argv = rest
     args = parse_args(argv)
     if args.report_only:
         results = json.loads((args.out / "force_uncertainty.json").read_text())
@@ -921,9 +1003,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(
-        ["python", "-m", "benchmarks.force_uncertainty", *(sys.argv[1:] if argv is None else argv)]
-    )
+    command = shlex.join(["python", "-m", "benchmarks.force_uncertainty", *argv])
     settings = {
         "command": command,
         "started": time.strftime("%Y-%m-%d %H:%M"),

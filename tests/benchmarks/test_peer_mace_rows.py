@@ -212,17 +212,25 @@ def test_write_section_keeps_the_page_and_the_peer_section(tmp_path):
 
 
 def test_native_page_rewrite_keeps_the_peer_sections(tmp_path):
+    """The native page's rewrite moves each peer section to its own page beside it, whole, and
+    links it (force_uncertainty.move_peer_sections)."""
     (tmp_path / "force_uncertainty.json").write_text(
         (fu.RESULTS / "force_uncertainty.json").read_text()
     )
     page = tmp_path / "force_uncertainty.md"
     page.write_text(f"# old\n\n{PEER_BEGIN}\npeer\n{PEER_END}\n")
-    mr.write_section(page, ["ours"])
+    mr.write_section(page, ["## MACE users' rows", "ours"])
     fu.main(["--report-only", "--out", str(tmp_path)])
     text = page.read_text()
     assert "# old" not in text and text.startswith("# Force uncertainty")
-    assert text.index("## Run") < text.index(mr.BEGIN) < text.index("ours") < text.index(PEER_BEGIN)
-    assert text.rstrip().endswith(PEER_END) and text.count(mr.END) == 1
+    assert mr.BEGIN not in text and PEER_BEGIN not in text
+    assert "[MACE users' rows](force_uncertainty_mace_rows.md)" in text
+    mace = (tmp_path / "force_uncertainty_mace_rows.md").read_text()
+    assert f"{mr.BEGIN}\n## MACE users' rows\nours\n{mr.END}" in mace
+    assert (
+        f"{PEER_BEGIN}\npeer\n{PEER_END}"
+        in (tmp_path / "force_uncertainty_metatrain.md").read_text()
+    )
 
 
 def test_backward_vectors_follow_the_mode_and_the_size():
