@@ -4,6 +4,7 @@ the slow tier, ``python -m benchmarks.scale --quick`` and a one-process ``benchm
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -81,7 +82,12 @@ def test_quick_run_and_report_only(tmp_path):
     result = json.loads((tmp_path / "scale.json").read_text())
     assert {r["frames"] for r in result["rows"]} == {100, 300}
     assert all(r["finished"] for r in result["rows"])
-    assert all(r["frames_per_s"] > 0 and r["peak_rss_MiB"] > 0 for r in result["rows"])
+    for r in result[
+        "rows"
+    ]:  # frames / seconds, rounded to 0.1 from seconds before rounding to 0.01
+        n, s = r["frames"], r["seconds"]
+        assert n / (s + 0.005) - 0.05 <= r["frames_per_s"] <= n / max(s - 0.005, 1e-9) + 0.05, r
+        assert r["peak_rss_MiB"] == max(r["parent_rss_MiB"], r["worker_rss_MiB"] or 0.0) > 0, r
     page = (tmp_path / "scale.md").read_text()
     (tmp_path / "scale.md").unlink()
     _run("benchmarks.scale", "--report-only", "--out", str(tmp_path))
@@ -93,4 +99,9 @@ def test_training_throughput_one_process(tmp_path):
     out = tmp_path / "scale_train.json"
     _run("benchmarks.scale.train", "--processes", "1", "--structures", "16", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
-    assert [r["processes"] for r in rows] == [1] and rows[0]["structures_per_s"] > 0
+    assert [(r["processes"], r["mode"]) for r in rows] == [(1, "allreduce")]
+    row = rows[0]  # 16 structures (no validation split) in steps of the default global batch 8
+    assert (row["structures"], row["global_batch"], row["batch_per_process"]) == (16, 8, 8)
+    assert row["steps"] == 2 and row["speedup"] == 1.0  # the one-process row is the baseline
+    assert row["structures_per_s"] == pytest.approx(16 / row["seconds"], rel=1e-12)
+    assert row["seconds"] > 0 and math.isfinite(row["train_loss"])

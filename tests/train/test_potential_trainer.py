@@ -19,6 +19,7 @@ from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.train import potential as potential_trainer
 from mlip_unc.train.potential import run_training, train_potential
 from mlip_unc.train.potential_data import prepare_data
+from mlip_unc.train.regularizers import EPS, regularizer_term
 
 
 def _labelled(atoms):
@@ -148,23 +149,38 @@ def test_map_ensemble_is_a_committee(data_dir, tmp_path):
     assert isinstance(committee, Committee)
     graph = prepare_data(cfg).valid.graphs[0]
     out = committee(graph, uncertainty="energy")
-    assert out[keys.FORCES_VAR].sum() > 0
-    member = BayesianPotential.from_checkpoint(results[0].model_path)
-    assert float(member.posterior()[1].detach().max()) < 1e-12  # MAP: no posterior width
+    members = [BayesianPotential.from_checkpoint(r.model_path).eval() for r in results]
+    f0, f1 = (m(graph)[keys.FORCES].detach() for m in members)
+    assert float((f0 - f1).abs().max()) > 1e-6  # two seeds: different members
+    # the population variance of two values a, b is ((a - b) / 2)^2
+    torch.testing.assert_close(out[keys.FORCES_VAR], ((f0 - f1) / 2).square())
+    torch.testing.assert_close(out[keys.FORCES], (f0 + f1) / 2)
+    assert float(members[0].posterior()[1].detach().max()) < 1e-12  # MAP: no posterior width
 
 
 def _as_raw(cfg):
     return cfg.to_dict()
 
 
-def test_agl_regularizer_runs(data_dir, tmp_path):
+def test_agl_regularizer_is_logged_at_its_value(data_dir, tmp_path, monkeypatch):
+    calls = []
+
+    def spy(kind, z, mu, s2):  # the real term, with the latents it was given
+        calls.append((z.detach().double(), s2.detach().double()))
+        return regularizer_term(kind, z, mu, s2)
+
+    monkeypatch.setattr(potential_trainer, "regularizer_term", spy)
     raw = _as_raw(_config(data_dir, tmp_path, epochs=1))
     raw["regularizer"] = {"kind": "agl_rayleigh", "lambda_max": 0.5}
     raw["train"]["ema_decay"] = 0.9
     result = train_potential(config_from_dict(raw))
-    assert result.history[0]["train_regularizer"] > 0 and np.isfinite(
-        result.history[0]["valid_loss"]
-    )
+    n_atoms = sum(g.num_nodes for g in prepare_data(config_from_dict(raw)).train.graphs)
+    # 6 training frames in 3 batches of 2; lambda = lambda_max from the first step (no warm-up)
+    assert len(calls) == 3 and sum(z.shape[0] for z, _ in calls) == n_atoms
+    # the Rayleigh quotient z^T diag(s2) z / (z^T z + eps), averaged over atoms, then batches
+    rayleigh = [float(((z.square() @ s2) / (z.square().sum(1) + EPS)).mean()) for z, s2 in calls]
+    assert result.history[0]["train_regularizer"] == pytest.approx(0.5 * np.mean(rayleigh))
+    assert np.isfinite(result.history[0]["valid_loss"])
 
 
 def test_init_from_fine_tunes_a_checkpoint(data_dir, tmp_path):
