@@ -88,7 +88,12 @@ def test_train_then_predict(tiny_csv, tmp_path):
     assert raw["calibration"] is None and "uncalibrated" not in metrics
     assert "4 validation molecules" in raw["metadata"]["recalibration_warning"]
     assert metrics["recalibration"]["kind"] == "none" and raw["metadata"]["smiles_column"] == "mol"
-    assert raw["normalization"]["std"][0] > 0
+    # the targets are standardised by the training rows' mean and population std
+    logs = [float(r["logS"]) for r in csv.DictReader(tiny_csv.open())]
+    y_train = np.array([logs[i] for i in raw["metadata"]["split"]["train"]])
+    assert len(y_train) == len(SMILES) - 8 and np.std(y_train) > 0.1
+    assert raw["normalization"]["mean"][0] == pytest.approx(np.mean(y_train), rel=1e-6)
+    assert raw["normalization"]["std"][0] == pytest.approx(np.std(y_train), rel=1e-6)
 
     preds = tmp_path / "preds.csv"
     result = runner.invoke(

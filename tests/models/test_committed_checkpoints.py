@@ -122,7 +122,11 @@ def test_fixture_committee_loads_as_a_committee() -> None:
     first = committee.members[0]
     out = committee(_probe(first), uncertainty="exact")
     assert torch.isfinite(out[keys.ENERGY]).all() and torch.isfinite(out[keys.FORCES]).all()
-    assert (out[keys.FORCES_VAR] > 0).any()  # two different members disagree somewhere
+    f0, f1 = (m(_probe(first))[keys.FORCES].detach() for m in committee.members)
+    assert float((f0 - f1).abs().max()) > 1e-6  # two different members disagree somewhere
+    # mean and population variance over the two members: (a + b) / 2 and ((a - b) / 2)^2
+    torch.testing.assert_close(out[keys.FORCES], (f0 + f1) / 2)
+    torch.testing.assert_close(out[keys.FORCES_VAR], ((f0 - f1) / 2).square())
 
 
 def _named_on_pages() -> set[Path]:

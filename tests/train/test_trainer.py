@@ -12,6 +12,7 @@ from mlip_unc.config import load_property_config as load_config
 from mlip_unc.data.molecules import TOY_SMILES
 from mlip_unc.models.checkpoint import CheckpointError, save_checkpoint
 from mlip_unc.models.factory import build_model
+from mlip_unc.train import property as property_module
 from mlip_unc.train.losses import gaussian_nll, kl_weight, negative_elbo
 from mlip_unc.train.property import (
     model_payload,
@@ -19,6 +20,7 @@ from mlip_unc.train.property import (
     target_statistics,
     train_property_model,
 )
+from mlip_unc.train.regularizers import EPS, regularizer_term
 
 SMILES = list(TOY_SMILES)
 
@@ -142,7 +144,14 @@ def test_resume_refuses_damaged_or_foreign_checkpoints(graphs, tmp_path):
 
 
 # ---------------------------------------------------------------------- history, hook
-def test_history_and_regulariser_hook(graphs, tmp_path):
+def test_history_and_regulariser_hook(graphs, tmp_path, monkeypatch):
+    calls = []
+
+    def spy(kind, z, mu, s2):  # the real term, with the latents and head it was given
+        calls.append((z.detach().double(), mu.detach().double(), s2.detach().double()))
+        return regularizer_term(kind, z, mu, s2)
+
+    monkeypatch.setattr(property_module, "regularizer_term", spy)
     cfg = config("agl", epochs=3, reg_lambda=0.5, reg_warmup=1, reg_ramp=1)
     assert cfg.train.regularizer == "agl_mean"
     trainer = fresh(cfg, graphs, tmp_path)
@@ -162,7 +171,18 @@ def test_history_and_regulariser_hook(graphs, tmp_path):
     # lambda per step: 0 in the warm-up epoch, a ramp within the second, lambda_max in the third
     lam = [r["train_lambda"] for r in hist]
     assert lam[0] == 0.0 and 0.0 < lam[1] < 0.5 and lam[2] == 0.5
-    assert hist[0]["train_reg"] == 0.0 and hist[2]["train_reg"] > 0.0
+    # the term runs where lambda > 0: 3 of the second epoch's 4 batches of 8, all 4 of the third
+    assert len(calls) == 7 and all(z.shape[0] == 8 for z, _, _ in calls)
+    # AGL mean form: mean over the batch of 1 - (mu.z)^2 / ((z^T S z)(mu^T S^-1 mu) + eps)
+    terms = [
+        float((1 - (z @ mu) ** 2 / ((z.square() @ s2) * (mu.square() / s2).sum() + EPS)).mean())
+        for z, mu, s2 in calls
+    ]
+    assert min(terms) > 1e-3  # not trivially 0
+    # logged: the unweighted term, averaged over the epoch's 32 graphs (0 in lambda = 0 batches)
+    assert hist[0]["train_reg"] == 0.0
+    assert hist[1]["train_reg"] == pytest.approx(sum(terms[:3]) * 8 / 32, rel=1e-6)
+    assert hist[2]["train_reg"] == pytest.approx(sum(terms[3:]) * 8 / 32, rel=1e-6)
 
 
 @pytest.mark.parametrize("intervention", ["isotropy", "anti", "rotation"])
