@@ -38,6 +38,7 @@ from torch_geometric.loader import DataLoader
 
 from benchmarks import force_uncertainty as fu
 from benchmarks.common.format import clean
+from benchmarks.common.pages import rerun_command
 from mlip_unc import keys
 from mlip_unc.atomic import atomic_write, atomic_write_text
 from mlip_unc.config import load_potential_config
@@ -103,6 +104,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the nested training subsets of the sweep"
+    )
+    p.add_argument(
+        "--report-only", action="store_true", help="only rewrite OUT/force_lpa.md from its JSON"
     )
     args = fu.parse_with_quick(p, argv, "tiny EMT Cu model trained here (seconds); needs --out")
     if args.quick:  # where force_uncertainty.train puts the quick model
@@ -666,8 +670,6 @@ def write_markdown(r: dict[str, Any]) -> str:
     lines = [
         "# Force LPA on 3BPA: alignment of the force Jacobian rows with the last-layer posterior",
         "",
-        f"Command: `{r['command']}`",
-        "",
         *(["QUICK smoke run (EMT Cu, not 3BPA).", ""] if r["quick"] else []),
         (
             f"Checkpoint `{r['checkpoint']}`; frames {r['frames']}; sweep and reference seed {r['seed']}; split seed "
@@ -769,6 +771,8 @@ def write_markdown(r: dict[str, Any]) -> str:
         "",
         "![force LPA](force_lpa.png)",
         "",
+        f"Command: `{rerun_command(r['command'])}`",
+        "",
     ]
     return "\n".join(lines)
 
@@ -816,6 +820,10 @@ def plot(r: dict[str, Any], kappas: dict[str, np.ndarray], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.report_only:
+        result = json.loads((args.out / "force_lpa.json").read_text())
+        atomic_write_text(args.out / "force_lpa.md", write_markdown(result))
+        return result
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     command = shlex.join(

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.common.pages import rerun_command
 from benchmarks.common.records import append_jsonl, read_jsonl
 from benchmarks.paper import study as ps
 from benchmarks.paper.lpa import study_record
@@ -91,11 +92,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="Run paper_study.py --quick into a temporary folder, then this.",
     )
+    p.add_argument(
+        "--report-only", action="store_true", help=f"Only rewrite OUT/{STEM}.md from its JSON."
+    )
     args = p.parse_args(argv)
     if args.data_root is None:
         env = os.environ.get("MLIP_UNC_DATA")
         args.data_root = Path(env) if env else REPO.parent / "shared" / "data"
-    if not args.quick and not args.study:
+    if not args.quick and not args.study and not args.report_only:
         p.error("give at least one --study RESULTS=WORK (or --quick)")
     return args
 
@@ -251,8 +255,6 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Paper study, claim 1, at the ELBO-optimal posterior widths",
         "",
-        f"Command: `{result['command']}`",
-        "",
         *(["QUICK smoke run (synthetic data, not a benchmark).", ""] if result["quick"] else []),
         (
             "Every saved bgnn model of each study, evaluated on the study's test set as trained and with the last "
@@ -323,6 +325,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{'yes' if c['optimal']['converged_10pct'] else 'no'})."
             )
         lines.append("")
+    lines += [f"Command: `{rerun_command(result['command'])}`", ""]
     return "\n".join(lines)
 
 
@@ -359,6 +362,10 @@ def markdown_section(result: dict[str, Any], link: str) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.report_only:
+        result = json.loads((args.out / f"{STEM}.json").read_text(encoding="utf-8"))
+        atomic_write_text(args.out / f"{STEM}.md", markdown(result))
+        return result
     torch.set_num_threads(args.threads)
     command = shlex.join(
         ["python", "-m", "benchmarks.paper.optimum", *(sys.argv[1:] if argv is None else argv)]

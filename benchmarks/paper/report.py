@@ -327,37 +327,36 @@ def _cell(mean: float, std: float, n: int) -> str:
 def render_markdown(
     records: Records, *, command: str, seeds: Sequence[int], header: Sequence[str] = ()
 ) -> str:
-    """The study report: command and seeds, the acceptance lines, per (fraction, variant) tables."""
+    """The study report: per (fraction, variant) tables first, the acceptance lines, the
+    settings (``header``), then the commands that made the records (as they run today)."""
+    from benchmarks.common.pages import rerun_command
+
     rows = aggregate(records)
-    parts = [
-        "# Latent-posterior alignment study",
-        "",
-        "```",
-        command,
-        "```",
-        "",
-        f"Seeds: {list(seeds)}.",
-        *header,
-        "",
-    ]
-    parts += [
-        "## Acceptance lines (computed from the records)",
-        "",
-        *acceptance(records)["lines"],
-        "",
-    ]
+    parts = ["# Latent-posterior alignment study", ""]
     for title, metrics in TABLES.items():
-        parts += [
-            f"## {title}",
-            "",
-            "Mean ± sample std over seeds (the mean alone for one seed).",
-            "",
-        ]
+        parts += [f"## {title}", ""]
         parts.append("| fraction % | variant | seeds | " + " | ".join(metrics) + " |")
         parts.append("|---" * (len(metrics) + 3) + "|")
         for row in rows:
             cells = [_cell(row[m], row[f"{m}_std"], len(row["seeds"])) for m in metrics]
             first = f"| {row['fraction']:g} | {row['variant']} | {len(row['seeds'])} | "
             parts.append(first + " | ".join(cells) + " |")
-        parts.append("")
+        parts += ["", "Mean ± sample std over seeds (the mean alone for one seed).", ""]
+    parts += [
+        "## Acceptance lines (computed from the records)",
+        "",
+        *acceptance(records)["lines"],
+        "",
+        "## Settings",
+        "",
+        f"Seeds: {list(seeds)}.",
+        *header,
+        "",
+        "## Commands",
+        "",
+        "```",
+        *(rerun_command(c) for c in command.splitlines()),
+        "```",
+        "",
+    ]
     return "\n".join(parts)

@@ -35,6 +35,7 @@ seed 0, 2 epochs, GIN width 16, 2 layers, d = 8 (each can still be given); needs
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shlex
@@ -432,10 +433,13 @@ def write_report(
     """Rewrite OUT/paper_study.md and .json (and the PNGs); the commands shown are those that made the records."""
     command = "\n".join(dict.fromkeys(r["command"] for r in records)) if records else "(no runs)"
     seeds = sorted({int(r["seed"]) for r in records})
+    if wall is None and (out / f"{STEM}.json").is_file():  # --report-only: the run's own
+        wall = json.loads((out / f"{STEM}.json").read_text(encoding="utf-8")).get("wall_s")
     md = render_markdown(records, command=command, seeds=seeds, header=_header(s, records, wall))
     (out / f"{STEM}.md").write_text(md, encoding="utf-8")
     summary = {
         "command": command,
+        "wall_s": wall,  # of the last invocation
         "seeds": seeds,
         "settings": s,
         "n_runs": len(records),

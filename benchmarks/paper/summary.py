@@ -34,9 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common.pages import rerun_command
 from benchmarks.paper.study import STEM, read_records
 from mlip_unc.atomic import atomic_write_text
 
+PRUNED_AT = "5d97bda"  # the last commit whose results hold the earlier study folders
 CONVERGED_PCT = 10.0  # a check moving no quantity by more than this (relative) counts as converged
 CHECK_KEYS = ("rmse", "mean_epistemic_std", "mean_std", "mean_s", "mean_kappa")
 NAMES = {
@@ -232,10 +234,6 @@ def render(
     out = [
         "# Latent-posterior alignment study: the paper's three claims",
         "",
-        "```",
-        command,
-        "```",
-        "",
         (
             "Each dataset's runs, tables and figures are in its own folder (linked below); the verdicts are computed "
             "from those records by `benchmarks.paper.report.acceptance` (means over the seeds two cells share; smallest vs "
@@ -318,12 +316,22 @@ def render(
     if earlier:
         out += ["## Earlier runs under other rules (kept: every run is reported)", ""]
         out += claims_table(earlier)
-        out += [""] + [f"- [{st['folder']}/{STEM}.md]({st['link']})" for st in earlier] + [""]
+        kept = [st for st in earlier if st.get("page_kept", True)]
+        gone = [Path(st["folder"]).name for st in earlier if st not in kept]
+        out += [""] + [f"- [{st['folder']}/{STEM}.md]({st['link']})" for st in kept]
+        if gone:
+            out.append(
+                f"- The {len(gone)} earlier folders (`paper_study/earlier/`: {', '.join(gone)}) "
+                "are no longer committed; read them with `git show "
+                f"{PRUNED_AT}:benchmarks/results/paper_study/earlier/<folder>/paper_study.md`."
+            )
+        out.append("")
     out.append(
         force_section
         if force_section
         else "## Force LPA on 3BPA\n\nNot run yet (`benchmarks/paper/force_lpa.py`)."
     )
+    out += ["", "## Command", "", "```", rerun_command(command), "```"]
     return "\n".join(out) + "\n"
 
 
@@ -367,6 +375,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             convergence(st["records"]),
         )
         st["expected_seeds"] = args.expected_seeds if folder in args.studies else 0
+        st["page_kept"] = (folder / f"{STEM}.md").is_file()
         return st
 
     studies, earlier = [with_link(f) for f in args.studies], [with_link(f) for f in args.earlier]

@@ -40,6 +40,9 @@ OTHERS_COMMANDS = {
     "active_learning/rounds_protocol.md": "active_learning's page (another owner): old flags",
 }
 
+# runpy runs a module that the package import may already hold: expected here
+pytestmark = pytest.mark.filterwarnings("ignore:.*found in sys.modules:RuntimeWarning")
+
 INLINE = re.compile(r"`([^`]+)`")
 FENCE = re.compile(r"^```")
 ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")

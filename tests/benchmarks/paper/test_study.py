@@ -223,10 +223,14 @@ def test_partial_records_and_markdown() -> None:
         (100.0, "agl", [0]),
     ]
     assert rows[0]["mean_epistemic_std"] == pytest.approx(0.305)
-    md = render_markdown(recs, command="python -m benchmarks.paper.study --seeds 0 1", seeds=[0, 1])
-    assert md.index("python -m benchmarks.paper.study --seeds 0 1") < md.index(
-        "Figure-1 reproduction"
-    )
+    md = render_markdown(recs, command="python benchmarks/paper_study.py --seeds 0 1", seeds=[0, 1])
+    lines = md.splitlines()
+    assert lines[4].startswith("| fraction % | variant | seeds |")  # the table first
+    assert [line.split(" | ")[:3] for line in lines[6:9]] == [
+        ["| 10", "bgnn", "2"],
+        ["| 100", "bgnn", "2"],
+        ["| 100", "agl", "1"],
+    ]
     assert "2. Interventions: not available" in md
-    assert "| 100 | agl | 1 |" in md and "| 10 | bgnn | 2 |" in md
+    assert lines[-2] == "python -m benchmarks.paper.study --seeds 0 1"  # as it runs today
     assert acceptance([])["lines"] == ["No records."]
