@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common.pages import environment, rerun_command
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -276,7 +278,7 @@ def render(result: dict, out: Path) -> str:
         "",
     ]
     runs = [
-        f"- Command: `{result['command']}` (seed {result['seed']})",
+        f"- Command: `{rerun_command(result['command'])}` (seed {result['seed']})",
         f"- Machine: {result['machine']}",
     ]
     earlier = out / "scale_earlier.json"  # earlier results of this script, kept (every run shown)
@@ -284,7 +286,7 @@ def render(result: dict, out: Path) -> str:
         for old in json.loads(earlier.read_text()):
             lines += ["## Earlier flag run", "", *_table(old["rows"], FLAG_COLUMNS), ""]
             runs.append(
-                f"- Earlier flag run: `{old['command']}` (seed {old['seed']}); machine: {old['machine']}"
+                f"- Earlier flag run: `{rerun_command(old['command'])}` (seed {old['seed']}); machine: {old['machine']}"
             )
     train = out / "scale_train.json"
     if train.is_file():
@@ -320,7 +322,7 @@ def render(result: dict, out: Path) -> str:
             "",
         ]
         runs.append(
-            f"- Training throughput: `{data.get('command', '?')}` (seed {data.get('seed', '?')})"
+            f"- Training throughput: `{rerun_command(data.get('command', '?'))}` (seed {data.get('seed', '?')})"
             + (f"; machine: {data['machine']}" if data.get("machine") else "")
         )
     exploration = out / "exploration.json"
@@ -334,7 +336,7 @@ def render(result: dict, out: Path) -> str:
             *_table(data.get("rows", [])),
             "",
         ]
-        runs.append(f"- Exploration: `{data.get('command', '?')}`")
+        runs.append(f"- Exploration: `{rerun_command(data.get('command', '?'))}`")
     lines += [
         "## Run",
         "",
@@ -382,7 +384,6 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    from benchmarks.common.pages import environment
     from mlip_unc.atomic import atomic_write_text
 
     if args.report_only:
