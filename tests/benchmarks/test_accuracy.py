@@ -11,6 +11,8 @@ from ase.calculators.emt import EMT
 from ase.units import GPa
 
 from benchmarks import accuracy as bench
+from benchmarks.common import evaluation as ev
+from benchmarks.common import mace_torch as mt
 from benchmarks.common.tables import read_csv
 
 SETTINGS = {"quick": True, "budget_minutes": 1.0, "split_seed": 0, "overrides": []}
@@ -160,18 +162,18 @@ def test_mace_side_metrics_and_labels(tmp_path):
     path = tmp_path / "cells.xyz"
     ase.io.write(path, frames)
     spec = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress"}
-    read = bench.read_frames(path, spec)
-    exact = bench.metrics(bench.calculator_predictions(EMT(), read, spec))
+    read = ev.read_frames(path, spec)
+    exact = ev.metrics(ev.calculator_predictions(EMT(), read, spec))
     # (the file rounds positions: EMT on the read positions differs from the labels by ~1e-6)
     assert exact["energy_mae_meV_atom"] == pytest.approx(0.0, abs=1e-3)
     assert exact["force_mae_meV_A"] == pytest.approx(0.0, abs=1e-2)
     assert exact["stress_mae_GPa"] == pytest.approx(0.0, abs=1e-4)
-    shifted = bench.metrics(bench.calculator_predictions(ShiftedEMT(), read, spec))
+    shifted = ev.metrics(ev.calculator_predictions(ShiftedEMT(), read, spec))
     assert shifted["energy_mae_meV_atom"] == pytest.approx(10.0, abs=1e-3)
     assert shifted["force_mae_meV_A"] == pytest.approx(2.0, abs=1e-2)
     assert shifted["n_frames"] == 4
     # what mace_run_train reads: REF_* keys, stress in ASE's Voigt order and sign
-    back = ase.io.read(bench._write_mace_xyz(read, spec, tmp_path / "mace.xyz"), ":")
+    back = ase.io.read(mt.write_mace_xyz(read, spec, tmp_path / "mace.xyz"), ":")
     for atoms, ref in zip(back, frames, strict=False):
         assert atoms.info["REF_energy"] == pytest.approx(ref.get_potential_energy(), abs=1e-9)
         np.testing.assert_allclose(atoms.arrays["REF_forces"], ref.get_forces(), atol=1e-9)
@@ -198,7 +200,7 @@ def test_quick_run_layout_and_resume(tmp_path):
             0 < row["force_mae_meV_A"] < 2000 and row["stress_mae_GPa"] is not None
         )  # periodic: stress
         assert row["parameters"] > 0 and 0 < row["train_minutes"] < 1.0
-    if bench.mace_missing():
+    if mt.mace_missing():
         assert "cu_emt/mace_torch" in meta["skipped"] and meta["status"] == "partial"
     else:
         assert "mace_torch" in rows
@@ -322,17 +324,17 @@ def test_last_mace_epoch_by_stage(tmp_path):
     ):
         (tmp_path / "checkpoints").mkdir(exist_ok=True)
         (tmp_path / "checkpoints" / name).write_bytes(b"")
-    assert bench._last_epoch(tmp_path, swa=False, budget=1.0) == 12
-    assert bench._last_epoch(tmp_path, swa=True, budget=1.0) == 14
+    assert mt.last_epoch(tmp_path, swa=False, budget=1.0) == 12
+    assert mt.last_epoch(tmp_path, swa=True, budget=1.0) == 14
     with pytest.raises(RuntimeError, match="no stage-two checkpoint"):
-        bench._last_epoch(tmp_path / "checkpoints" / "none", swa=True, budget=1.0)
+        mt.last_epoch(tmp_path / "checkpoints" / "none", swa=True, budget=1.0)
 
 
 @pytest.mark.slow
 def test_quick_peer_stage_two(tmp_path):
     """--mace-stage-two: mace's CLI stopped at the fraction, restarted into its stage two, and the
     stage-two model evaluated (needs mace-torch: the [mace] extra)."""
-    if bench.mace_missing():
+    if mt.mace_missing():
         pytest.skip("mace-torch not importable")
     results = bench.main(
         ["--quick", "--out", str(tmp_path), "--rows", "mace_torch", "--mace-stage-two", "0.5"]
@@ -359,7 +361,7 @@ def test_peer_architecture_and_labels():
 
     cfg = SimpleNamespace(train=SimpleNamespace(batch_size=4))
     args = SimpleNamespace(quick=False, mace_arch="fixed", mace_stage_two=None)
-    assert bench.peer_model({"set": "mlearn"}, cfg, args) == (bench.MACE_MODEL, 4)
+    assert bench.peer_model({"set": "mlearn"}, cfg, args) == (mt.MACE_MODEL, 4)
     assert bench.peer_variant(args) == ""
     args.mace_arch, args.mace_stage_two = "backbone", 0.75
     model, batch = bench.peer_model({"set": "mlearn"}, cfg, args)
@@ -371,7 +373,7 @@ def test_peer_architecture_and_labels():
         model["num_channels"] == kwargs["channels"]
         and model["num_interactions"] == kwargs["num_layers"]
     )
-    assert set(bench.MACE_MODEL) <= set(model) and model["radial_MLP"].startswith("[")
+    assert set(mt.MACE_MODEL) <= set(model) and model["radial_MLP"].startswith("[")
     assert (
         batch
         == bench.yaml.safe_load((bench.CONFIGS / "mlearn_mace.yaml").read_text())["train"][
@@ -383,7 +385,7 @@ def test_peer_architecture_and_labels():
     run = {
         "variant": "stage2+arch_backbone",
         "stage_two_start": 0.75,
-        "mace_model": bench._flags(cmd, ("max_L", "batch_size", "max_ell")),
+        "mace_model": mt.flags(cmd, ("max_L", "batch_size", "max_ell")),
     }
     assert run["mace_model"] == {"max_L": "0", "batch_size": "2"}
 
@@ -429,5 +431,7 @@ def test_page_shows_the_headline_rows_csv_every_row_and_keeps_peer_sections(tmp_
         ("native [good]", "9"),
         ("native [worse]", "12"),
     ]
-    assert text.endswith(section + "\n") and "earlier page" not in text  # the peer's section is kept
+    assert (
+        text.endswith(section + "\n") and "earlier page" not in text
+    )  # the peer's section is kept
     assert "`python -m benchmarks.accuracy --seed 0`" in text  # the command as it runs today

