@@ -1,11 +1,19 @@
-"""Number formatting for results pages and JSON-safe values for results files."""
+"""Number formatting for results pages (and numbers read back), JSON-safe values for results."""
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
+
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def numbers(text: str) -> list[float]:
+    """The numbers written in ``text``, in order (what a test of a page line checks)."""
+    return [float(x) for x in NUMBER.findall(text)]
 
 
 def clean(value: Any) -> Any:

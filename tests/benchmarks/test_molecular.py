@@ -240,8 +240,15 @@ def test_quick_run_layout_and_resume(tmp_path, capsys):
             str(tmp_path),
         ]
     )
-    md = (tmp_path / "molecular.md").read_text()
-    assert "**Partial**" in md and "tiny agl: random/0, scaffold/0" in md
+    summary = json.loads((tmp_path / "molecular.json").read_text())
+    assert summary["partial"] is True
+    assert sorted(map(tuple, summary["missing"])) == [
+        ("tiny", "random", "agl", 0),
+        ("tiny", "scaffold", "agl", 0),
+    ]
+    md = (tmp_path / "molecular.md").read_text().splitlines()
+    listed = next(line for line in md if line.startswith("  - tiny agl: "))  # on the page too
+    assert set(listed.split(": ", 1)[1].split(", ")) == {"random/0", "scaffold/0"}
     # other settings cannot be mixed into the same records
     with pytest.raises(SystemExit, match="other settings"):
         bench.main(["--quick", "--methods", "bgnn", "--knn-k", "3", "--out", str(tmp_path)])

@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from benchmarks import force_uncertainty as fu
+from benchmarks.common.format import numbers
 from benchmarks.peers import mace_rows as mr
 from benchmarks.peers.metatrain import BEGIN as PEER_BEGIN
 from benchmarks.peers.metatrain import END as PEER_END
@@ -160,12 +161,21 @@ def test_assemble_and_section_from_steps(tmp_path):
     assert entry["rows"][mr.COMMITTEE]["cost_ratio"] == pytest.approx(4.0)
     assert set(entry["rows"][mr.COMMITTEE]) == set(fu.ROW_KEYS)
     assert entry["acceptance"][mr.ATTACH]["cost_ratio"]["miss"] == 0.0
-    text = "\n".join(mr.section(json.loads(json.dumps(results))))
-    assert f"{mr.ATTACH}:lowrank (default)" in text and "partial: 3 of 5 members" in text
-    assert "cost_ratio 1.500 [n/a, 2.000]: met" in text
+    lines = mr.section(json.loads(json.dumps(results)))
+    table = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in lines if line[:3] == "| m"}
+    assert table[f"{mr.ATTACH}:lowrank (default)"][6] == "1.50"  # cost_ratio, the default marked
+    assert table[f"{mr.COMMITTEE} (3 members)"][6] == "4.00"
+    committee = next(line for line in lines if line.startswith("Committee:"))
+    assert numbers(committee)[:5] == [0, 1, 2, 3, 5]  # seeds 0-2: 3 of 5 members
+    accept = next(line for line in lines if line.startswith(f"- {mr.ATTACH}:lowrank: spearman"))
+    parts = dict(
+        part.split(" ", 1) for part in accept[len(f"- {mr.ATTACH}:lowrank: ") :].split("; ")
+    )
+    assert numbers(parts["cost_ratio"]) == [1.5, 2.0] and parts["cost_ratio"].endswith(": met.")
     # the floor: f = 1.5 ms, b = 2.0 - 1.5 ms, 5 vectors -> (1.5 + 5 * 0.5) / 2.0
     assert entry[mr.ATTACH]["cost_floor"] == pytest.approx(2.0)
-    assert "floor (f + K b) / (f + b) = 2.00 with K = 5 backward vectors" in text
+    floor = next(line for line in lines if line.startswith(f"{mr.ATTACH}:") and "floor" in line)
+    assert numbers(floor)[:4] == [2.0, 5, 1.5, 0.5]  # floor, K, f ms, b ms
     # the |F_pred| baseline: the default's own frames scored by their max |F_pred|
     base, rec = (
         entry["rows"][f"{mr.ATTACH}:force_magnitude"],
@@ -183,17 +193,17 @@ def test_assemble_and_section_from_steps(tmp_path):
         assert r["spearman_frame_in_domain"] == pytest.approx(
             stats.spearmanr(dist[b]["in"], rec["in"]["error"])[0]
         )
-        assert f"{mr.ATTACH}:{b} |" in text
-    assert "trivial baselines that rank in-domain frames better than it" in text
-    assert "latent_distance 1.00" in text
+        assert f"{mr.ATTACH}:{b}" in table
+    better = next(line for line in lines if line.startswith("- ") and "latent_distance" in line)
+    assert numbers(better) == [0.89, 1.0]  # the default's Spearman, the one baseline above it
     gap = entry["paired_bootstrap"][mr.ATTACH]["spearman_frame_in_domain"]
     assert gap["gap"] == pytest.approx(
         entry["rows"][f"{mr.ATTACH}:lowrank"]["spearman_frame_in_domain"]
         - entry["rows"][mr.COMMITTEE]["spearman_frame_in_domain"]
     )
-    assert (
-        gap["std"] > 0 and f"{mr.ATTACH}:force_magnitude |" in text and "paired bootstrap" in text
-    )
+    paired = next(line for line in lines if line.startswith(f"- {mr.ATTACH}:lowrank - "))
+    assert gap["std"] > 0 and f"{gap['gap']:.3f}" in paired and f"{gap['std']:.3f}" in paired
+    assert f"{mr.ATTACH}:force_magnitude" in table
     # an invocation on another data set keeps this one's rows on the page
     other = mr.assemble(steps, argparse.Namespace(datasets=["ethanol"], seed=0, notes=[]), "x")
     assert other["3bpa"]["rows"] == results["3bpa"]["rows"]
@@ -335,8 +345,9 @@ def test_a_run_in_another_work_folder_keeps_the_other_data_sets_with_their_run(t
     path.write_text(json.dumps(merged))  # kept again: still the run that made it
     assert mr.carry_over({"meta": meta("third")}, path)["3bpa"]["run"]["command"] == "old"
     text = "\n".join(mr.section(merged))
-    assert "3bpa is kept from an earlier run. Run: `old`" in text
-    assert text.rstrip().splitlines()[-1].startswith("Run: `new`")
+    kept, current = text.split("### 3bpa", 1)[1].split("### ethanol")
+    assert "Run: `old`" in kept and "`new`" not in kept  # the kept data set, with its own run
+    assert current.rstrip().splitlines()[-1].startswith("Run: `new`")
     assert mr.carry_over(new, tmp_path / "none.json") == new
 
 
