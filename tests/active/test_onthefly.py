@@ -86,6 +86,25 @@ def test_guard_of_a_crystal_checks_distances_only():
     assert "0.50 A apart" in guard.check(close)
 
 
+def test_guard_of_a_molecule_in_a_large_empty_cell_uses_no_cell_list(monkeypatch):
+    """The 3BPA files hold the molecule in a 50 A non-periodic cell: ASE's cell list would bin
+    it at 0.7 A (about 0.5 s a check); the guard searches the positions instead."""
+    from mlip_unc.active import guard as guard_module
+
+    water = molecule("H2O")
+    water.cell = [50.0, 50.0, 50.0]
+    guard = GeometryGuard.from_structure(water, GuardSettings())
+
+    def no_cell_list(*args, **kwargs):
+        raise AssertionError("cell-list search on a non-periodic structure")
+
+    monkeypatch.setattr(guard_module, "neighbor_list", no_cell_list)
+    crushed = water.copy()
+    crushed.positions[2] = crushed.positions[1] + [0.3, 0.4, 0]
+    assert guard.check(crushed) == "atoms 1 and 2 0.50 A apart (< 0.7 A)"
+    assert guard.check(water) is None
+
+
 def test_periodic_and_relative_triggers():
     rng = np.random.default_rng(0)
     periodic = Trigger(OnTheFlySettings(trigger="periodic", every=3), rng)
