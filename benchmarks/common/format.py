@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
-NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+# a number, not a part of a name (molecules_27, 3bpa: none); a sign only where it is not a dash
+# between two numbers (0.80-0.96: 0.80 and 0.96); "1.50x" reads 1.50
+NUMBER = re.compile(r"(?:(?<![\w.])[-+])?(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![A-Za-wyz_])")
 
 
 def numbers(text: str) -> list[float]:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.common.tables import read_csv
+
 ROOT = Path(__file__).resolve().parents[2]
 CPU_LIMIT_S = 60.0  # the quick modes' promise, in CPU seconds: wall time on the shared CI machine varies with its load
 
@@ -84,12 +86,16 @@ def check_speed(out: Path) -> None:
     assert main["memory"] and all(m["peak_mib"] >= m["setup_mib"] > 0 for m in main["memory"])
     md = (out / "speed.md").read_text()
     for section in (
-        "## Calculator: per-call time (part `main`)",
+        "## Calculator: per-call time (parts `main`",
         "## Training throughput",
         "## Peak memory",
     ):
         assert section in md, section
-    assert meta["command"] in md and "| gin | ethanol_9 | 9 | E+F+exact |" in md
+    assert meta["command"] in md and "| main | gin | ethanol_9 | 9 |" in md  # per model, system
+    every = read_csv(out / "speed_calls.csv")  # every row, beside the page
+    assert {(r["model"], r["system"], r["row"]) for r in every} == {
+        (c["model"], c["system"], c["row"]) for c in main["calls"]
+    }
 
 
 def check_potential(out: Path) -> None:
@@ -148,7 +154,7 @@ def check_paper_study_optimum(out: Path) -> None:
         assert row["optimal_rmse"] == pytest.approx(row["trained_rmse"], rel=1e-9)
         assert row["optimal_mean_s"] != pytest.approx(row["trained_mean_s"], rel=1e-3)
     md = (out / "paper_study_optimum.md").read_text()
-    assert "QUICK smoke run" in md and "- At the optimal widths: 1. Figure-1 reproduction" in md
+    assert "QUICK smoke run" in md and f"- At the optimal widths: {study['optimal']['line']}" in md
     assert not (out / "paper_study_optimum.jsonl").exists()  # --quick keeps nothing
 
 

@@ -7,12 +7,14 @@ Tiny models (the size part's quick ones) on a few atoms: seconds on 2 shared cor
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from ase.build import bulk
 
+from benchmarks.common.format import numbers
 from benchmarks.speed import fixtures, md_part, size_part, sizes, suite
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,19 +128,24 @@ def entry(ratios: list[float], *, threads: tuple[int, ...] = (1, 2)) -> dict:
 def test_the_page_table_is_short_and_says_whether_the_target_is_met():
     lines = md_part.render_md(entry([0.95, 0.91, 0.80, 0.96, 0.90, 0.85]))
     assert len(lines) <= 15 and lines[0].startswith("## MD throughput")
-    text = "\n".join(lines)
-    assert "0.80-0.96x the steps/s of plain MD; target >= 0.9x met in 4 of 6 cells" in text
-    assert "missed: molecules_10206, 1 thread(s): 0.80; molecules_10206, 2 thread(s): 0.85" in text
-    assert "| 1 | molecules_27 | 27 | 3.70 | 0.95 | 0.50 | 0.10 | not measured | 5% / 5% |" in text
-    assert (
-        "| 2 | molecules_27 | 27 | 3.70 | 0.96 | 0.50 | 0.10 | not measured | 150% / 150% |" in text
-    )
-    assert "In 3 of them the chunk times spread over 20% of their median" in text
-    assert "not a quiet machine" in text and "torch 2.13.0" in text
-    met = "\n".join(md_part.render_md(entry([0.95] * 6)))
-    assert "met in 6 of 6 cells**. In 3" in met and "missed" not in met
-    quiet = "\n".join(md_part.render_md(entry([0.95] * 3, threads=(1,))))
-    assert "met in 3 of 3 cells**." in quiet and "spread over" not in quiet
+    table = [
+        line.split(" | ") for line in lines if line.startswith("| 1 |") or line.startswith("| 2 |")
+    ]
+    assert [row[4] for row in table] == ["0.95", "0.91", "0.80", "0.96", "0.90", "0.85"]  # /10
+    assert table[0][:4] == ["| 1", "molecules_27", "27", "3.70"] and table[3][-1] == "150% / 150% |"
+    # range, target, cells met of all; the missed cells; the noisy cells and their threshold
+    summary = md_part.verdict(entry([0.95, 0.91, 0.80, 0.96, 0.90, 0.85]))
+    assert summary in lines[2]
+    head, missed, noisy = re.split(r" \(missed: |\)\. In ", summary)
+    assert numbers(head) == [md_part.INTERVAL, 0.80, 0.96, md_part.TARGET, 4, 6]
+    assert [numbers(m)[-1] for m in missed.split("; ")] == [0.80, 0.85]  # 10206 atoms
+    assert numbers(noisy)[:2] == [3, 100 * md_part.NOISY]
+    load = next(line for line in lines if line.startswith("Load average (1, 5, 15 min)"))
+    assert numbers(load)[3:9] == [2.0, 2.5, 3.0, 2.1, 2.4, 2.9] and "torch 2.13.0" in load
+    met = md_part.verdict(entry([0.95] * 6))
+    assert numbers(met)[4:6] == [6, 6] and "missed" not in met
+    quiet = md_part.verdict(entry([0.95] * 3, threads=(1,)))
+    assert numbers(quiet) == [md_part.INTERVAL, 0.95, 0.95, md_part.TARGET, 3, 3]
 
 
 def test_a_row_stops_once_its_chunks_took_the_budget(models, crystal, tmp_path):

@@ -16,6 +16,7 @@ import torch
 from ase.build import bulk
 from ase.neighborlist import neighbor_list
 
+from benchmarks.common.format import numbers
 from benchmarks.common.tables import read_csv
 from benchmarks.speed import instruments, size_part, size_report, sizes, suite
 from mlip_unc import UncertaintyCalculator
@@ -56,10 +57,11 @@ def test_plans_skip_slow_or_too_big_rows_and_cap_the_calls():
     assert plan(pred(0.5, None), settings, verdict=True) == Plan(1, 10, 0.5, 3, 40)
     assert plan(pred(0.01, None), settings, verdict=True) == Plan(1, 40, 0.01, 3, 40)
     assert plan(None, settings, verdict=True) == Plan(2, 40, None, 3, 40)
-    assert "predicted to take 90 s" in plan(pred(90.0, None), settings, verdict=True)
+    assert numbers(plan(pred(90.0, None), settings, verdict=True)) == [90, 60]  # s, > max_call_s
     assert size_part.verdict_keys("auto") == {"ours E+F", "ours auto README", "ours auto reverse"}
-    assert "predicted to take 90 s" in plan(pred(90.0, None), settings)
-    assert "does not fit in memory" in plan(pred(1.0, 900.0), settings, 1000.0)  # > 0.8 x
+    assert numbers(plan(pred(90.0, None), settings)) == [90, 60]
+    too_big = plan(pred(1.0, 900.0), settings, 1000.0)  # GiB added > 0.8 x GiB available
+    assert numbers(too_big) == [0.9, settings.memory_fraction, 1.0]
     assert size_part.calls_for(2.0, settings) == 2 and size_part.calls_for(None, settings) == 10
     assert size_part.calls_for(0.01, settings, 3, 40) == 40
     history = {"ours exact README": (10, 2.0, 50.0)}
@@ -214,8 +216,9 @@ def test_quick_part_writes_every_row_ratio_floor_memory_and_md(
     assert meta["load_avg_start"] == [0.1, 0.2, 0.3]  # read before the models were built
     assert meta["load_avg_models_built"] == [9.0, 9.0, 9.0] and len(meta["load_avg_end"]) == 3
     page = (tmp_path / "speed.md").read_text()
-    assert "[0.1, 0.2, 0.3] at the start: a quiet machine" in page
-    assert "([9.0, 9.0, 9.0] once the models were built)" in page
+    machine = next(line for line in page.splitlines() if line.startswith("- Machine:"))
+    assert numbers(machine)[-9:] == [0.1, 0.2, 0.3, 9.0, 9.0, 9.0, *meta["load_avg_end"]]
+    assert size_report.QUIET_LOAD > 0.1 and "NOT a quiet machine" not in page
     assert {"python", "torch", "e3nn", "ase"} <= set(meta["versions"])
     assert meta["modes"] == [m.value for m in UncertaintyMode if m is not UncertaintyMode.NONE]
     assert [g["n_atoms"] for g in entry["groups"]] == [6, 12]
