@@ -304,6 +304,13 @@ def run_arm(
     }
 
 
+def _share_labels(source: Path, out: Path) -> None:
+    """Start a variant's run with the label cache of the shipped config's run of the same seed
+    (oracle results of identical structures: the seed set's oracle MD is not paid twice)."""
+    if (source / "labels").is_dir() and not (out / "labels").exists():
+        shutil.copytree(source / "labels", out / "labels")
+
+
 def _seed_size(out: Path) -> int:
     """Frames in a run's seed training set."""
     from mlip_unc.data.readers import read_structures
@@ -402,6 +409,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny settings (slow-tier test)")
     p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSONL")
     p.add_argument(
+        "--variant",
+        default=None,
+        help="name of a variant of the shipped config (its own run folders and page rows)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of the shipped config for --variant (repeatable)",
+    )
+    p.add_argument(
         "--stability",
         action="store_true",
         help="only the stability MD of the finished runs' final models and the reference model",
@@ -424,6 +443,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     runs, refs = args.results / system.runs, args.results / system.references
     work = args.work or CACHE / "al_otf" / system.name
+    if bool(args.variant) != bool(args.set):
+        raise SystemExit("--variant and --set go together (a named variant of the config)")
+    default_work = work
+    if args.variant:
+        work = work / f"variant_{args.variant}"
 
     def page() -> Path:
         return write_page(args.results, command)
@@ -435,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     args.results.mkdir(parents=True, exist_ok=True)
-    extra = QUICK if args.quick else []
+    extra = [*(QUICK if args.quick else []), *args.set]
     if args.stability:
         from benchmarks.active_learning import stability
 
@@ -455,6 +479,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             command,
             protocol,
             extra,
+            args.variant,
         )
         page()
         return
@@ -464,6 +489,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     for seed in range(max(SEEDS.values())):
         for arm in [a for a in args.arms.split(",") if a]:
+            if arm in ("reference", "full_width") and args.variant:
+                raise SystemExit("--variant: the reference models are the shipped config's")
             if arm in ("reference", "full_width"):
                 recipe = "shipped" if arm == "reference" else "full_width"
                 if not any(r.get("recipe", "shipped") == recipe for r in read_jsonl(refs)):
@@ -475,11 +502,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                     page()
                 continue
             n_seeds = args.seeds or SEEDS.get(arm, 3)
-            done = {(r["arm"], r["seed"]) for r in read_jsonl(runs)}
-            if seed >= n_seeds or (arm, seed) in done:
+            mine = [r for r in read_jsonl(runs) if r.get("variant") == args.variant]
+            if seed >= n_seeds or (arm, seed) in {(r["arm"], r["seed"]) for r in mine}:
                 continue
             print(f"{system.name}: {arm} seed {seed} ...", flush=True)
-            every = periodic_rate(read_jsonl(runs))
+            if args.variant and arm == "ours":
+                _share_labels(default_work / f"ours_s{seed}", work / f"ours_s{seed}")
+            every = periodic_rate(mine)
             record = run_arm(arm, seed, work, sets, every, extra, system)
-            append_jsonl(runs, {**record, "command": command})
+            append_jsonl(runs, {**record, "variant": args.variant, "command": command})
             page()

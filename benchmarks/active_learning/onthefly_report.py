@@ -56,11 +56,11 @@ def _cells(errors: Sequence[dict[str, Any]], sets: Sequence[str]) -> str:
     return " | ".join(_f(m) for m in med) + f" | {_f(worst_e)} | {_f(p95)}"
 
 
-def stability_cells(rows: Sequence[dict[str, Any]], arm: str) -> str:
+def stability_cells(rows: Sequence[dict[str, Any]], arm: str, variant: str | None = None) -> str:
     """Two cells: 600 K trajectories that lasted 10 ps (of those run), the median ps survived
     at 1200 K."""
-    ok, n, _ = summary(rows, arm, 600.0)
-    _, n_hot, median_hot = summary(rows, arm, 1200.0)
+    ok, n, _ = summary(rows, arm, 600.0, variant=variant)
+    _, n_hot, median_hot = summary(rows, arm, 1200.0, variant=variant)
     return f"{f'{ok} of {n}' if n else '-'} | {_f(median_hot, '{:.1f}') if n_hot else '-'}"
 
 
@@ -70,6 +70,7 @@ def arm_row(
     reference: dict[str, Any] | None,
     system: System = THREE_BPA,
     stability: Sequence[dict[str, Any]] = (),
+    variant: str | None = None,
 ) -> str:
     """One table row: medians over the arm's seeds, each seed's calls listed."""
     calls = [r["calls"] for r in records]
@@ -81,9 +82,9 @@ def arm_row(
     cpu_m = float(np.median([r["cpu_model_s"] for r in records])) / 60
     cpu_o = float(np.median([r["cpu_oracle_s"] for r in records])) / 60
     return (
-        f"| {arm} | {len(records)} of {SEEDS.get(arm, 3)} | {', '.join(map(str, calls))} | {ended} "
+        f"| {arm}{f' ({variant})' if variant else ''} | {len(records)} of {SEEDS.get(arm, 3)} | {', '.join(map(str, calls))} | {ended} "
         f"| {usable_text} | {_cells([final_errors(r) for r in records], system.sets)} "
-        f"| {stability_cells(stability, arm)} | {cpu_m:.0f} | {cpu_o:.1f} |"
+        f"| {stability_cells(stability, arm, variant)} | {cpu_m:.0f} | {cpu_o:.1f} |"
     )
 
 
@@ -132,6 +133,9 @@ def system_section(
     shipped = [r for r in references if r.get("recipe", "shipped") == "shipped"]
     full = [r for r in references if r.get("recipe") == "full_width"]
     reference = shipped[-1]["errors"] if shipped else None
+    all_records = list(records)
+    variants = sorted({r["variant"] for r in records if r.get("variant")})
+    records = [r for r in records if not r.get("variant")]
     by_arm = {a: [r for r in records if r["arm"] == a] for a in ARMS}
     planned = sum(SEEDS.get(a, 3) for a in ARMS)
     lines = [
@@ -156,6 +160,15 @@ def system_section(
     for arm, recs in by_arm.items():
         if recs:
             lines.append(arm_row(arm, recs, reference, system, stability))
+    for variant in variants:
+        for arm in ARMS:
+            recs = [r for r in all_records if r["arm"] == arm and r.get("variant") == variant]
+            if recs:
+                lines.append(arm_row(arm, recs, reference, system, stability, variant))
+    for variant in variants:
+        first = next(r for r in all_records if r.get("variant") == variant)
+        sets = [a for a in first.get("command", "").split() if "=" in a and "--" not in a]
+        lines += ["", f"Variant `{variant}`: the shipped config with `{' '.join(sets)}`."]
     limits = ", ".join(f"{v:g}x on {k}" for k, v in system.force_limits.items())
     lines += [
         "",

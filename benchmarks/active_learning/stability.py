@@ -145,8 +145,10 @@ def run_stability(
     command: str,
     protocol: Stability = Stability(),
     extra: Sequence[str] = (),
+    variant: str | None = None,
 ) -> int:
-    """Run every trajectory not yet recorded; returns how many ran."""
+    """Run every trajectory not yet recorded (of ``variant``'s runs when given, whose
+    folders lie under ``work``); returns how many ran."""
     from mlip_unc.active.data import build_structure
     from mlip_unc.active.guard import GeometryGuard
     from mlip_unc.calculator import UncertaintyCalculator
@@ -158,9 +160,13 @@ def run_stability(
     guard = GeometryGuard.from_structure(start, config.guard)
     path = results / records_name(runs_name)
     done = {
-        (r["arm"], r["seed"], r["temperature"], r["run"], r["length_ps"]) for r in read_jsonl(path)
+        (r["arm"], r["seed"], r["temperature"], r["run"], r["length_ps"])
+        for r in read_jsonl(path)
+        if r.get("variant") == variant
     }
-    todo = models(work, read_jsonl(results / runs_name), read_jsonl(results / references_name))
+    runs = [r for r in read_jsonl(results / runs_name) if r.get("variant") == variant]
+    references = [] if variant else read_jsonl(results / references_name)
+    todo = models(work, runs, references)
     ran = 0
     for arm, seed, model in todo:
         calc: Any = None  # loaded once per model, when a trajectory of it is still to run
@@ -183,6 +189,7 @@ def run_stability(
                         "system": system_name,
                         "arm": arm,
                         "seed": seed,
+                        "variant": variant,
                         "model": str(model),
                         **row,
                         "command": command,
@@ -194,14 +201,19 @@ def run_stability(
 
 
 def summary(
-    rows: Sequence[dict[str, Any]], arm: str, temperature: float, protocol: Stability = Stability()
+    rows: Sequence[dict[str, Any]],
+    arm: str,
+    temperature: float,
+    protocol: Stability = Stability(),
+    variant: str | None = None,
 ) -> tuple[int, int, float | None]:
     """(trajectories that lasted the full length, trajectories, median ps survived) of
-    ``arm`` at ``temperature`` over all its seeds."""
+    ``arm`` (of ``variant``) at ``temperature`` over all its seeds."""
     mine = [
         r
         for r in rows
         if r["arm"] == arm
+        and r.get("variant") == variant
         and r["temperature"] == temperature
         and r["length_ps"] == protocol.length_ps
     ]

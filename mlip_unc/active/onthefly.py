@@ -184,7 +184,7 @@ def _segment(
             checks += 1
             broken = guard.check(atoms)
             if broken is None:
-                fires, score = trigger.fires(calc, atoms)
+                fires, score = trigger.fires(calc, atoms, temperature)
         except CALCULATOR_FAILURES as err:
             checks += 1
             broken = f"the model refused the frame: {err}"
@@ -390,8 +390,8 @@ def run_on_the_fly(
                 n_train=len(train),
                 valid_force_mae=metrics["force_mae"],
                 valid_energy_mae=metrics["energy_mae"],
-                level=trigger.level,
-                threshold=trigger.threshold,
+                level=trigger.level_at(ladder[md.t_index]),
+                threshold=trigger.threshold_at(ladder[md.t_index]),
                 geometry_stops=md.geometry_stops,
                 monitored=trigger.seen,
                 control_calls=control["calls"],

@@ -46,38 +46,43 @@ def seed_frames(
 ) -> tuple[list[Atoms], list[Atoms]]:
     """(train, valid) labelled frames of oracle MD from ``start``.
 
-    Temperature ``k`` gets its share of ``settings.frames`` from a trajectory seeded
-    ``seed + 2k`` and its share of ``settings.valid_frames`` from one seeded ``seed + 2k + 1``;
+    Temperature ``k`` of ``settings.temperatures`` gets its share of ``settings.frames`` from a
+    trajectory seeded ``seed + 2k``; temperature ``k`` of ``settings.valid_temperatures`` (default:
+    the same list) its share of ``settings.valid_frames`` from one seeded ``seed + 2k + 1``;
     every trajectory is equilibrated ``equilibration_fs`` first. Frames carry
     ``info["seed_temperature"]`` (K).
     """
     interval = max(1, math.ceil(settings.spacing_fs / settings.timestep))
     equilibration = math.ceil(settings.equilibration_fs / settings.timestep)
-    n_t = len(settings.temperatures)
     train: list[Atoms] = []
     valid: list[Atoms] = []
-    for k, (temperature, n_train, n_valid) in enumerate(
-        zip(
-            settings.temperatures,
-            _shares(settings.frames, n_t),
-            _shares(settings.valid_frames, n_t),
-            strict=True,
-        )
-    ):
-        gen = GenerateSettings(
-            temperature=temperature,
-            interval=interval,
-            timestep=settings.timestep,
-            equilibration=equilibration,
-        )
-        for part, n, seed in ((train, n_train, 2 * k), (valid, n_valid, 2 * k + 1)):
+    parts = (
+        (train, settings.temperatures, settings.frames, 0, "training"),
+        (
+            valid,
+            settings.valid_temperatures or settings.temperatures,
+            settings.valid_frames,
+            1,
+            "validation",
+        ),
+    )
+    for part, temperatures, total, offset, name in parts:
+        for k, (temperature, n) in enumerate(
+            zip(temperatures, _shares(total, len(temperatures)), strict=True)
+        ):
             if n == 0:
                 continue
-            frames = oracle_md(start, oracle, gen, n_frames=n, seed=settings.seed + seed)
+            gen = GenerateSettings(
+                temperature=temperature,
+                interval=interval,
+                timestep=settings.timestep,
+                equilibration=equilibration,
+            )
+            frames = oracle_md(start, oracle, gen, n_frames=n, seed=settings.seed + 2 * k + offset)
             for frame in frames:
                 frame.info["seed_temperature"] = float(temperature)
             part.extend(frames)
-        log.info("seed set: %d + %d frames at %g K", n_train, n_valid, temperature)
+            log.info("seed set: %d %s frames at %g K", n, name, temperature)
     return train, valid
 
 

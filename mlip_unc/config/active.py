@@ -165,6 +165,9 @@ class SeedSettings(Section):
         temperatures: K; the frames are shared out evenly over these temperatures.
         frames: training frames in all (at least 24 is the shipped default's recommendation).
         valid_frames: validation frames in all (the fixed validation set).
+        valid_temperatures: K; the validation frames are shared out over these (``None``: the
+            ``temperatures``). Spanning the MD ladder lets an on-the-fly trigger measure its
+            level at each temperature (``on_the_fly.level: per_temperature``).
         spacing_fs: oracle MD time between kept frames (fs, at least 100: closer frames are
             correlated and teach little).
         timestep: oracle MD timestep (fs).
@@ -175,6 +178,7 @@ class SeedSettings(Section):
     temperatures: list[float] = Field(default_factory=lambda: [300.0], min_length=1)
     frames: int = Field(24, ge=1)
     valid_frames: int = Field(12, ge=1)
+    valid_temperatures: list[float] | None = Field(None, min_length=1)
     spacing_fs: float = Field(100.0, ge=100.0)
     timestep: float = Field(0.5, gt=0)
     equilibration_fs: float = Field(200.0, ge=0)
@@ -215,8 +219,14 @@ class OnTheFlySettings(Section):
             against the oracle: a control whose oracle calls are not counted), ``periodic``
             (every ``every``-th monitored frame) or ``random`` (each monitored frame with
             probability ``probability``).
-        threshold: a frame is flagged when its score exceeds ``threshold`` x the score's mean on
-            the fixed validation set (measured again after every model update).
+        threshold: a frame is flagged when its score exceeds ``threshold`` x the score's level
+            on the fixed validation set (measured again after every model update).
+        level: ``mean``: the score's mean over the validation set, one level for every
+            temperature; ``per_temperature``: a straight line through the validation frames'
+            scores against their MD temperature, read at the temperature MD runs at (a hot frame
+            is then compared with hot validation frames, so the trigger does not fire on every
+            hot frame merely for being hot; the validation set must span two temperatures or
+            more: ``seed_set.valid_temperatures``).
         every: ``periodic``: label every this many monitored frames.
         probability: ``random``: chance that a monitored frame is labelled.
         labels_per_update: label at most this many frames per model update: the first flagged
@@ -233,6 +243,7 @@ class OnTheFlySettings(Section):
 
     trigger: Literal["uncertainty", "max_force", "true_error", "periodic", "random"] = "uncertainty"
     threshold: float = Field(2.0, gt=0)
+    level: Literal["mean", "per_temperature"] = "mean"
     every: int = Field(10, gt=0)
     probability: float = Field(0.1, gt=0, le=1)
     labels_per_update: int = Field(4, gt=0)
@@ -351,6 +362,14 @@ class ActiveLearningConfig(Section):
             and self.on_the_fly.trigger != ("uncertainty")
         ):
             raise ValueError("committee: a committee only serves on_the_fly.trigger uncertainty")
+        if self.mode == "on_the_fly" and self.on_the_fly.level == "per_temperature":
+            seed = self.seed_set
+            temps = set((seed.valid_temperatures or seed.temperatures) if seed else [])
+            if len(temps) < 2:
+                raise ValueError(
+                    "on_the_fly.level: per_temperature needs validation frames at two "
+                    "temperatures or more (seed_set.valid_temperatures)"
+                )
         if self.structures is None and self.train_data is None:
             raise ValueError("structures: give structures (MD starting points)")
         return self

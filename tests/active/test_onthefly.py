@@ -12,13 +12,14 @@ from ase.calculators.emt import EMT
 from mlip_unc.active.guard import GeometryGuard
 from mlip_unc.active.onthefly import choose_labels, run_on_the_fly
 from mlip_unc.active.seed import isolated_atoms, seed_frames
-from mlip_unc.active.triggers import Trigger
+from mlip_unc.active.triggers import Trigger, temperature_line
 from mlip_unc.config import (
     ActiveLearningConfig,
     GuardSettings,
     OnTheFlySettings,
     SeedSettings,
 )
+from mlip_unc.config.loader import load_raw, validate
 from mlip_unc.data.readers import read_structures
 
 
@@ -44,6 +45,58 @@ def test_seed_frames_are_spaced_shared_over_temperatures_and_validation_is_separ
     assert np.abs(train[0].positions - train[1].positions).max() > 0.01
     # validation comes from its own trajectory
     assert not any(np.allclose(v.positions, t.positions) for v in valid for t in train)
+
+
+def test_validation_frames_span_their_own_temperatures_and_training_frames_stay():
+    start = bulk("Cu", "fcc", a=3.61, cubic=True)
+    base = dict(temperatures=[300, 900], frames=4, spacing_fs=100, timestep=5.0)
+    settings = SeedSettings(**base, valid_frames=4, valid_temperatures=[300, 600, 900, 1200])
+    train, valid = seed_frames(start, EMT(), settings)
+    assert [a.info["seed_temperature"] for a in valid] == [300, 600, 900, 1200]
+    same_train, old_valid = seed_frames(start, EMT(), SeedSettings(**base, valid_frames=2))
+    for a, b in zip(train, same_train, strict=True):  # the training trajectories are unchanged
+        np.testing.assert_array_equal(a.positions, b.positions)
+    np.testing.assert_array_equal(valid[0].positions, old_valid[0].positions)  # 300 K: seed + 1
+
+
+def test_per_temperature_level_reads_a_line_through_the_validation_scores():
+    assert temperature_line([300, 300, 600, 1200], [1.0, 1.2, 1.4, 2.3]) == pytest.approx(
+        tuple(np.polyfit([300, 300, 600, 1200], [1.0, 1.2, 1.4, 2.3], 1)[::-1])
+    )
+    with pytest.raises(ValueError, match="two temperatures"):
+        temperature_line([300, 300], [1.0, 2.0])
+    settings = OnTheFlySettings(trigger="max_force", threshold=2.0, level="per_temperature")
+    trigger = Trigger(settings, np.random.default_rng(0))
+    calc = EMT()
+    valid = []
+    for k, (t, amp) in enumerate([(300, 0.02), (300, 0.03), (900, 0.08), (900, 0.09)]):
+        v = bulk("Cu", cubic=True)
+        v.rattle(amp, seed=k)
+        v.info["seed_temperature"] = t
+        valid.append(v)
+    trigger.level_for(calc, valid)
+    scores = [np.linalg.norm(calc.get_forces(v), axis=1).max() for v in valid]
+    intercept, slope = np.polyfit([300, 300, 900, 900], scores, 1)[::-1]
+    assert trigger.level == pytest.approx(np.mean(scores))
+    assert trigger.level_at(900) == pytest.approx(intercept + slope * 900)
+    assert trigger.level_at(900) > trigger.level_at(300)
+    assert trigger.level_at(None) == trigger.level  # no temperature: the mean
+    assert trigger.level_at(-1e6) == pytest.approx(0.1 * trigger.level)  # floored
+    # a frame between the two thresholds fires at 300 K and not at 900 K
+    frame = bulk("Cu", cubic=True)
+    frame.rattle(0.1, seed=5)
+    score = np.linalg.norm(calc.get_forces(frame), axis=1).max()
+    assert 2 * trigger.level_at(300) < score < 2 * trigger.level_at(900)
+    assert trigger.fires(calc, frame, 300.0) == (True, pytest.approx(score))
+    assert trigger.fires(calc, frame, 900.0)[0] is False
+
+
+def test_per_temperature_level_needs_validation_at_two_temperatures():
+    raw = load_raw("configs/al_xtb_3bpa.yaml")
+    raw["seed_set"] = {**raw["seed_set"], "temperatures": [300], "valid_temperatures": None}
+    raw["on_the_fly"] = {**raw["on_the_fly"], "level": "per_temperature"}
+    with pytest.raises(ValueError, match="two temperatures"):
+        validate(ActiveLearningConfig, raw)
 
 
 def test_seed_spacing_below_100_fs_is_refused():

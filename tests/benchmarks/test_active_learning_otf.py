@@ -88,7 +88,12 @@ def test_page_is_table_first_short_and_counts_runs(tmp_path):
         }
         for s in range(2)
     ]
-    for r in records:
+    variant = {
+        **records[0],
+        "variant": "v2",
+        "command": "python -m benchmarks.active_learning --variant v2 --set a.b=1 --set c=2",
+    }
+    for r in [*records, variant]:
         append_jsonl(tmp_path / otf.RUNS, r)
     for r in references:
         append_jsonl(tmp_path / otf.REFERENCE, r)
@@ -101,6 +106,9 @@ def test_page_is_table_first_short_and_counts_runs(tmp_path):
     assert cells[1] == "2 of 5" and cells[2] == "60, 61" and cells[4] == "60, 61"
     assert cells[5] == "110"  # median force MAE at 300 K, meV/A
     assert "(partial)" in lines[0]
+    v2 = next(line for line in lines if line.startswith("| ours (v2) |"))
+    assert [c.strip() for c in v2.strip("|").split("|")][1:3] == ["1 of 5", "60"]
+    assert "Variant `v2`: the shipped config with `a.b=1 c=2`." in lines
     assert any("Broken frames labelled: 0 of the 40 labels" in line for line in lines)
     assert any("at most 1.25x its force MAE" in line and "1.3x: met" in line for line in lines)
     assert any(line.startswith("| full-width recipe (300") for line in lines)
