@@ -125,3 +125,22 @@ def peer_sections(path: Path) -> str:
     a suite appends them when it rewrites its page, so that the rewrite keeps them."""
     text = path.read_text() if path.is_file() else ""
     return "".join(f"\n{m.group(0)}\n" for m in PEER_SECTION.finditer(text))
+
+
+def replace_section(
+    path: Path, begin: str, end: str, lines: list[str], *, before: str | None = None
+) -> None:
+    """Put ``lines`` between the markers ``begin`` and ``end`` on the page ``path``: in place of
+    an earlier section, else before the line ``before`` (when the page has it), else at the end;
+    the rest of the page stays as it is."""
+    text = path.read_text() if path.is_file() else ""
+    block = "\n".join([begin, *lines, end])
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    elif before is not None and before in text:
+        head, rest = text.split(before, 1)
+        text = head + block + "\n\n" + before + rest
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)

@@ -66,7 +66,7 @@ from benchmarks.common.mace_torch import (
     mace_command,
     run_mace,
 )
-from benchmarks.common.pages import environment
+from benchmarks.common.pages import environment, replace_section
 
 log = logging.getLogger("mace_rows")
 FORWARD = "forward_graph"
@@ -981,21 +981,11 @@ def fmt_ms(ms: dict[str, float] | None) -> str:
 
 
 def write_section(path: Path, lines: list[str]) -> None:
-    """Put ``lines`` between BEGIN and END in ``path``: in place of an earlier section, else before
-    the metatrain peer section, else at the end; the rest of the page stays as it is."""
+    """This section of ``path`` (between BEGIN and END), before the metatrain peer's section when
+    the page has one; the rest of the page kept."""
     from benchmarks.peers.metatrain import BEGIN as PEER_BEGIN
 
-    text = path.read_text() if path.is_file() else ""
-    block = "\n".join([BEGIN, *lines, END])
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    elif PEER_BEGIN in text:
-        head, rest = text.split(PEER_BEGIN, 1)
-        text = head + block + "\n\n" + PEER_BEGIN + rest
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
+    replace_section(path, BEGIN, END, lines, before=PEER_BEGIN)
 
 
 def carry_over(results: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -1290,16 +1290,10 @@ def accuracy_section(results: dict[str, Any]) -> list[str]:
 
 
 def write_section(path: Path, lines: list[str]) -> None:
-    """Put ``lines`` between :data:`BEGIN` and :data:`END` in ``path``: in place of an earlier
-    section, else at the end; the rest of the page stays as it is."""
-    text = path.read_text() if path.is_file() else ""
-    block = "\n".join([BEGIN, *lines, END])
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
+    """This peer's section of ``path`` (between :data:`BEGIN` and :data:`END`), the rest kept."""
+    from benchmarks.common.pages import replace_section
+
+    replace_section(path, BEGIN, END, lines)
 
 
 def save(records: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
