@@ -630,7 +630,11 @@ def size_section(folder: Path) -> list[str]:
         )
     cells = meta.get("cells") or {}
     md = meta.get("si_md") or {}
-    train = ", ".join(f"{k} {v[0]:.1f}" for k, v in (meta.get("train_minutes") or {}).items())
+    epochs = meta.get("epochs") or {}
+    train = ", ".join(
+        (f"{k} {epochs[k]} epochs in {v[0]:.1f} min" if k in epochs else f"{k} {v[0]:.1f} min")
+        for k, v in (meta.get("train_minutes") or {}).items()
+    )
     cmds = meta.get("commands") or [meta.get("command")]
     lines += [
         "",
@@ -639,7 +643,8 @@ def size_section(folder: Path) -> list[str]:
         + f"; status {meta['status']}, started {meta['started']}, updated {meta['updated']}; "
         f"{env.get('machine')}; load average (1 min) at the rows "
         + (f"{min(loads):.2f}-{max(loads):.2f}" if loads else "n/a")
-        + f"; training minutes (wall, shared CPU) {train or 'n/a'}; {meta['threads']} thread(s). "
+        + f"; training (epoch clock where epochs are given; wall minutes on the shared CPU) "
+        f"{train or 'n/a'}; {meta['threads']} thread(s); versions in `{JSON}`. "
         f"Crystal MD: {md.get('timestep_fs')} fs steps, friction {md.get('friction_per_fs')} / fs, "
         f"{md.get('equilibration_steps')} steps discarded, frames {md.get('stride_steps')} steps apart; "
         f"{len(cells)} cell file(s) outside the repository, SHA-256 in `{JSON}`.",
