@@ -50,7 +50,7 @@ from scipy import stats
 from torch_geometric.loader import DataLoader
 
 from benchmarks.common.format import clean, fmt2, fmt3
-from benchmarks.common.pages import environment, run_section
+from benchmarks.common.pages import PEER_SECTION, environment, run_section
 from mlip_unc import keys
 from mlip_unc.config import PotentialConfig, load_potential_config
 from mlip_unc.data import StructureDataset, TypeMap
@@ -885,9 +885,6 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-PEER_SECTION = re.compile(
-    r"<!-- peers/(?P<name>[\w.-]+): begin.*?-->.*?<!-- peers/(?P=name): end -->", re.DOTALL
-)
 PEER_TITLE = re.compile(r"^## (?P<title>.+)$", re.MULTILINE)
 
 
