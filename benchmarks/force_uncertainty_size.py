@@ -112,6 +112,7 @@ class Block:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", choices=("size",), default="size", help=argparse.SUPPRESS)
     p.add_argument(
         "--data-root", type=Path, default=None, help="default: $MLIP_UNC_DATA or ../shared/data"
     )
