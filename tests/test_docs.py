@@ -2,7 +2,9 @@
 
 Code blocks of ``README.md`` and ``docs/**/*.md`` marked runnable (the line before the fence is
 ``<!-- runnable -->`` or ``<!-- runnable: slow -->``; docs/contributing.md) run in order, per
-page, in a fresh folder; quick ones in the default suite, every marked one in the slow tier.
+page, in a fresh folder; quick ones in the default suite, every marked one in the slow tier. A
+block marked ``<!-- file: NAME -->`` is written to that file of the folder before them (a
+module the runnable blocks import).
 The other checks: the README's length and its test command against ``.ci/run``, its relative
 links, every name of ``mlip_unc.__all__`` documented in the API reference, and the generated
 configuration and command-line references complete.
@@ -29,6 +31,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.parts)]
 MARKERS = {"<!-- runnable -->": "quick", "<!-- runnable: slow -->": "slow"}
+FILE_MARKER = re.compile(r"^<!-- file: ([\w.-]+) -->$")  # the block is saved as that file
 RUNNABLE_LANGUAGES = ("python", "bash")
 BLOCK_TIMEOUT_S = 900
 FENCE = re.compile(r"^```\s*([\w+-]*)")
@@ -42,7 +45,8 @@ class Block:
     line: int  # 1-based line of the opening fence
     language: str
     code: str
-    tier: str | None  # "quick", "slow" or None (not runnable)
+    tier: str | None  # "quick", "slow", "file" or None (not runnable)
+    file: str | None = None  # the file name of a "file" block
 
     def __str__(self) -> str:
         return f"{self.page.relative_to(ROOT)}:{self.line} ({self.language or 'no language'})"
@@ -66,7 +70,9 @@ def code_blocks(page: Path) -> list[Block]:
             raise AssertionError(f"{page.relative_to(ROOT)}:{start + 1}: unclosed code fence")
         marker = lines[start - 1].strip() if start > 0 else ""
         code = "\n".join(lines[start + 1 : i]) + "\n"
-        blocks.append(Block(page, start + 1, language, code, MARKERS.get(marker)))
+        file = FILE_MARKER.match(marker)
+        tier = "file" if file else MARKERS.get(marker)
+        blocks.append(Block(page, start + 1, language, code, tier, file and file.group(1)))
         i += 1
     return blocks
 
@@ -90,7 +96,10 @@ def _run_blocks(blocks: list[Block], workdir: Path) -> None:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MPLBACKEND="Agg")
-    for k, block in enumerate(blocks):
+    for block in blocks:
+        if block.file is not None:
+            (workdir / block.file).write_text(block.code, encoding="utf-8")
+    for k, block in enumerate(b for b in blocks if b.file is None):
         if block.language == "python":
             script = workdir / f"block_{k}.py"
             command = [sys.executable, str(script)]
@@ -121,12 +130,13 @@ def test_pages_have_code_blocks_and_markers_are_valid() -> None:
     for page in PAGES:
         text = page.read_text(encoding="utf-8").splitlines()
         for n, line in enumerate(text):
-            if line.strip().startswith("<!-- runnable"):
-                assert line.strip() in MARKERS, f"{page}:{n + 1}: unknown marker {line.strip()!r}"
+            if line.strip().startswith(("<!-- runnable", "<!-- file")):
+                known = line.strip() in MARKERS or FILE_MARKER.match(line.strip())
+                assert known, f"{page}:{n + 1}: unknown marker {line.strip()!r}"
                 following = text[n + 1] if n + 1 < len(text) else ""
                 assert FENCE.match(following), f"{page}:{n + 1}: a marker must precede a fence"
     for block in ALL_BLOCKS:
-        if block.tier is not None:
+        if block.tier in ("quick", "slow"):  # a "file" block may hold any language
             assert block.language in RUNNABLE_LANGUAGES, f"{block}: only python/bash can run"
 
 
@@ -137,7 +147,7 @@ def test_python_blocks_compile(block: Block) -> None:
 
 @pytest.mark.parametrize("page", _pages_with({"quick"}), ids=_page_id)
 def test_quick_blocks_run(page: Path, tmp_path: Path) -> None:
-    _run_blocks([b for b in code_blocks(page) if b.tier == "quick"], tmp_path)
+    _run_blocks([b for b in code_blocks(page) if b.tier in ("quick", "file")], tmp_path)
 
 
 @pytest.mark.slow

@@ -137,7 +137,7 @@ def _split_inline(names: list[str], text: str, fields: set[str]) -> Iterator[tup
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
     """The pydantic models inside ``annotation`` (``X``, ``X | None``, ``A | B``, ...)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
+        return [annotation] if annotation.model_fields else []  # a bare base: no table
     found: list[type[BaseModel]] = []
     for arg in typing.get_args(annotation):
         for model in _models_in(arg):
@@ -158,6 +158,9 @@ def _type_name(annotation: Any) -> str:
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin in (typing.Union, types.UnionType):
+        args = tuple(  # Annotated[Model, ...] (SerializeAsAny, ...) reads as the model
+            typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a for a in args
+        )
         models = [a.__name__ for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
         rest = [_type_name(a) for a in args if getattr(a, "__name__", None) not in models]
         if len(models) > 1:  # a union of option models: one table each below

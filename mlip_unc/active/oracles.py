@@ -14,7 +14,13 @@ An oracle is any ASE calculator. :func:`make_oracle` builds one from a short spe
   materialsvirtuallab/mlearn), else the same path under ``$MLIP_UNC_CACHE/mlearn``
   (``~/.cache/mlip_unc/mlearn``);
 - ``"package.module:factory"`` (or ``{"name": "package.module:factory", **kwargs}``): any
-  callable returning an ASE calculator, called with the remaining keys as keyword arguments.
+  callable returning an ASE calculator, called with the remaining keys as keyword arguments;
+- the name of any other registered oracle (:func:`mlip_unc.registry.register_oracle`, with a
+  pydantic model of its keys; ``docs/guides/extending.md``).
+
+The built-in names are registered here with their option models (:class:`EMTOptions`,
+:class:`PySCFOptions`, :class:`SnapOptions`; xtb passes tblite's keywords unchecked): a
+misspelt key is an :class:`OracleError` that names it.
 
 :func:`label_structures` runs an oracle over structures and stores the labels under the
 plain ``energy``/``forces``/``stress`` keys of an extended XYZ file (a SinglePointCalculator),
@@ -31,7 +37,7 @@ import shutil
 import sys
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any, cast
@@ -47,11 +53,18 @@ from ase.calculators.calculator import (
 )
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.units import Bohr, Hartree
+from pydantic import Field
+
+from mlip_unc.config.loader import NestedConfigError, Section, validate_nested
+from mlip_unc.registry import ORACLE_REGISTRY, register_oracle
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "EMTOptions",
     "OracleError",
+    "PySCFOptions",
+    "SnapOptions",
     "check_oracle_elements",
     "PySCFCalculator",
     "make_oracle",
@@ -62,6 +75,7 @@ __all__ = [
 ]
 
 ORACLE_NAMES = ("emt", "pyscf", "xtb", "snap")
+"""The built-in oracles (every registered one: ``mlip_unc.registry.ORACLE_REGISTRY``)."""
 SNAP_FILES = ("SNAPotential.snapcoeff", "SNAPotential.snapparam")
 SNAP_DROPPED_KEYS = ("diagonalstyle",)  # keywords current LAMMPS rejects in a SNAP parameter file
 
@@ -70,6 +84,53 @@ class OracleError(RuntimeError):
     """An oracle could not be built or failed to label a structure."""
 
 
+class EMTOptions(Section):
+    """Keys of ``oracle: emt``: ASE's EMT.
+
+    Attributes:
+        asap_cutoff: ASAP's cutoff convention (ASE's ``EMT(asap_cutoff=...)``).
+    """
+
+    asap_cutoff: bool = False
+
+
+class PySCFOptions(Section):
+    """Keys of ``oracle: {name: pyscf, ...}``: :class:`PySCFCalculator`'s parameters.
+
+    Attributes:
+        xc: exchange-correlation functional (``pbe``, ``b3lyp``, ...), or ``hf``.
+        basis: Gaussian basis set name (``sto-3g``, ``def2-svp``, ...).
+        charge: total charge.
+        spin: number of unpaired electrons (2S), PySCF's convention.
+        conv_tol: SCF energy convergence, Hartree.
+        max_cycle: SCF iterations before giving up.
+        grid_level: DFT integration grid level (0-9).
+    """
+
+    xc: str = "pbe"
+    basis: str = "def2-svp"
+    charge: int = 0
+    spin: int = Field(0, ge=0)
+    conv_tol: float = Field(1e-9, gt=0)
+    max_cycle: int = Field(100, gt=0)
+    grid_level: int = Field(3, ge=0, le=9)
+
+
+class SnapOptions(Section):
+    """Keys of ``oracle: {name: snap, element: Si}``: :func:`snap_oracle`'s arguments.
+
+    Attributes:
+        element: the element of the mlearn potential (required).
+        model: ``snap`` or ``qsnap`` (the folder under ``mvl_models/<element>/``).
+        model_dir: the folder of the potential files (default: :func:`snap_model_dir`).
+    """
+
+    element: str | None = None  # required; snap_oracle says how to give it
+    model: str = "snap"
+    model_dir: str | None = None
+
+
+@register_oracle("pyscf", options=PySCFOptions, description="Kohn-Sham DFT or HF from PySCF")
 class PySCFCalculator(Calculator):
     """Kohn-Sham DFT (or Hartree-Fock) energies and analytic forces from PySCF.
 
@@ -147,12 +208,14 @@ class PySCFCalculator(Calculator):
             self.results["forces"] = -np.asarray(gradient) * (Hartree / Bohr)
 
 
+@register_oracle("emt", options=EMTOptions, description="ASE's EMT (Al, Cu, Ag, Au, Ni, Pd, Pt)")
 def _emt(**kwargs: Any) -> Calculator:
     from ase.calculators.emt import EMT
 
     return EMT(**kwargs)
 
 
+@register_oracle("xtb", description="GFN-xTB through tblite (its keywords, unchecked)")
 def _xtb(**kwargs: Any) -> Calculator:
     try:
         from tblite.ase import TBLite
@@ -238,6 +301,7 @@ def _snap_class() -> type[Calculator]:
     return SnapLAMMPS
 
 
+@register_oracle("snap", options=SnapOptions, description="a published mlearn SNAP, LAMMPS")
 def snap_oracle(
     element: str | None = None, model: str = "snap", model_dir: str | Path | None = None
 ) -> Calculator:
@@ -272,14 +336,6 @@ def snap_oracle(
     return calc
 
 
-_BUILT_IN: dict[str, Callable[..., Calculator]] = {
-    "emt": _emt,
-    "pyscf": lambda **kw: PySCFCalculator(**kw),
-    "xtb": _xtb,
-    "snap": snap_oracle,
-}
-
-
 def _from_factory(path: str, kwargs: Mapping[str, Any]) -> Calculator:
     module_name, _, attr = path.partition(":")
     try:
@@ -295,8 +351,15 @@ def _from_factory(path: str, kwargs: Mapping[str, Any]) -> Calculator:
 
 
 def make_oracle(spec: str | Mapping[str, Any] | Calculator) -> Calculator:
-    """Build an ASE calculator from ``"emt"``, ``"pyscf"``, ``"xtb"``, ``"module:factory"``
-    or a mapping ``{"name": ..., **kwargs}``; an ASE calculator is returned unchanged."""
+    """Build an ASE calculator from a registered name (``"emt"``, ``"pyscf"``, ``"xtb"``,
+    ``"snap"``, ... :data:`~mlip_unc.registry.ORACLE_REGISTRY`), ``"module:factory"`` or a
+    mapping ``{"name": ..., **kwargs}``; an ASE calculator is returned unchanged.
+
+    A registered oracle's keyword arguments are validated by its options model first.
+
+    Raises:
+        OracleError: an unknown name, a bad key, or a factory that returns no calculator.
+    """
     if isinstance(spec, Calculator) or hasattr(spec, "get_potential_energy"):
         return spec  # type: ignore[return-value]
     if isinstance(spec, str):
@@ -310,11 +373,24 @@ def make_oracle(spec: str | Mapping[str, Any] | Calculator) -> Calculator:
         raise OracleError(f"cannot build an oracle from {type(spec).__name__}")
     if ":" in name:
         return _from_factory(name, kwargs)
-    if name.lower() not in _BUILT_IN:
+    try:
+        entry = ORACLE_REGISTRY.get(name.lower())
+    except ValueError:
         raise OracleError(
-            f"unknown oracle {name!r}: use one of {', '.join(ORACLE_NAMES)} or 'package.module:factory'"
+            f"unknown oracle {name!r}: use one of {', '.join(ORACLE_REGISTRY.names())}, "
+            "'package.module:factory' or register one (mlip_unc.registry.register_oracle)"
+        ) from None
+    if entry.options is not None:
+        try:
+            kwargs = validate_nested(entry.options, kwargs).model_dump()
+        except NestedConfigError as err:
+            raise OracleError(f"oracle {entry.name}{err}") from None
+    calc = entry.load()(**kwargs)
+    if not hasattr(calc, "get_potential_energy"):
+        raise OracleError(
+            f"oracle {entry.name!r} returned {type(calc).__name__}, not an ASE calculator"
         )
-    return _BUILT_IN[name.lower()](**kwargs)
+    return cast(Calculator, calc)
 
 
 def _oracle_name(spec: Any) -> str | None:

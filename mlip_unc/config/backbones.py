@@ -10,6 +10,10 @@ training data's mean degree).
 
 An options model reads as a mapping of keyword arguments, so ``build_backbone(name,
 **options)`` works as it did with the plain dict this section used to be.
+
+The built-in backbones are registered here (:mod:`mlip_unc.registry`), next to their options
+and with lazy ``"module:attr"`` targets, so that reading a config imports no torch. Another
+backbone registers itself, its options model beside it (``docs/guides/extending.md``).
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from pydantic import Field
 
 from mlip_unc.config.enums import Backbone
 from mlip_unc.config.loader import Section
+from mlip_unc.registry import register_backbone
 
 __all__ = [
     "BACKBONE_OPTIONS",
+    "BackboneName",
     "RESERVED_BACKBONE_KEYS",
     "BackboneOptions",
     "EquivariantOptions",
@@ -37,11 +43,25 @@ RESERVED_BACKBONE_KEYS: dict[str, str] = {
     "latent_dim": "model.latent_dim",
     "avg_num_neighbors": "the training data (mean number of neighbours)",
 }
-"""Constructor arguments the trainer sets, and what sets them."""
+"""Constructor arguments the trainer sets, and what sets them
+(:data:`mlip_unc.registry.TRAINER_KEYS`, which no backbone's options may hold)."""
+
+
+class BackboneName(str):
+    """``model.backbone`` when it names a registered backbone outside the :class:`Backbone`
+    enum of the built-ins: a string that reads like an enum member (``.value``)."""
+
+    @property
+    def value(self) -> str:
+        return str(self)
 
 
 class BackboneOptions(Section):
-    """Base of the per-backbone options: a frozen section that reads as a mapping."""
+    """Base of the per-backbone options: a frozen section that reads as a mapping.
+
+    A backbone's options subclass it, one field per constructor keyword argument but those the
+    trainer sets (:data:`RESERVED_BACKBONE_KEYS`), with the constructor's defaults.
+    """
 
     def kwargs(self) -> dict[str, Any]:
         """The options as constructor keyword arguments (lists stay lists)."""
@@ -170,4 +190,33 @@ BACKBONE_OPTIONS: dict[Backbone, type[BackboneOptions]] = {
     Backbone.EQUIVARIANT: EquivariantOptions,
     Backbone.MACE: MACEOptions,
 }
-"""The options model of each ``model.backbone``."""
+"""The options model of each built-in ``model.backbone`` (every registered one:
+``mlip_unc.registry.BACKBONE_REGISTRY[name].options``)."""
+
+register_backbone(
+    "gin",
+    "mlip_unc.nn.geometric_gin:GeometricGIN",
+    options=GINOptions,
+    description="geometric GIN (invariant; distances, optionally bond angles)",
+)
+register_backbone(
+    "equivariant",
+    "mlip_unc.nn.equivariant:EquivariantBackbone",
+    options=EquivariantOptions,
+    description="E(3)-equivariant e3nn network with invariant output latents",
+)
+register_backbone(
+    "mace",
+    "mlip_unc.nn.mace_backbone:MACEBackbone",
+    options=MACEOptions,
+    # batched backward passes through MACE are slower than the loop (docs/what-we-tried.md)
+    gradient_method="loop",
+    description="MACE blocks (mace-torch) with this project's readout; pip install mlip-unc[mace]",
+)
+register_backbone(
+    "mace_model",
+    "mlip_unc.nn.mace_backbone:MACEModelFeatures",
+    options=None,  # built by mlip-unc attach from a trained MACE model, not by a config
+    gradient_method="loop",
+    description="a MACE model trained with mace-torch, frozen (mlip-unc attach)",
+)

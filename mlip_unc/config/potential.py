@@ -22,11 +22,12 @@ import os
 from collections.abc import Sequence
 from typing import Any, cast
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from mlip_unc.config.backbones import (
-    BACKBONE_OPTIONS,
     RESERVED_BACKBONE_KEYS,
+    BackboneName,
+    BackboneOptions,
     EquivariantOptions,
     GINOptions,
     MACEOptions,
@@ -50,6 +51,7 @@ from mlip_unc.config.loader import (
     validate_nested,
 )
 from mlip_unc.config.training import TrainCoreConfig
+from mlip_unc.registry import BACKBONE_REGISTRY
 
 __all__ = [
     "DataConfig",
@@ -98,7 +100,9 @@ class DataConfig(Section):
     accept_predicted_labels: bool = False
 
 
-BackboneOptionsOf = GINOptions | EquivariantOptions | MACEOptions
+BackboneOptionsOf = (
+    GINOptions | EquivariantOptions | MACEOptions | SerializeAsAny[BackboneOptions]
+)  # the last: a registered backbone's options (mlip_unc.registry), dumped with its fields
 
 
 def _no_options() -> BackboneOptionsOf:
@@ -111,9 +115,11 @@ class PotentialModelConfig(Section):
     """Backbone and Bayesian energy head.
 
     Attributes:
-        backbone: ``gin``, ``equivariant`` or ``mace``.
+        backbone: ``gin``, ``equivariant``, ``mace`` or the name of another registered
+            backbone (:mod:`mlip_unc.registry`).
         backbone_kwargs: the options of that backbone (:class:`GINOptions`,
-            :class:`EquivariantOptions` or :class:`MACEOptions`, chosen by ``backbone``).
+            :class:`EquivariantOptions`, :class:`MACEOptions` or a registered backbone's
+            model, chosen by ``backbone``).
         latent_dim: d, the width of the per-atom latents.
         prior_std: sigma_p of the Gaussian weight prior; init_std: initial posterior std.
         head: ``bayesian`` or ``map``.
@@ -148,11 +154,11 @@ class PotentialModelConfig(Section):
             validation structure (a forward pass each).
     """
 
-    backbone: Backbone = Backbone.GIN
+    backbone: Backbone | str = Backbone.GIN
     backbone_kwargs: BackboneOptionsOf = Field(
         default_factory=_no_options,
-        description="Options of the chosen backbone (GINOptions, EquivariantOptions or "
-        "MACEOptions, by model.backbone).",
+        description="Options of the chosen backbone (GINOptions, EquivariantOptions, "
+        "MACEOptions or a registered backbone's, by model.backbone).",
     )
     latent_dim: int = Field(32, gt=0)
     prior_std: float = Field(1.0, gt=0)
@@ -169,6 +175,28 @@ class PotentialModelConfig(Section):
     posterior_probes: int | None = Field(None, gt=0)
     posterior_valid_frames: int | None = Field(None, gt=0)
 
+    @property
+    def backbone_name(self) -> str:
+        """``backbone`` as a plain string (the registry's and the checkpoints' name)."""
+        return str(getattr(self.backbone, "value", self.backbone))
+
+    @field_validator("backbone", mode="after")
+    @classmethod
+    def _registered_backbone(cls, value: Backbone | str) -> Backbone | str:
+        """A built-in as its :class:`Backbone` member, another registered backbone's name as a
+        :class:`BackboneName`; an unknown name or one no config trains is an error."""
+        name = str(getattr(value, "value", value))
+        entry = BACKBONE_REGISTRY.get(name)  # ValueError: unknown backbone, the known ones
+        if entry.options is None:
+            trainable = [n for n in BACKBONE_REGISTRY.names() if BACKBONE_REGISTRY[n].options]
+            raise ValueError(
+                f"backbone {name!r} is not trained from a config ({entry.description}); "
+                f"choose one of {', '.join(trainable)}"
+            )
+        if name in Backbone._value2member_map_:
+            return Backbone(name)
+        return BackboneName(name)
+
     @field_validator("backbone_kwargs", mode="before")
     @classmethod
     def _options_of_the_backbone(cls, value: Any, info: ValidationInfo) -> BackboneOptionsOf:
@@ -179,7 +207,9 @@ class PotentialModelConfig(Section):
             for key, instead in RESERVED_BACKBONE_KEYS.items():
                 if key in value:
                     raise NestedConfigError(f".{key}: set by {instead}, remove it here")
-        return cast(BackboneOptionsOf, validate_nested(BACKBONE_OPTIONS[Backbone(backbone)], value))
+        options = BACKBONE_REGISTRY.get(str(getattr(backbone, "value", backbone))).options
+        assert options is not None  # checked by _registered_backbone
+        return cast(BackboneOptionsOf, validate_nested(options, value))
 
 
 class LossConfig(Section):

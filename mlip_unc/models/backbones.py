@@ -9,8 +9,9 @@
   precomputed edge vectors), so that the potential can differentiate with respect to positions
   and strain;
 - optionally ``r_max`` (checked against the potential's), ``reset_parameters()``, and, for
-  checkpoints, ``backbone_name`` (a key of :data:`BACKBONES`) and ``config() -> dict`` of
-  constructor kwargs;
+  checkpoints, ``backbone_name`` (a registered name, :data:`BACKBONES`) and ``config() ->
+  dict`` of constructor kwargs as plain data (``build_backbone(backbone_name, **config())``
+  rebuilds it);
 - optionally ``latents_and_energies(batch) -> (z (n_atoms, latent_dim), e (n_atoms,))``: the
   latents and the backbone's own per-atom energies ("base energies", e.g. a trained MACE
   model's). The potential then computes them in one pass instead of ``forward`` and adds ``e``
@@ -25,10 +26,16 @@ This is how a frozen external model sits under the Bayesian head: ``mace_model``
 (:class:`~mlip_unc.nn.mace_backbone.MACEModelFeatures`, a MACE model trained with mace-torch,
 ``mlip-unc attach``); ``mace`` (:class:`~mlip_unc.nn.mace_backbone.MACEBackbone`) is a MACE
 trained here. Both need mace-torch (``pip install mlip-unc[mace]``), imported when built.
+
+**Registry.** Backbones are found by name in :data:`mlip_unc.registry.BACKBONE_REGISTRY`
+(``gin``, ``equivariant``, ``mace``, ``mace_model`` and whatever is registered with
+:func:`mlip_unc.registry.register_backbone`); :func:`mlip_unc.testing.check_backbone` checks
+the contract above and the physics a potential needs from it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,11 +44,16 @@ from torch import Tensor, nn
 from torch_geometric.data import Data
 
 from mlip_unc.models.derivatives import PotentialState
-from mlip_unc.nn.equivariant import EquivariantBackbone
-from mlip_unc.nn.geometric_gin import GeometricGIN
-from mlip_unc.nn.mace_backbone import MACEBackbone, MACEModelFeatures
+from mlip_unc.registry import BACKBONE_REGISTRY
 
-__all__ = ["BACKBONES", "Backbone", "BackboneState", "build_backbone", "isolated_atoms_batch"]
+__all__ = [
+    "BACKBONES",
+    "Backbone",
+    "BackboneState",
+    "backbone_gradient_method",
+    "build_backbone",
+    "isolated_atoms_batch",
+]
 
 
 @runtime_checkable
@@ -54,13 +66,9 @@ class Backbone(Protocol):
         ...
 
 
-BACKBONES: dict[str, type[nn.Module]] = {
-    "gin": GeometricGIN,
-    "equivariant": EquivariantBackbone,
-    "mace": MACEBackbone,
-    "mace_model": MACEModelFeatures,
-}
-"""Backbones that checkpoints can rebuild from plain data, by ``backbone_name``."""
+BACKBONES: Mapping[str, Any] = BACKBONE_REGISTRY.targets()
+"""Backbones that checkpoints can rebuild from plain data, by ``backbone_name``: a live
+read-only view of :data:`~mlip_unc.registry.BACKBONE_REGISTRY`, name -> class or factory."""
 
 
 @dataclass
@@ -72,12 +80,25 @@ class BackboneState(PotentialState):
 
 
 def build_backbone(name: str, **kwargs: Any) -> nn.Module:
-    """Build a registered backbone from plain data: a key of :data:`BACKBONES`."""
-    try:
-        cls = BACKBONES[name]
-    except KeyError:
-        raise ValueError(f"unknown backbone {name!r}; known: {sorted(BACKBONES)}") from None
-    return cls(**kwargs)
+    """Build a registered backbone from plain data (its constructor's keyword arguments).
+
+    A module built without a ``backbone_name`` (a factory's) is given ``name``, so that it
+    checkpoints.
+
+    Raises:
+        ValueError: ``unknown backbone 'name'``, with the registered names.
+    """
+    module = BACKBONE_REGISTRY.load(name)(**kwargs)
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"backbone {name!r} built a {type(module).__name__}, not an nn.Module")
+    if getattr(module, "backbone_name", None) is None:
+        setattr(module, "backbone_name", name)  # noqa: B010 (nn.Module types its attributes)
+    return module
+
+
+def backbone_gradient_method(name: str) -> str:
+    """The potential's ``gradient_method`` a registered backbone asks for (``auto``: most)."""
+    return str(BACKBONE_REGISTRY.get(name).extra.get("gradient_method", "auto"))
 
 
 def isolated_atoms_batch(

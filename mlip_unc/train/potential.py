@@ -34,7 +34,6 @@ from torch import Tensor
 
 from mlip_unc import keys
 from mlip_unc.config import (
-    Backbone,
     ConfigError,
     EnergyCount,
     HeadKind,
@@ -43,7 +42,7 @@ from mlip_unc.config import (
     RegularizerKind,
 )
 from mlip_unc.data.domain import DomainGuard
-from mlip_unc.models.backbones import build_backbone
+from mlip_unc.models.backbones import backbone_gradient_method, build_backbone
 from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.train import distributed
@@ -110,7 +109,7 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed if seed is None else seed)
         try:
-            backbone = build_backbone(model_cfg.backbone.value, **kwargs)
+            backbone = build_backbone(model_cfg.backbone_name, **kwargs)
         except (TypeError, ValueError) as err:  # e.g. latent_dim wider than the readout
             raise ConfigError(f"model.backbone_kwargs: {err}") from None
         model = BayesianPotential(
@@ -122,8 +121,8 @@ def build_model(
             init_std=init_std,
             learn_noise=model_cfg.learn_noise,
             **noise,
-            # batched backward passes through MACE are slower than the loop (docs/what-we-tried.md)
-            gradient_method="loop" if model_cfg.backbone is Backbone.MACE else "auto",
+            # the registered backbone's (loop for MACE: docs/what-we-tried.md)
+            gradient_method=backbone_gradient_method(model_cfg.backbone_name),
         )
     if model_cfg.head is HeadKind.MAP:
         model.head.weight_rho.requires_grad_(False)

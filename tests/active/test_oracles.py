@@ -4,6 +4,31 @@ from ase import Atoms
 from ase.build import bulk
 
 from mlip_unc.active.oracles import OracleError, label_structures, make_oracle
+from mlip_unc.testing import check_oracle
+
+WATER = Atoms("OH2", positions=[[0.0, 0.0, 0.1], [0.97, 0.05, 0.0], [-0.2, 0.93, -0.05]])
+H2 = Atoms("H2", positions=[[0.0, 0.0, 0.0], [0.05, 0.02, 0.8]])
+# (spec, package it needs, structures or None for the default cluster and fcc cell, tolerances)
+ORACLES = {
+    "emt": ("emt", None, None, {}),
+    "pyscf": ({"name": "pyscf", "xc": "hf", "basis": "sto-3g"}, "pyscf", [H2], {}),
+    "xtb": ("xtb", "tblite", [WATER], {}),
+    "factory": ({"name": "ase.calculators.emt:EMT"}, None, None, {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ORACLES))
+def test_oracle_keeps_the_contract(name):
+    """mlip_unc.testing's oracle checks (shapes, repeatability, finite-difference forces and
+    stress, invariances) on each built-in oracle whose package is installed (snap: LAMMPS and
+    the mlearn files, tests/active/test_oracles_snap.py)."""
+    spec, package, structures, tolerances = ORACLES[name]
+    if package is not None:
+        pytest.importorskip(package)
+    checks = check_oracle(spec, structures, **tolerances)
+    assert {"shapes", "consistency", "finite_difference_forces", "invariance"} <= set(checks)
+    if structures is None:  # the default fcc cell: EMT has stress
+        assert "finite_difference_stress" in checks
 
 
 def test_emt_labels_energy_forces_stress():

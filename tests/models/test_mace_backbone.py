@@ -29,6 +29,7 @@ from mlip_unc.models.checkpoint import load_checkpoint  # noqa: E402
 from mlip_unc.models.full_posterior import latent_jacobian, latent_probes  # noqa: E402
 from mlip_unc.models.potential import BayesianPotential  # noqa: E402
 from mlip_unc.nn.mace_backbone import MACEBackbone  # noqa: E402
+from mlip_unc.testing import check_backbone  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 R_MAX = 3.0
@@ -82,6 +83,17 @@ def _batch(*atoms_list: ase.Atoms) -> Batch:
     return Batch.from_data_list(
         [atoms_to_graph(a, R_MAX, TYPES, dtype=torch.float64) for a in atoms_list]
     )
+
+
+@pytest.mark.parametrize("readout", ["mlp", "mace"])
+def test_mace_keeps_the_backbone_contract(readout):
+    """mlip_unc.testing's contract checks, the backbone built from its options as the trainer
+    builds it."""
+    options = {k: v for k, v in KWARGS.items() if k != "latent_dim"}
+    if readout == "mace":
+        options = {**options, "readout": "mace", "readout_hidden": [8]}
+    checks = check_backbone("mace", options=options, latent_dim=KWARGS["latent_dim"])
+    assert checks[-1] == "checkpoint"
 
 
 def test_registered_and_shapes(model):
