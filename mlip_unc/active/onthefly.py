@@ -19,6 +19,8 @@ VASP's on-the-fly force fields do, with this package's closed-form uncertainty a
 4. **Climb.** After ``hold_ps`` without a label at one temperature of ``temperatures`` the
    next one follows. The run ends when MD spends ``final_ps`` at the top temperature without a
    label (``ended: completed``) or when ``max_calls`` oracle calls are spent (``budget``).
+   The ``periodic`` and ``random`` triggers judge nothing, so for them the ladder keeps time:
+   ``hold_ps`` of MD at a rung, labels or not, and ``final_ps`` at the top end the run.
 
 Every update and every clean segment is committed to ``out/state.json``; ``resume=True``
 continues from the last commit (the MD state is restored, the labels of a replayed update come
@@ -50,7 +52,7 @@ from mlip_unc.active.state import CachedLabels, RunState, structure_hash
 from mlip_unc.active.training import train_members
 from mlip_unc.active.triggers import Trigger
 from mlip_unc.atomic import atomic_write_text, remove_stale_temps
-from mlip_unc.config import ActiveLearningConfig
+from mlip_unc.config import ActiveLearningConfig, OnTheFlySettings
 
 __all__ = ["run_on_the_fly", "OnTheFlyResult", "choose_labels"]
 
@@ -178,6 +180,7 @@ def _segment(
     broken: str | None = None
     window_left: int | None = None
     checks = 0
+    flag_fs = 0.0  # MD time of the segment up to its first flagged frame
     for _ in range(n_checks):
         try:
             dyn.run(s.interval)
@@ -201,6 +204,7 @@ def _segment(
             flagged.append(frame)
             if window_left is None:
                 window_left = otf.window
+                flag_fs = checks * s.interval * s.timestep
         elif window_left is not None:
             window_left -= 1
         if window_left is not None and (
@@ -212,8 +216,21 @@ def _segment(
         "broken": broken,
         "good": good,
         "fs": checks * s.interval * s.timestep,
+        "flag_fs": flag_fs,
         "temperature": temperature,
     }
+
+
+def _climb(md: _MD, otf: OnTheFlySettings, ladder: list[float], temperature: float) -> bool:
+    """Move ``md`` one rung up once it has ``hold_ps`` of (clean) MD at its rung; True when it
+    has ``final_ps`` at the top (the run is complete)."""
+    top = md.t_index == len(ladder) - 1
+    if top:
+        return md.clean_fs >= 1000 * otf.final_ps
+    if md.clean_fs >= 1000 * otf.hold_ps:
+        md.t_index, md.clean_fs = md.t_index + 1, 0.0
+        log.info("MD held %g ps at %g K: on to %g K", otf.hold_ps, temperature, ladder[md.t_index])
+    return False
 
 
 def _fresh_momenta(
@@ -450,19 +467,10 @@ def run_on_the_fly(
         if not seg["flagged"] and seg["broken"] is None:  # a clean segment
             md.positions, md.momenta = seg["good"]
             md.clean_fs += seg["fs"]
-            top = md.t_index == len(ladder) - 1
-            if top and md.clean_fs >= 1000 * otf.final_ps:
+            if _climb(md, otf, ladder, seg["temperature"]):
                 ended = "completed"
                 commit(None)
                 break
-            if not top and md.clean_fs >= 1000 * otf.hold_ps:
-                md.t_index, md.clean_fs = md.t_index + 1, 0.0
-                log.info(
-                    "MD held %g ps at %g K: on to %g K",
-                    otf.hold_ps,
-                    seg["temperature"],
-                    ladder[md.t_index],
-                )
             commit(None)
             continue
         rescue = False
@@ -502,7 +510,11 @@ def run_on_the_fly(
         md.positions, md.momenta = restart
         if seg["broken"] is not None:  # fresh velocities after a breakage
             md.momenta = _fresh_momenta(atoms, restart[0], seg["temperature"], rng)
-        md.clean_fs = 0.0
+        if trigger.score is None and seg["broken"] is None:  # no judge: the ladder keeps time
+            md.clean_fs += seg["flag_fs"]
+            ended = "completed" if _climb(md, otf, ladder, seg["temperature"]) else ended
+        else:
+            md.clean_fs = 0.0
         row: dict[str, Any] = {
             "update": len(rows),
             "n_flagged": len(seg["flagged"]),
@@ -535,6 +547,8 @@ def run_on_the_fly(
             calc = _calculator(config, models, valid, None)
             trigger.level_for(calc, valid)
         commit(row)
+        if ended == "completed":
+            break
     bar.close()
     if ended == "budget":
         log.info("oracle-call budget of %d spent", otf.max_calls)

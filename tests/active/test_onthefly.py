@@ -296,3 +296,15 @@ def test_a_geometry_stop_restarts_md_and_labels_only_physical_frames(tmp_path, t
     guard = GeometryGuard.from_structure(bulk("Cu", "fcc", a=3.61, cubic=True), config.guard)
     labels = read_structures(tmp_path / "run" / "update_2" / "train.xyz")[4:]
     assert len(labels) == 2 and all(guard.check(a) is None for a in labels)
+
+
+def test_periodic_labels_keep_time_on_the_ladder_and_complete(tmp_path, tiny_training):
+    """periodic judges nothing: its labels do not hold MD back at a rung (hold_ps of MD there,
+    labels or not, then the next; final_ps at the top ends the run)."""
+    config = _config(tmp_path, tiny_training, trigger="periodic", every=3, max_calls=60)
+    result = run_on_the_fly(config)
+    assert result.ended == "completed" and 7 < result.calls < 60
+    assert len(result.rows) > 2  # labelled on the way
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["md"]["t_index"] == 1
+    assert {r["temperature"] for r in result.rows[1:]} == {300.0, 900.0}
