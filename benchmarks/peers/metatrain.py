@@ -1128,13 +1128,11 @@ DIAGNOSIS = (
 
 def force_uncertainty_section(results: dict[str, Any]) -> list[str]:
     """The peer section of force_uncertainty.md: the rows with the native table's columns per
-    (set, seed), our default and committee5 beside them, and the per-line verdict."""
-    from benchmarks.common.format import fmt2
-    from benchmarks.force_uncertainty import ROW_KEYS
-
-    lines = [
-        "## Peer: metatrain's PET with LLPR",
-        "",
+    (set, seed), our default and committee5 beside them, and the per-line verdict. Table first:
+    the first trainer variant's table opens the section, the description, commands, versions
+    and diagnosis follow that variant's block, the other variants (``defaults`` last) after."""
+    blocks = [_variant_block(results, v) for v in _variants(results)]
+    prose = [
         "Same test and OOD frames as our rows of the same seed; the suite's functions score the "
         "peer. metatrain_pet_llpr: max over atoms of the LLPR last-layer ensemble's force std; "
         "metatrain_pet_llpr_energy: LLPR energy std; metatrain_pet_force_magnitude: PET's max "
@@ -1146,58 +1144,66 @@ def force_uncertainty_section(results: dict[str, Any]) -> list[str]:
         DIAGNOSIS,
         "",
     ]
-    for variant in _variants(results):
-        title = variant if variant == "defaults" else f"tuned ({variant})"
-        lines += [f"### PET trainer: {title}", "", *_tuned_text(variant, _all(results, variant))]
-        lines += [
-            "",
-            "| set | seed | row | " + " | ".join(ROW_KEYS) + " | source |",
-            "|---" * (len(ROW_KEYS) + 4) + "|",
-        ]
-        for name in _datasets(results):
-            for r in _pairs(results, name, variant):
-                table = [(row, r["rows"][row], "this run") for row in ROWS]
-                if r.get("ours"):
-                    table.append(
-                        (
-                            f"ours: {r['ours']['default_mode']} (default)",
-                            r["ours"]["default"],
-                            r["ours"]["source"],
-                        )
+    first, rest = (blocks[0], blocks[1:]) if blocks else ([], [])
+    head = ["## Peer: metatrain's PET with LLPR", ""]
+    return [*head, *first, *prose, *(line for block in rest for line in block)]
+
+
+def _variant_block(results: dict[str, Any], variant: str) -> list[str]:
+    """One trainer variant: its table, what it changes, its failures and its verdicts."""
+    from benchmarks.common.format import fmt2
+    from benchmarks.force_uncertainty import ROW_KEYS
+
+    title = variant if variant == "defaults" else f"tuned ({variant})"
+    lines = [
+        f"### PET trainer: {title}",
+        "",
+        "| set | seed | row | " + " | ".join(ROW_KEYS) + " | source |",
+        "|---" * (len(ROW_KEYS) + 4) + "|",
+    ]
+    for name in _datasets(results):
+        for r in _pairs(results, name, variant):
+            table = [(row, r["rows"][row], "this run") for row in ROWS]
+            if r.get("ours"):
+                table.append(
+                    (
+                        f"ours: {r['ours']['default_mode']} (default)",
+                        r["ours"]["default"],
+                        r["ours"]["source"],
                     )
-                    if r["ours"].get("committee5"):
-                        table.append(
-                            ("ours: committee5", r["ours"]["committee5"], r["ours"]["source"])
-                        )
-                lines += [
-                    f"| {SET_NAMES.get(name, name)} | {r['seed']} | {row} | "
-                    + " | ".join(fmt2(v.get(k)) for k in ROW_KEYS)
-                    + f" | {src} |"
-                    for row, v, src in table
-                ]
-        lines += ["", *_failures(results, variant)]
-        lines += [
-            f"Ours (default) vs metatrain_pet_llpr, trainer {variant}, means over seeds "
-            "(level = the difference of the means within the larger seed std):",
-        ]
-        for name in _datasets(results):
-            lines.append(
-                f"- {SET_NAMES.get(name, name)}: "
-                + "; ".join(verdict_lines(results, name, variant))
-                + "."
-            )
-        lines += [
-            "",
-            "The same against the better of the peer's two LLPR rows on each line "
-            "(metatrain_pet_llpr or metatrain_pet_llpr_energy, chosen per line by its mean):",
-        ]
-        for name in _datasets(results):
-            lines.append(
-                f"- {SET_NAMES.get(name, name)}: "
-                + "; ".join(verdict_lines(results, name, variant, BEST_OF))
-                + "."
-            )
-        lines.append("")
+                )
+                if r["ours"].get("committee5"):
+                    table.append(("ours: committee5", r["ours"]["committee5"], r["ours"]["source"]))
+            lines += [
+                f"| {SET_NAMES.get(name, name)} | {r['seed']} | {row} | "
+                + " | ".join(fmt2(v.get(k)) for k in ROW_KEYS)
+                + f" | {src} |"
+                for row, v, src in table
+            ]
+    lines += ["", *_tuned_text(variant, _all(results, variant)), ""]
+    lines += [*_failures(results, variant)]
+    lines += [
+        f"Ours (default) vs metatrain_pet_llpr, trainer {variant}, means over seeds "
+        "(level = the difference of the means within the larger seed std):",
+    ]
+    for name in _datasets(results):
+        lines.append(
+            f"- {SET_NAMES.get(name, name)}: "
+            + "; ".join(verdict_lines(results, name, variant))
+            + "."
+        )
+    lines += [
+        "",
+        "The same against the better of the peer's two LLPR rows on each line "
+        "(metatrain_pet_llpr or metatrain_pet_llpr_energy, chosen per line by its mean):",
+    ]
+    for name in _datasets(results):
+        lines.append(
+            f"- {SET_NAMES.get(name, name)}: "
+            + "; ".join(verdict_lines(results, name, variant, BEST_OF))
+            + "."
+        )
+    lines.append("")
     return lines
 
 
