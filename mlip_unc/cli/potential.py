@@ -157,7 +157,8 @@ _TABLE = (
 
 def _no_value(key: str, metrics: dict) -> str:
     """What a row without a number says instead of ``nan``: why it has none."""
-    from mlip_unc.uncertainty.diagnostics import MIN_PARTIAL_PAIRS, MIN_RANK_PAIRS
+    from mlip_unc.uncertainty.calibration import MIN_RANK_PAIRS
+    from mlip_unc.uncertainty.diagnostics import MIN_PARTIAL_PAIRS
 
     if "spearman" not in key:
         return "n/a"

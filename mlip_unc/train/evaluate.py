@@ -89,7 +89,7 @@ def _energy_metrics(pred: Predictions) -> dict[str, float]:
         epi = pred.energy_epistemic_var[mask]
         std = np.sqrt(epi + pred.energy_noise_var[mask])
         out.update(_calibration("energy", pred.energy_pred[mask], std, pred.energy_true[mask]))
-        out["energy_spearman"] = diag.spearman(np.sqrt(epi), np.abs(err))
+        out["energy_spearman"] = cal.spearman_corr(np.sqrt(epi), np.abs(err), nan_policy="omit")
         out["energy_mean_std_meV"] = MEV * float(np.mean(std))
     return out
 
@@ -108,19 +108,25 @@ def _forces_metrics(pred: Predictions, table: Mapping[str, np.ndarray]) -> dict[
         epi = pred.forces_epistemic_var[atoms]
         std = np.sqrt(epi + pred.forces_noise_var[atoms])
         out.update(_calibration("forces", pred.forces_pred[atoms], std, pred.forces_true[atoms]))
-        out["forces_spearman"] = diag.spearman(np.sqrt(epi).ravel(), np.abs(err).ravel())
-        out["forces_frame_spearman"] = diag.spearman(
-            table["forces_mean_std"][frames], table["forces_mean_error"][frames]
+        out["forces_spearman"] = cal.spearman_corr(
+            np.sqrt(epi).ravel(), np.abs(err).ravel(), nan_policy="omit"
+        )
+        out["forces_frame_spearman"] = cal.spearman_corr(
+            table["forces_mean_std"][frames], table["forces_mean_error"][frames], nan_policy="omit"
         )
         out["forces_mean_std_meV_A"] = MEV * float(np.mean(std))
         out.update(_force_diagnostics(pred, table, err))
     if pred.energy_epistemic_var is not None:
-        out["energy_std_vs_force_error_spearman"] = diag.spearman(
-            table["energy_epistemic_std"][frames], table["forces_mean_error"][frames]
+        out["energy_std_vs_force_error_spearman"] = cal.spearman_corr(
+            table["energy_epistemic_std"][frames],
+            table["forces_mean_error"][frames],
+            nan_policy="omit",
         )
     if pred.local_energy_var is not None:
-        out["local_std_vs_force_error_spearman"] = diag.spearman(
-            table["local_energy_max_std"][frames], table["forces_mean_error"][frames]
+        out["local_std_vs_force_error_spearman"] = cal.spearman_corr(
+            table["local_energy_max_std"][frames],
+            table["forces_mean_error"][frames],
+            nan_policy="omit",
         )
     return out
 
@@ -135,8 +141,8 @@ def _force_diagnostics(
         return {}
     return {
         "forces_std_vs_pred_spearman": diag.sigma_force_spearman_atoms(epi, pred.forces_pred),
-        "forces_std_vs_pred_frame_spearman": diag.spearman(
-            table["forces_max_std"], table["forces_pred_max_norm"]
+        "forces_std_vs_pred_frame_spearman": cal.spearman_corr(
+            table["forces_max_std"], table["forces_pred_max_norm"], nan_policy="omit"
         ),
         "forces_partial_spearman_given_force": diag.partial_spearman(
             table["forces_max_std"][frames],
@@ -161,7 +167,9 @@ def _stress_metrics(pred: Predictions) -> dict[str, float]:
     if pred.stress_epistemic_var is not None:
         std = np.sqrt(np.clip(to_voigt(pred.stress_epistemic_var[mask]), 0.0, None)) / GPa
         out["stress_mean_epistemic_std_GPa"] = float(np.mean(std))
-        out["stress_spearman"] = diag.spearman(std.ravel(), np.abs(err).ravel())
+        out["stress_spearman"] = cal.spearman_corr(
+            std.ravel(), np.abs(err).ravel(), nan_policy="omit"
+        )
     return out
 
 

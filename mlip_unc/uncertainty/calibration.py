@@ -113,17 +113,24 @@ def _triple(
 
 
 # ---------------------------------------------------------------- rank correlation
-def spearman_corr(a: ArrayLike, b: ArrayLike, *, nan_policy: NanPolicy = "raise") -> float:
-    """Spearman rank correlation of two ``(n,)`` arrays (``scipy.stats.spearmanr``).
+MIN_RANK_PAIRS = 3
+"""Fewest (finite) pairs a rank correlation is computed from; with fewer it is NaN."""
 
-    NaN if either array is constant or ``n < 2`` (no warning).
+
+def spearman_corr(a: ArrayLike, b: ArrayLike, *, nan_policy: NanPolicy = "raise") -> float:
+    """The Spearman rank correlation of two ``(n,)`` arrays (``scipy.stats.spearmanr``): the
+    one every rank correlation of the package is (:func:`spearman` is this of ``y_std`` and
+    ``|y_pred - y_true|``).
+
+    NaN, without a warning, with fewer than :data:`MIN_RANK_PAIRS` pairs or a constant array.
+    ``nan_policy="omit"``: over the pairs where both are finite.
     """
     x, y = as_numpy(a), as_numpy(b)
     if x.shape != y.shape:
         raise ValueError(f"arrays differ in size: {x.shape} vs {y.shape}")
     m = _finite_mask({"a": x, "b": y}, nan_policy)
     x, y = x[m], y[m]
-    if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+    if x.size < MIN_RANK_PAIRS or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
     return float(stats.spearmanr(x, y).statistic)
 
@@ -244,7 +251,8 @@ def ence(
 def spearman(
     y_pred: ArrayLike, y_std: ArrayLike, y_true: ArrayLike, *, nan_policy: NanPolicy = "raise"
 ) -> float:
-    """Spearman rank correlation of ``(std, |error|)``; NaN when the std is constant."""
+    """The calibration metric ``spearman_corr(y_std, |y_pred - y_true|)``: does a larger std
+    come with a larger error? NaN when the std is constant."""
     p, s, t = _triple(y_pred, y_std, y_true, nan_policy)
     return spearman_corr(s, np.abs(p - t))
 

@@ -11,8 +11,8 @@ Definitions (n = atoms, f = frames):
 * per-atom force std ``sigma_a = sqrt(sum_c Var F_ac)`` (:func:`atom_force_std`), per-atom
   force norm ``|F_a|`` (:func:`atom_force_norm`);
 * frame values are the max (or mean) over a frame's atoms (:func:`per_frame`);
-* Spearman correlations are ``calibration.spearman_corr`` over the finite pairs, NaN with
-  fewer than 3 pairs or a constant input;
+* Spearman correlations are ``calibration.spearman_corr`` over the finite pairs
+  (``nan_policy="omit"``), NaN with fewer than 3 pairs or a constant input;
 * partial Spearman ``rho(x, y | z)``: x, y, z are rank-transformed (average ranks for ties)
   and the Pearson correlation of the ranks of x and y is taken with the ranks of z partialled
   out, ``(r_xy - r_xz r_yz) / sqrt((1 - r_xz^2)(1 - r_yz^2))``, where each ``r`` is a
@@ -29,7 +29,6 @@ import numpy as np
 from mlip_unc.uncertainty.calibration import ArrayLike, as_numpy, auroc, spearman_corr
 
 __all__ = [
-    "spearman",
     "atom_force_std",
     "atom_force_norm",
     "per_frame",
@@ -53,22 +52,15 @@ def _finite(*arrays: np.ndarray) -> np.ndarray:
     return mask
 
 
-#: points below which :func:`spearman` and :func:`partial_spearman` are NaN
-MIN_RANK_PAIRS = 3
+#: points below which :func:`partial_spearman` is NaN (any rank correlation: MIN_RANK_PAIRS of
+#: :mod:`~mlip_unc.uncertainty.calibration`)
 MIN_PARTIAL_PAIRS = 4
 
 
 def spearman(a: ArrayLike, b: ArrayLike) -> float:
-    """Spearman rank correlation of ``a (n,)`` and ``b (n,)`` over the finite pairs.
-
-    ``calibration.spearman_corr`` on the pairs where both are finite; NaN with fewer than 3
-    such pairs or when either is constant on them.
-    """
-    x, y = as_numpy(a), as_numpy(b)
-    ok = _finite(x, y)
-    if ok.sum() < MIN_RANK_PAIRS:
-        return float("nan")
-    return spearman_corr(x[ok], y[ok])
+    """Deprecated name of ``calibration.spearman_corr(a, b, nan_policy="omit")``, kept for
+    scripts written against it (the package itself calls :func:`spearman_corr`)."""
+    return spearman_corr(a, b, nan_policy="omit")
 
 
 # ---------------------------------------------------------------- per atom and per frame
@@ -112,7 +104,9 @@ def per_frame(
 
 def sigma_force_spearman_atoms(forces_var: ArrayLike, forces_pred: ArrayLike) -> float:
     """Per-atom ``Spearman(sigma_a, |F_pred,a|)``; near 1 means sigma_F is |F| in disguise."""
-    return spearman(atom_force_std(forces_var), atom_force_norm(forces_pred))
+    return spearman_corr(
+        atom_force_std(forces_var), atom_force_norm(forces_pred), nan_policy="omit"
+    )
 
 
 def sigma_force_spearman_frames(
@@ -121,7 +115,7 @@ def sigma_force_spearman_frames(
     """Per-frame ``Spearman(max_a sigma_a, max_a |F_pred,a|)`` (frame = max over its atoms)."""
     sigma = per_frame(atom_force_std(forces_var), atom_frame)
     force = per_frame(atom_force_norm(forces_pred), atom_frame)
-    return spearman(sigma, force)
+    return spearman_corr(sigma, force, nan_policy="omit")  # a frame without atoms: NaN
 
 
 # ---------------------------------------------------------------- beyond |F_pred|
@@ -215,12 +209,12 @@ def frame_ranking(
         out["auroc_sigma_over_force"] = sigma_over_force_auroc(
             s_all, np.r_[f, as_numpy(force_ood)], labels
         )
-        pooled = spearman(s_all, np.r_[e, as_numpy(error_ood)])
+        pooled = spearman_corr(s_all, np.r_[e, as_numpy(error_ood)], nan_policy="omit")
     else:
-        pooled = spearman(s, e)
+        pooled = spearman_corr(s, e, nan_policy="omit")
     return {
         **out,
-        "spearman_frame_in_domain": spearman(s, e),
+        "spearman_frame_in_domain": spearman_corr(s, e, nan_policy="omit"),
         "spearman_frame_pooled": pooled,
         "partial_spearman_given_force": partial_spearman(s, e, f),
     }
