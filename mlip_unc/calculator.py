@@ -56,6 +56,7 @@ from ase.stress import full_3x3_to_voigt_6_stress
 from torch_geometric.data import Batch
 
 from mlip_unc import keys
+from mlip_unc.config.enums import ForceUncertaintyMode
 from mlip_unc.data.domain import DomainCheck, DomainGuard, check_coincident
 from mlip_unc.data.graphs import atoms_to_graph
 from mlip_unc.data.typemap import TypeMap
@@ -77,14 +78,8 @@ __all__ = [
     "DOMAIN_KEY",
 ]
 
-UNCERTAINTY_MODES = ("exact", "sampled", "lowrank", "sketch", "auto", "energy", "none")
-_FORCE_MODES = (
-    "exact",
-    "sampled",
-    "lowrank",
-    "sketch",
-    "auto",
-)  # modes with force (and stress) variances
+_FORCE_MODES = tuple(m.value for m in ForceUncertaintyMode)  # with force (and stress) variances
+UNCERTAINTY_MODES = (*_FORCE_MODES, UncertaintyMode.ENERGY.value, UncertaintyMode.NONE.value)
 DOMAIN_KEY = "domain"  # payload["metadata"][DOMAIN_KEY] = DomainGuard.to_dict()
 
 _ENERGY_UNC = (

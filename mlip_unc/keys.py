@@ -127,3 +127,11 @@ CALC_OUT_OF_DOMAIN_REASON: Final[str] = (
     "out_of_domain_reason"  # str | "" or the rules fired, atoms, distances
 )
 CALC_FLAG: Final[str] = "flag"  # bool | uncertainty_flag or out_of_domain
+
+# ---------------------------------------------------------------- uncertainty scores
+# What thresholds, validation levels (metadata["uncertainty_levels"]) and flagging rank by:
+# the calculator's max_force_std and the per-atom epistemic energy std.
+CALC_ENERGY_STD_PER_ATOM: Final[str] = (
+    "energy_std_per_atom"  # () eV/atom | EPISTEMIC sqrt(energy_epistemic_var) / n_atoms
+)
+UNCERTAINTY_SCORES: Final[tuple[str, ...]] = (CALC_MAX_FORCE_STD, CALC_ENERGY_STD_PER_ATOM)

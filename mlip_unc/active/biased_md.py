@@ -48,13 +48,14 @@ from torch import Tensor
 from torch_geometric.data import Batch
 
 from mlip_unc import keys
+from mlip_unc.config.enums import MDBias
 from mlip_unc.data.graphs import atoms_to_graph
 from mlip_unc.data.typemap import TypeMap
 from mlip_unc.models.derivatives import differentiable_inputs, graph_index
 
 __all__ = ["BIAS_KINDS", "BiasError", "BiasedCalculator", "bias_energy", "biased_calculator"]
 
-BIAS_KINDS = ("none", "variance", "udd")
+BIAS_KINDS = tuple(kind.value for kind in MDBias)  # none, variance, udd
 _EXTRA = (
     "energy_unbiased",
     "forces_unbiased",

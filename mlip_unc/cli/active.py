@@ -21,6 +21,7 @@ from pathlib import Path
 
 import typer
 
+from mlip_unc import keys
 from mlip_unc.cli._common import (
     DEFAULT_RELATIVE_THRESHOLD,
     MODEL_DEVICE_HELP,
@@ -35,41 +36,16 @@ from mlip_unc.cli._common import (
     threads_option,
     user_errors,
 )
-
-
-class Ensemble(str, Enum):
-    """MD ensemble."""
-
-    NVE = "nve"
-    LANGEVIN = "langevin"
-
-
-class Bias(str, Enum):
-    """Uncertainty-driven exploration (mlip_unc/active/biased_md.py)."""
-
-    NONE = "none"
-    VARIANCE = "variance"
-    UDD = "udd"
-
-
-class Mode(str, Enum):
-    """Force-uncertainty mode of the calculator."""
-
-    EXACT = "exact"
-    LOWRANK = "lowrank"
-    SKETCH = "sketch"
-    AUTO = "auto"
-    SAMPLED = "sampled"
-
+from mlip_unc.config.enums import ForceUncertaintyMode, MDBias, MDEnsemble
 
 _MODE_HELP = "Force-uncertainty mode (default: auto for a model with a full posterior, else exact)."
 
 
 class Metric(str, Enum):
-    """Ranking score of ``mlip-unc flag``."""
+    """Ranking score of ``mlip-unc flag``: a calculator property (:mod:`mlip_unc.keys`)."""
 
-    MAX_FORCE_STD = "max_force_std"
-    ENERGY_STD_PER_ATOM = "energy_std_per_atom"
+    MAX_FORCE_STD = keys.CALC_MAX_FORCE_STD
+    ENERGY_STD_PER_ATOM = keys.CALC_ENERGY_STD_PER_ATOM
 
 
 class Diverse(str, Enum):
@@ -161,8 +137,8 @@ def md(
         ..., "--structure", "-s", help="Starting structure (any ASE-readable file)."
     ),
     index: int = typer.Option(-1, "--index", help="Frame of STRUCTURE to start from."),
-    ensemble: Ensemble = typer.Option(
-        Ensemble.LANGEVIN, "--ensemble", help="nve (velocity Verlet) or langevin (NVT)."
+    ensemble: MDEnsemble = typer.Option(
+        MDEnsemble.LANGEVIN, "--ensemble", help="nve (velocity Verlet) or langevin (NVT)."
     ),
     temperature: float = typer.Option(
         300.0, "--temperature", "-T", help="K (initial velocities; Langevin target)."
@@ -175,7 +151,9 @@ def md(
     overwrite: bool = typer.Option(
         False, "--overwrite", metavar="", help="Replace an MD run already in OUT."
     ),
-    uncertainty: Mode | None = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
+    uncertainty: ForceUncertaintyMode | None = typer.Option(
+        None, "--uncertainty", "-u", help=_MODE_HELP
+    ),
     max_force_std: float | None = typer.Option(None, "--max-force-std", help=_THRESHOLD_HELP),
     energy_std_per_atom: float | None = typer.Option(
         None,
@@ -188,8 +166,8 @@ def md(
     max_flags: int | None = typer.Option(
         None, "--max-flags", help="Stop after this many flagged frames."
     ),
-    bias: Bias = typer.Option(
-        Bias.NONE, "--bias", help="Bias MD towards high epistemic energy variance."
+    bias: MDBias = typer.Option(
+        MDBias.NONE, "--bias", help="Bias MD towards high epistemic energy variance."
     ),
     bias_strength: float | None = typer.Option(
         None, "--bias-strength", help="k (1/eV, variance) or A (eV, udd)."
@@ -318,7 +296,9 @@ def flag(
     diverse: Diverse = typer.Option(
         Diverse.NONE, "--diverse", help="Farthest-point selection (needs --top-k)."
     ),
-    uncertainty: Mode | None = typer.Option(None, "--uncertainty", "-u", help=_MODE_HELP),
+    uncertainty: ForceUncertaintyMode | None = typer.Option(
+        None, "--uncertainty", "-u", help=_MODE_HELP
+    ),
     out: Path = typer.Option(
         Path("flagged.xyz"),
         "--out",

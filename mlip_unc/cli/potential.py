@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import cast
 
@@ -34,23 +33,12 @@ from mlip_unc.cli._common import (
     threads_option,
     user_errors,
 )
+from mlip_unc.config.enums import UncertaintyMode
 
 ACCEPT_PREDICTED_HELP = (
     "Take labels that a model predicted (the energy, forces and stress in md.traj) as "
     "references; without it they are refused."
 )
-
-
-class EvalUncertainty(str, Enum):
-    """Uncertainty mode of ``mlip-unc eval`` (see ``UncertaintyMode``)."""
-
-    NONE = "none"
-    ENERGY = "energy"
-    SAMPLED = "sampled"
-    EXACT = "exact"
-    LOWRANK = "lowrank"
-    SKETCH = "sketch"
-    AUTO = "auto"
 
 
 _ENERGY_KEY_HELP = "Energy label: an info key or the calculator's energy (extxyz)."
@@ -202,7 +190,7 @@ def evaluate(
         help="Stress label; the convention follows the name (e.g. virial_stress_kbar).",
     ),
     index: str = typer.Option(":", "--index", help="ASE-style frame selection, e.g. 0:100."),
-    uncertainty: EvalUncertainty | None = typer.Option(
+    uncertainty: UncertaintyMode | None = typer.Option(
         None,
         "--uncertainty",
         "-u",

@@ -31,6 +31,10 @@ __all__ = [
     "PosteriorBasis",
     "PosteriorKind",
     "ReferenceEnergies",
+    "UncertaintyMode",
+    "ForceUncertaintyMode",
+    "MDEnsemble",
+    "MDBias",
 ]
 
 
@@ -259,3 +263,74 @@ class ReferenceEnergies(str, Enum):
     """Least squares of training energies on element counts (isolated frames ignored)."""
     ZERO = "zero"
     """No offsets."""
+
+
+class UncertaintyMode(str, Enum):
+    """Which uncertainties :meth:`BayesianPotential.forward` adds to the mean predictions."""
+
+    NONE = "none"
+    """Means only (energy, per-atom energies, forces/stress when asked)."""
+    ENERGY = "energy"
+    """Closed-form energy variances from the forward pass alone (no extra backward):
+    total, epistemic ``Phi^T S Phi``, aleatoric ``n_atoms sigma_e^2``, per-atom ``z^T S z``,
+    and the alignment factor kappa."""
+    SAMPLED = "sampled"
+    """ENERGY plus force (and stress) variances from ``n_samples`` posterior weight draws that
+    share the single forward pass: one vector-Jacobian product per draw (plus one for the
+    mean forces), unbiased sample variance."""
+    EXACT = "exact"
+    """ENERGY plus exact force (and stress) variances ``sum_k s_k^2 (dPhi_k/dr)^2``:
+    d vector-Jacobian products (one per latent coordinate; the mean forces come free),
+    serving every graph of the batch. With a full posterior: ``J^T Sigma J`` (d + 1 products)."""
+    LOWRANK = "lowrank"
+    """ENERGY plus force (and stress) variances from the ``posterior_rank`` least constrained
+    posterior directions only (``rank + 1`` vector-Jacobian products): the leading rows of the
+    full posterior's factor, or the largest-variance axes of a diagonal one."""
+    SKETCH = "sketch"
+    """ENERGY plus the LOWRANK variances estimated from one fixed +-1 combination of those
+    ``r`` directions (2 vector-Jacobian products at any rank): unbiased over the signs, noisier
+    per atom, for structures where ``r + 1`` backward passes cost too much."""
+    AUTO = "auto"
+    """LOWRANK while the largest structure of the batch has at most
+    ``LOWRANK_ATOM_DIRECTIONS / r`` atoms, else SKETCH: force uncertainty within 2x the cost
+    of energy + forces at every size (the default with a full posterior)."""
+
+
+class ForceUncertaintyMode(str, Enum):
+    """The :class:`UncertaintyMode` members with force (and stress) variances: the modes of the
+    calculator's force uncertainty (``mlip-unc md/flag --uncertainty``, ``uncertainty`` of an
+    active-learning config)."""
+
+    EXACT = "exact"
+    """:attr:`UncertaintyMode.EXACT`."""
+    SAMPLED = "sampled"
+    """:attr:`UncertaintyMode.SAMPLED`."""
+    LOWRANK = "lowrank"
+    """:attr:`UncertaintyMode.LOWRANK`."""
+    SKETCH = "sketch"
+    """:attr:`UncertaintyMode.SKETCH`."""
+    AUTO = "auto"
+    """:attr:`UncertaintyMode.AUTO`."""
+
+
+class MDEnsemble(str, Enum):
+    """Thermodynamic ensemble of uncertainty-monitored MD (``mlip-unc md --ensemble``,
+    ``md.ensemble`` of an active-learning config)."""
+
+    NVE = "nve"
+    """Velocity Verlet, constant energy."""
+    LANGEVIN = "langevin"
+    """Langevin thermostat, constant temperature (NVT)."""
+
+
+class MDBias(str, Enum):
+    """Uncertainty-driven exploration of MD (``mlip_unc.active.biased_md``; ``--bias``,
+    ``md.bias``)."""
+
+    NONE = "none"
+    """Plain MD on the model's energy."""
+    VARIANCE = "variance"
+    """``E_bias = -k s2`` of the epistemic energy variance ``s2`` (unbounded below)."""
+    UDD = "udd"
+    """Uncertainty-driven dynamics (Kulichenko et al., Nat. Comput. Sci. 3, 230 (2023)):
+    ``E_bias = A [exp(-s2 / (N B^2)) - 1]``, bounded."""

@@ -14,13 +14,13 @@ in :mod:`mlip_unc.uncertainty.moments`; the functions here apply them to one
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from mlip_unc import keys
+from mlip_unc.config.enums import UncertaintyMode  # defined with the options; re-exported here
 from mlip_unc.models.derivatives import (
     PotentialState,
     forces_and_stress,
@@ -42,37 +42,6 @@ __all__ = [
     "exact_derivatives",
     "sampled_derivatives",
 ]
-
-
-class UncertaintyMode(str, Enum):
-    """Which uncertainties :meth:`BayesianPotential.forward` adds to the mean predictions."""
-
-    NONE = "none"
-    """Means only (energy, per-atom energies, forces/stress when asked)."""
-    ENERGY = "energy"
-    """Closed-form energy variances from the forward pass alone (no extra backward):
-    total, epistemic ``Phi^T S Phi``, aleatoric ``n_atoms sigma_e^2``, per-atom ``z^T S z``,
-    and the alignment factor kappa."""
-    SAMPLED = "sampled"
-    """ENERGY plus force (and stress) variances from ``n_samples`` posterior weight draws that
-    share the single forward pass: one vector-Jacobian product per draw (plus one for the
-    mean forces), unbiased sample variance."""
-    EXACT = "exact"
-    """ENERGY plus exact force (and stress) variances ``sum_k s_k^2 (dPhi_k/dr)^2``:
-    d vector-Jacobian products (one per latent coordinate; the mean forces come free),
-    serving every graph of the batch. With a full posterior: ``J^T Sigma J`` (d + 1 products)."""
-    LOWRANK = "lowrank"
-    """ENERGY plus force (and stress) variances from the ``posterior_rank`` least constrained
-    posterior directions only (``rank + 1`` vector-Jacobian products): the leading rows of the
-    full posterior's factor, or the largest-variance axes of a diagonal one."""
-    SKETCH = "sketch"
-    """ENERGY plus the LOWRANK variances estimated from one fixed +-1 combination of those
-    ``r`` directions (2 vector-Jacobian products at any rank): unbiased over the signs, noisier
-    per atom, for structures where ``r + 1`` backward passes cost too much."""
-    AUTO = "auto"
-    """LOWRANK while the largest structure of the batch has at most
-    ``LOWRANK_ATOM_DIRECTIONS / r`` atoms, else SKETCH: force uncertainty within 2x the cost
-    of energy + forces at every size (the default with a full posterior)."""
 
 
 def noise_variances(
