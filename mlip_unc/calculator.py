@@ -458,8 +458,8 @@ class UncertaintyCalculator(Calculator):
         if force_unc or not self.thresholds.needs_forces:
             res[keys.CALC_UNCERTAINTY_FLAG] = self.thresholds.exceeded(
                 {
-                    "max_force_std": res.get(keys.CALC_MAX_FORCE_STD, 0.0),
-                    "energy_std_per_atom": self.energy_std_per_atom(res, n_atoms),
+                    keys.CALC_MAX_FORCE_STD: res.get(keys.CALC_MAX_FORCE_STD, 0.0),
+                    keys.CALC_ENERGY_STD_PER_ATOM: self.energy_std_per_atom(res, n_atoms),
                 }
             )
         return res

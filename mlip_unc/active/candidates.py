@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from ase import Atoms
 
+from mlip_unc import keys
 from mlip_unc.active.selection import score_one, score_properties
 
 __all__ = ["visited_frames", "candidate_scores", "audit_flags", "precision_recall", "FLAG_COUNTS"]
@@ -65,7 +66,7 @@ def candidate_scores(
         return np.asarray([max_force(calc, a) for a in frames])
     if all(metric in a.info for a in frames):
         return np.asarray([float(a.info[metric]) for a in frames])
-    props = score_properties(calc, forces=metric == "max_force_std")
+    props = score_properties(calc, forces=metric == keys.CALC_MAX_FORCE_STD)
     return np.asarray([score_one(calc, a, props)[metric] for a in frames])
 
 
@@ -81,9 +82,9 @@ def audit_flags(calc: Any, labelled: Sequence[Atoms]) -> dict[str, Any]:
     out.update(audit_threshold=threshold, audit_max_force_error=[], audit_max_force_std=[])
     for atoms in labelled:
         ref = atoms.get_forces()  # (n_atoms, 3)
-        calc.calculate(atoms.copy(), ["forces", "max_force_std"])
+        calc.calculate(atoms.copy(), ["forces", keys.CALC_MAX_FORCE_STD])
         error = float(np.linalg.norm(calc.results["forces"] - ref, axis=1).max())
-        std = float(calc.results["max_force_std"])
+        std = float(calc.results[keys.CALC_MAX_FORCE_STD])
         out["audit_max_force_error"].append(error)
         out["audit_max_force_std"].append(std)
         if threshold is None:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from ase import Atoms
 
+from mlip_unc import keys
 from mlip_unc.active.data import build_structure, oracle_md, split_labelled, write_frames
 from mlip_unc.active.evaluation import evaluate_structures
 from mlip_unc.active.loop import label_selected, select_flagged
@@ -62,7 +63,11 @@ class DemoSettings:
     top_k: int = 15
     max_label_force: float = 10.0
     thresholds: dict[str, Any] = field(
-        default_factory=lambda: {"max_force_std": 1.3, "energy_std_per_atom": 2.0, "relative": True}
+        default_factory=lambda: {
+            keys.CALC_MAX_FORCE_STD: 1.3,
+            keys.CALC_ENERGY_STD_PER_ATOM: 2.0,
+            "relative": True,
+        }
     )
     epochs: int = 60
     retrain_epochs: int = 30
@@ -193,7 +198,7 @@ def _hot_md(model: Path, s: DemoSettings, data: _Data, out: Path) -> tuple[MDRes
         max_flags=s.max_flags,
         seed=s.seed,
     )
-    level = (calc.uncertainty_levels or {}).get("max_force_std")
+    level = (calc.uncertainty_levels or {}).get(keys.CALC_MAX_FORCE_STD)
     result = run_md(
         data.cell,
         calc,
@@ -252,7 +257,7 @@ def run_demo(out: str | Path | None = None, *, settings: DemoSettings | None = N
     md, calc0 = _hot_md(model0, s, data, out)
     t0 = lap("md", t0)
     n_md = len(md.log["step"])
-    level = (calc0.uncertainty_levels or {}).get("max_force_std", float("nan"))
+    level = (calc0.uncertainty_levels or {}).get(keys.CALC_MAX_FORCE_STD, float("nan"))
     stop = (
         f", stopped at step {md.steps_done} after {s.max_flags} flags" if md.stopped_early else ""
     )
@@ -263,7 +268,7 @@ def run_demo(out: str | Path | None = None, *, settings: DemoSettings | None = N
         len(md.flagged),
         n_md,
         stop,
-        md.log["max_force_std"].max(),
+        md.log[keys.CALC_MAX_FORCE_STD].max(),
         level,
     )
 
@@ -328,14 +333,14 @@ def run_demo(out: str | Path | None = None, *, settings: DemoSettings | None = N
         "n_train_after": len(data.train) + len(new_train),
         "md_steps_done": md.steps_done,
         "md_stopped_early": md.stopped_early,
-        "md_max_force_std_max": float(md.log["max_force_std"].max()),
+        "md_max_force_std_max": float(md.log[keys.CALC_MAX_FORCE_STD].max()),
         "training_level_max_force_std": level,
         "training_level_energy_std_per_atom": (calc0.uncertainty_levels or {}).get(
-            "energy_std_per_atom"
+            keys.CALC_ENERGY_STD_PER_ATOM
         ),
         "thresholds": {
-            "max_force_std": calc0.thresholds.max_force_std,
-            "energy_std_per_atom": calc0.thresholds.energy_std_per_atom,
+            keys.CALC_MAX_FORCE_STD: calc0.thresholds.max_force_std,
+            keys.CALC_ENERGY_STD_PER_ATOM: calc0.thresholds.energy_std_per_atom,
         },
         "temperatures": {"train": s.train_temperature, "hot": s.hot_temperature},
         "before": before,

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 from ase import Atoms
 
+from mlip_unc import keys
+
 __all__ = ["evaluate_structures"]
 
 
@@ -28,7 +30,7 @@ def evaluate_structures(calc: Any, labelled: Sequence[Atoms]) -> dict[str, float
         return {"n": 0}
     sq, ab, ref_sq, n_comp = 0.0, 0.0, 0.0, 0
     e_abs, e_abs_total, mfs, esa, flags = [], [], [], [], []
-    props = ["energy", "forces", "max_force_std", "energy_std"]
+    props = ["energy", "forces", keys.CALC_MAX_FORCE_STD, "energy_std"]
     if "flag" in calc.implemented_properties:
         props.append("flag")
     for atoms in labelled:
@@ -41,7 +43,7 @@ def evaluate_structures(calc: Any, labelled: Sequence[Atoms]) -> dict[str, float
         n_comp += ref_f.size
         e_abs_total.append(abs(res["energy"] - ref_e))
         e_abs.append(abs(res["energy"] - ref_e) / len(atoms))
-        mfs.append(res["max_force_std"])
+        mfs.append(res[keys.CALC_MAX_FORCE_STD])
         esa.append(calc.energy_std_per_atom(res))
         flags.append(bool(res.get("flag", False)))
     force_rms = math.sqrt(ref_sq / n_comp)

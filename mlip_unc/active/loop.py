@@ -27,6 +27,7 @@ import numpy as np
 from ase import Atoms
 from tqdm.auto import tqdm
 
+from mlip_unc import keys
 from mlip_unc.active.biased_md import biased_calculator
 from mlip_unc.active.candidates import audit_flags, candidate_scores, visited_frames
 from mlip_unc.active.data import build_structure, initial_data, split_labelled, write_frames
@@ -132,8 +133,8 @@ def _model_row(
         "model": str(model),
         "n_train": len(train),
         "n_valid": len(valid),
-        "level_max_force_std": levels.get("max_force_std"),
-        "level_energy_std_per_atom": levels.get("energy_std_per_atom"),
+        "level_max_force_std": levels.get(keys.CALC_MAX_FORCE_STD),
+        "level_energy_std_per_atom": levels.get(keys.CALC_ENERGY_STD_PER_ATOM),
         "threshold_max_force_std": calc.thresholds.max_force_std,
         "threshold_energy_std_per_atom": calc.thresholds.energy_std_per_atom,
     }

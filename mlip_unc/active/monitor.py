@@ -50,6 +50,7 @@ from ase import Atoms, units
 from ase.io import read, write
 from tqdm.auto import tqdm
 
+from mlip_unc import keys
 from mlip_unc.calculator import NonFiniteResultError
 from mlip_unc.config import MDSettings
 from mlip_unc.data.domain import CoincidentAtomsError
@@ -77,8 +78,8 @@ CSV_COLUMNS = (
     "etot",
     "temperature",
     "energy_std",
-    "energy_std_per_atom",
-    "max_force_std",
+    keys.CALC_ENERGY_STD_PER_ATOM,
+    keys.CALC_MAX_FORCE_STD,
     "mean_force_std",
     "alignment",
     "flag",
@@ -139,14 +140,14 @@ def frame_uncertainties(atoms: Atoms) -> dict[str, Any]:
     available = set(getattr(calc, "implemented_properties", ()))
     # Most demanding first: with an UncertaintyCalculator the first request computes all the
     # rest in the same model call; the others then come from its cache.
-    for name in ("max_force_std", "forces", "energy", "energy_std", "flag"):
+    for name in (keys.CALC_MAX_FORCE_STD, "forces", "energy", "energy_std", "flag"):
         if name in available:
             calc.get_property(name, atoms)
     res = calc.results
     n = len(atoms)
     out: dict[str, Any] = {
         "energy_std": float(res.get("energy_std", math.nan)),
-        "max_force_std": float(res.get("max_force_std", math.nan)),
+        keys.CALC_MAX_FORCE_STD: float(res.get(keys.CALC_MAX_FORCE_STD, math.nan)),
         "alignment": float(res.get("alignment", math.nan)),
         "flag": bool(res.get("flag", False)),
         "out_of_domain": bool(res.get("out_of_domain", False)),
@@ -157,7 +158,7 @@ def frame_uncertainties(atoms: Atoms) -> dict[str, Any]:
         res.get("uncertainty_flag", out["flag"] and not out["out_of_domain"])
     )
     epi = res.get("energy_epistemic_var")
-    out["energy_std_per_atom"] = (
+    out[keys.CALC_ENERGY_STD_PER_ATOM] = (
         math.sqrt(max(float(epi), 0.0)) / n if epi is not None else math.nan
     )
     out["mean_force_std"] = math.nan
@@ -258,8 +259,8 @@ class UncertaintyMonitor:
             "etot": epot + ekin,
             "temperature": float(atoms.get_temperature()) if len(atoms) else 0.0,
             "energy_std": unc["energy_std"],
-            "energy_std_per_atom": unc["energy_std_per_atom"],
-            "max_force_std": unc["max_force_std"],
+            keys.CALC_ENERGY_STD_PER_ATOM: unc[keys.CALC_ENERGY_STD_PER_ATOM],
+            keys.CALC_MAX_FORCE_STD: unc[keys.CALC_MAX_FORCE_STD],
             "mean_force_std": unc["mean_force_std"],
             "alignment": unc["alignment"],
             "flag": int(unc["flag"]),
@@ -305,15 +306,15 @@ class UncertaintyMonitor:
             return
         calc = self.atoms.calc
         frame = self.atoms.copy()  # copy() drops the calculator: no model values pass as labels
-        keys = (
+        columns = (
             "step",
             "time_ps",
             "energy_std",
-            "energy_std_per_atom",
-            "max_force_std",
+            keys.CALC_ENERGY_STD_PER_ATOM,
+            keys.CALC_MAX_FORCE_STD,
             "alignment",
         )
-        frame.info.update({k: row[k] for k in keys})
+        frame.info.update({k: row[k] for k in columns})
         frame.info["mlip_energy"] = row["epot"]
         frame.info["flag_reason"] = flag_reason(unc)
         frame.info["out_of_domain"] = bool(unc["out_of_domain"])
@@ -475,7 +476,7 @@ def run_md(
     if plot and len(monitor.rows) > 1:
         from mlip_unc.active.report import plot_md_log
 
-        threshold = getattr(getattr(calc, "thresholds", None), "max_force_std", None)
+        threshold = getattr(getattr(calc, "thresholds", None), keys.CALC_MAX_FORCE_STD, None)
         result.plot = plot_md_log(
             md_log, out_dir / "md.png", threshold=threshold, reference=reference_level, title=title
         )

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from mlip_unc import keys
+
 __all__ = [
     "fmt",
     "markdown_table",
@@ -84,7 +86,7 @@ def plot_md_log(
     xlabel = "time (ps)" if t is data["time_ps"] else "step"
     fig = Figure(figsize=(7, 6.5), layout="constrained")
     ax_f, ax_e, ax_u = fig.subplots(3, 1, sharex=True)
-    ax_f.plot(t, data["max_force_std"], color="C3", label="max force std")
+    ax_f.plot(t, data[keys.CALC_MAX_FORCE_STD], color="C3", label="max force std")
     ax_f.plot(t, data["mean_force_std"], color="C1", alpha=0.7, label="mean force std")
     if threshold is not None:
         ax_f.axhline(threshold, ls="--", color="k", lw=1, label="threshold")
@@ -93,11 +95,16 @@ def plot_md_log(
     flagged = data["flag"] > 0
     if flagged.any():
         ax_f.scatter(
-            t[flagged], data["max_force_std"][flagged], s=12, color="k", zorder=3, label="flagged"
+            t[flagged],
+            data[keys.CALC_MAX_FORCE_STD][flagged],
+            s=12,
+            color="k",
+            zorder=3,
+            label="flagged",
         )
     ax_f.set_ylabel("eV/Å")
     ax_f.legend(fontsize=7, loc="upper left")
-    ax_e.plot(t, data["energy_std_per_atom"] * 1000, color="C0")
+    ax_e.plot(t, data[keys.CALC_ENERGY_STD_PER_ATOM] * 1000, color="C0")
     ax_e.set_ylabel("epistemic E std\n(meV/atom)")
     ax_u.plot(t, data["epot"] - data["epot"][0], label="E_pot")
     ax_u.plot(t, data["etot"] - data["epot"][0], label="E_tot")
@@ -293,7 +300,7 @@ def write_demo_report(
     )
     models = "\n".join(f"- *{_STAGE_TEXT[k][0]}*: {_STAGE_TEXT[k][1]}" for k, _ in _stages(numbers))
     thr = numbers["thresholds"]
-    e_thr = thr["energy_std_per_atom"]
+    e_thr = thr[keys.CALC_ENERGY_STD_PER_ATOM]
     rel_valid = numbers["before"]["valid"]["relative_force_std"]
     rel_hot = numbers["before"]["hot"]["relative_force_std"]
     ratio = rel_hot / rel_valid if rel_valid else float("nan")

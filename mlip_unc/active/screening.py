@@ -35,6 +35,7 @@ import ase
 import numpy as np
 from tqdm.auto import tqdm
 
+from mlip_unc import keys
 from mlip_unc.active.selection import (
     INFO_SCORES,
     SCORE_KEYS,
@@ -116,7 +117,7 @@ def _frames(path: Path, task: Task) -> Iterator[tuple[int, ase.Atoms]]:
 
 def _score_task(calc: Any, path: Path, task: Task, opts: dict[str, Any]) -> _Chunk:
     metric, threshold, keep = opts["metric"], opts["threshold"], opts["keep"]
-    props = score_properties(calc, forces=metric == "max_force_std")
+    props = score_properties(calc, forces=metric == keys.CALC_MAX_FORCE_STD)
     out = _Chunk(sums={k: [0.0, np.inf, -np.inf, 0] for k in SCORE_KEYS if k != "flag"})
     for frame, atoms in _frames(path, task):
         validate_atoms(atoms, source=path, frame_index=frame)
@@ -187,7 +188,7 @@ def screen_file(
     path: str | Path,
     make_calc: Callable[[], Any],
     *,
-    metric: str = "max_force_std",
+    metric: str = keys.CALC_MAX_FORCE_STD,
     top_k: int | None = None,
     threshold: float | None = None,
     relative: bool = False,

@@ -22,6 +22,7 @@ import numpy as np
 from ase import Atoms
 from tqdm.auto import tqdm
 
+from mlip_unc import keys
 from mlip_unc.uncertainty.density import structure_descriptor
 
 __all__ = [
@@ -111,7 +112,7 @@ def distance_histograms(
 
 
 # ====================================================================== scoring
-SCORE_METRICS = ("max_force_std", "energy_std_per_atom")
+SCORE_METRICS = keys.UNCERTAINTY_SCORES
 
 
 def score_structures(
@@ -140,7 +141,9 @@ SCORE_KEYS = (*SCORE_METRICS, "energy_std", "alignment", "flag")
 def score_properties(calc: Any, *, forces: bool = True) -> list[str]:
     """The calculator properties :func:`score_one` asks for."""
     props = ["energy_std"] + (
-        ["max_force_std"] if forces and "max_force_std" in calc.implemented_properties else []
+        [keys.CALC_MAX_FORCE_STD]
+        if forces and keys.CALC_MAX_FORCE_STD in calc.implemented_properties
+        else []
     )
     if "flag" in calc.implemented_properties:
         props.append("flag")
@@ -153,8 +156,8 @@ def score_one(calc: Any, atoms: Atoms, props: Sequence[str]) -> dict[str, float 
     calc.calculate(atoms, list(props))
     res = calc.results
     return {
-        "max_force_std": float(res.get("max_force_std", np.nan)),
-        "energy_std_per_atom": float(calc.energy_std_per_atom(res)),
+        keys.CALC_MAX_FORCE_STD: float(res.get(keys.CALC_MAX_FORCE_STD, np.nan)),
+        keys.CALC_ENERGY_STD_PER_ATOM: float(calc.energy_std_per_atom(res)),
         "energy_std": float(res["energy_std"]),
         "alignment": float(res.get("alignment", np.nan)),  # a committee has none
         "flag": bool(res.get("flag", False)),
@@ -178,7 +181,7 @@ def flag_structures(
     calc: Any,
     structures: Sequence[Atoms],
     *,
-    metric: str = "max_force_std",
+    metric: str = keys.CALC_MAX_FORCE_STD,
     top_k: int | None = None,
     threshold: float | None = None,
     relative: bool = False,
@@ -204,7 +207,7 @@ def flag_structures(
     if diverse != "none" and top_k is None:
         raise ValueError("a diverse selection picks top_k structures; give top_k")
     threshold = absolute_threshold(calc, metric, threshold, relative)
-    scores = score_structures(calc, structures, forces=metric == "max_force_std")
+    scores = score_structures(calc, structures, forces=metric == keys.CALC_MAX_FORCE_STD)
     features = None
     if diverse == "descriptor":
         features = distance_histograms(structures)
@@ -218,7 +221,7 @@ def flag_structures(
     return selected, scores
 
 
-INFO_SCORES = ("max_force_std", "energy_std_per_atom", "alignment")
+INFO_SCORES = (keys.CALC_MAX_FORCE_STD, keys.CALC_ENERGY_STD_PER_ATOM, "alignment")
 
 
 def flagged_copy(atoms: Atoms, source_index: int, rank: int, scores: dict[str, Any]) -> Atoms:

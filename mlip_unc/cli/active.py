@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
     app.command("demo", help="Offline active-learning demo on EMT copper (a few minutes).")(demo)
 
 
-_UNITS = {"max_force_std": "eV/Å", "energy_std_per_atom": "eV/atom"}
+_UNITS = {keys.CALC_MAX_FORCE_STD: "eV/Å", keys.CALC_ENERGY_STD_PER_ATOM: "eV/atom"}
 
 
 def _default_threshold(levels: dict | None, metric: str, option: str) -> tuple[float | None, str]:
@@ -234,14 +234,14 @@ def md(
         payload = load_checkpoint(model, kind="potential")
         levels = (payload.get("metadata") or {}).get(LEVELS_KEY) or {}
         thresholds = {
-            "max_force_std": max_force_std,
-            "energy_std_per_atom": energy_std_per_atom,
+            keys.CALC_MAX_FORCE_STD: max_force_std,
+            keys.CALC_ENERGY_STD_PER_ATOM: energy_std_per_atom,
             "relative": relative,
         }
         if max_force_std is None and energy_std_per_atom is None:
-            factor, note = _default_threshold(levels, "max_force_std", "--max-force-std")
+            factor, note = _default_threshold(levels, keys.CALC_MAX_FORCE_STD, "--max-force-std")
             typer.echo(note)
-            thresholds = {"max_force_std": factor, "relative": True} if factor else {}
+            thresholds = {keys.CALC_MAX_FORCE_STD: factor, "relative": True} if factor else {}
         calc = UncertaintyCalculator(
             payload,
             device=device,
@@ -256,7 +256,7 @@ def md(
             biased_calculator(calc, settings),
             settings,
             out,
-            reference_level=levels.get("max_force_std"),
+            reference_level=levels.get(keys.CALC_MAX_FORCE_STD),
             progress=_progress(),
         )
     except user_errors() as err:

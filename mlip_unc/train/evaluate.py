@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from ase.units import GPa
 
+from mlip_unc import keys
 from mlip_unc.models.committee import Committee, load_potential
 from mlip_unc.models.full_posterior import default_uncertainty_mode
 from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
@@ -225,8 +226,8 @@ def uncertainty_levels(
     n = len(table["num_atoms"])
     levels: dict[str, Any] = {
         "mode": uncertainty,
-        "max_force_std": float(np.nanmean(table["forces_max_std"])),
-        "energy_std_per_atom": float(
+        keys.CALC_MAX_FORCE_STD: float(np.nanmean(table["forces_max_std"])),
+        keys.CALC_ENERGY_STD_PER_ATOM: float(
             np.nanmean(table["energy_epistemic_std"] / table["num_atoms"])
         ),
         "n_structures": n,

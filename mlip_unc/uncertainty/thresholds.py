@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mlip_unc import keys
 from mlip_unc.uncertainty.sample_size import MIN_CALIBRATION_SIZE, CalibrationWarning
 
 __all__ = ["LEVELS_KEY", "ThresholdError", "Thresholds"]
@@ -47,7 +48,7 @@ class Thresholds:
     relative: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_force_std", "energy_std_per_atom"):
+        for name in keys.UNCERTAINTY_SCORES:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ThresholdError(f"threshold {name} must be a positive number, got {value!r}")
@@ -66,7 +67,7 @@ class Thresholds:
             return cls()
         if isinstance(value, Thresholds):
             return value
-        unknown = set(value) - {"max_force_std", "energy_std_per_atom", "relative"}
+        unknown = set(value) - {*keys.UNCERTAINTY_SCORES, "relative"}
         if unknown:
             raise ThresholdError(
                 f"unknown threshold keys {sorted(unknown)}; use max_force_std, energy_std_per_atom, relative"
@@ -83,7 +84,7 @@ class Thresholds:
             return self
         _warn_small_levels(levels)
         out = {}
-        for name in ("max_force_std", "energy_std_per_atom"):
+        for name in keys.UNCERTAINTY_SCORES:
             factor = getattr(self, name)
             if factor is not None and (not levels or levels.get(name) is None):
                 raise ThresholdError(
@@ -99,8 +100,8 @@ class Thresholds:
         if self.relative:
             raise ThresholdError("call absolute(levels) before comparing relative thresholds")
         limits = (
-            ("max_force_std", self.max_force_std),
-            ("energy_std_per_atom", self.energy_std_per_atom),
+            (keys.CALC_MAX_FORCE_STD, self.max_force_std),
+            (keys.CALC_ENERGY_STD_PER_ATOM, self.energy_std_per_atom),
         )
         return any(limit is not None and float(values[name]) > limit for name, limit in limits)
 
