@@ -137,3 +137,21 @@ def test_written_files_get_the_permissions_open_would_give(tmp_path):
     os.chmod(tmp_path / "a.txt", 0o640)
     atomic_write_text(tmp_path / "a.txt", "y")  # a rewrite keeps the file's permissions
     assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o640
+
+
+def test_json_safe_makes_standard_json_of_numpy_and_non_finite_values():
+    import json
+
+    import numpy as np
+
+    from mlip_unc.train.io import json_safe
+
+    data = {
+        1: np.float32(0.5),
+        "a": (np.int64(2), float("nan")),
+        "b": np.array([[1.0, np.inf], [2.0, 3.0]]),
+        "c": np.bool_(True),
+    }
+    out = json_safe(data)
+    assert out == {"1": 0.5, "a": [2, None], "b": [[1.0, None], [2.0, 3.0]], "c": True}
+    assert json.loads(json.dumps(out, allow_nan=False)) == out

@@ -17,12 +17,14 @@ __all__ = ["atomic_write_text", "write_json", "write_yaml", "json_safe"]
 
 
 def json_safe(value: Any) -> Any:
-    """NumPy scalars -> Python numbers; non-finite floats -> None (standard JSON)."""
+    """``value`` as standard JSON data: mapping keys as strings, tuples and NumPy arrays as
+    lists, NumPy scalars as Python numbers, non-finite floats as None (what
+    ``benchmarks/common/format.clean`` does too; that copy can go)."""
     if isinstance(value, dict):
         return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, np.ndarray)):
         return [json_safe(v) for v in value]
-    if isinstance(value, (np.floating, np.integer)):
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
