@@ -8,5 +8,6 @@ first, then command, date, machine and versions) beside a JSON file with the ful
 :mod:`benchmarks.paper` holds the LPA paper study, :mod:`benchmarks.peers` the peer rows
 (mace-torch users, metatrain) on the suites' frames, :mod:`benchmarks.common` what the suites
 share (formatting, records, page footers and CSV tables, rerun commands, test-set evaluation,
-the mace-torch and n2p2 peers); no suite imports another (tests/benchmarks/test_suite_imports.py).
+the force-uncertainty frames and scoring, the mace-torch and n2p2 peers); no suite imports
+another (tests/benchmarks/test_suite_imports.py).
 """

@@ -47,7 +47,6 @@ here, configs/tiny_emt.yaml and small models, 10 s per row.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import os
@@ -64,8 +63,8 @@ import numpy as np
 import torch
 import yaml
 
-from benchmarks import force_uncertainty as fu
 from benchmarks.common.evaluation import calculator_predictions, metrics, read_frames, truth
+from benchmarks.common.force_frames import REPO, RESULTS, dataset_spec, row_config
 from benchmarks.common.format import clean, fmt_sig3
 from benchmarks.common.mace_torch import (
     BACKBONE_TO_MACE,
@@ -90,9 +89,6 @@ from mlip_unc.train.evaluate import evaluate_potential
 from mlip_unc.train.potential import run_training
 
 log = logging.getLogger("accuracy")
-REPO = fu.REPO
-RESULTS = fu.RESULTS
-CONFIGS = REPO / "configs"
 DATASETS = ("ethanol", "3BPA", "solvent_xtb", "Si", "Ge", "Li")
 MLEARN = ("Si", "Ge", "Li")
 ROWS = ("native", "gin", "mace_backbone", "mace_torch")
@@ -105,34 +101,6 @@ COLUMNS = (
     "parameters",
 )
 SETTINGS = ("quick", "budget_minutes", "split_seed", "overrides")  # a resumed run must match these
-QUICK_MODELS = {  # --quick: model sections small enough for 10 s
-    "native": {
-        "backbone": "equivariant",
-        "latent_dim": 8,
-        "backbone_kwargs": {
-            "channels": 8,
-            "l_max": 1,
-            "num_layers": 1,
-            "num_basis": 4,
-            "radial_hidden": 8,
-            "readout_hidden": [8],
-        },
-    },
-    "mace_backbone": {
-        "backbone": "mace",
-        "latent_dim": 8,
-        "backbone_kwargs": {
-            "channels": 8,
-            "max_L": 0,
-            "l_max": 1,
-            "num_layers": 2,
-            "correlation": 2,
-            "num_basis": 4,
-            "radial_mlp": [8],
-            "readout_hidden": [8],
-        },
-    },
-}
 QUICK_MACE = {
     "num_channels": 8,
     "max_L": 0,
@@ -223,90 +191,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         os.environ.get("MLIP_UNC_DATA") or REPO.parent / "shared" / "data"
     )
     return args
-
-
-def dataset_spec(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """``{set, train, tests {label: path} (first = the dataset's own), energy_key, forces_key,
-    stress_key, overrides}``: files and label keys of one dataset (3BPA and cu_emt files are
-    written to ``work`` by :func:`force_uncertainty.dataset_split`)."""
-    s = args.data_root / "structures"
-    spec: dict[str, Any] = {
-        "set": name.lower(),
-        "energy_key": "energy",
-        "forces_key": "forces",
-        "stress_key": None,
-        "overrides": [],
-    }
-    if name in ("cu_emt", "3BPA"):
-        split = fu.dataset_split(
-            name.lower(), argparse.Namespace(data_root=args.data_root, seed=args.split_seed), work
-        )
-        tests = (
-            {"test": split["test"]}
-            if name == "cu_emt"
-            else {"test_300K": split["test"], "mixedT": split["ood"]}
-        )
-        spec.update(
-            train=split["train"], tests=tests, stress_key="stress" if name == "cu_emt" else None
-        )
-    elif name == "ethanol":
-        spec.update(
-            train=s / "ethanol" / "train.xyz", tests={"test_MD": s / "ethanol" / "test_MD.xyz"}
-        )
-    elif name == "solvent_xtb":
-        root = s / "solvent_xtb"
-        spec.update(
-            train=root / "solvent_xtb_train_200.xyz",
-            tests={"test": root / "solvent_xtb_test.xyz"},
-            energy_key="energy_xtb",
-            forces_key="forces_xtb",
-        )
-    else:  # mlearn: the JSON files themselves (stress converted by mlip_unc.data.json_reader)
-        root = s / "mlearn" / name
-        spec.update(
-            set="mlearn",
-            train=root / "training.json",
-            tests={"test": root / "test.json"},
-            stress_key="stress",
-        )
-    keys = {
-        "energy_key": spec["energy_key"],
-        "forces_key": spec["forces_key"],
-        "stress_key": spec["stress_key"],
-    }
-    spec["overrides"] = [
-        f"data.train={spec['train']}",
-        "data.test=null",
-        *(f"data.{k}={v}" for k, v in keys.items() if v is not None),
-    ]
-    return spec
-
-
-def row_config(
-    spec: dict[str, Any], row: str, args: argparse.Namespace
-) -> tuple[dict[str, Any], str]:
-    """The raw config of ``row`` on this dataset and a note of where it came from."""
-    if args.quick:
-        raw = yaml.safe_load((CONFIGS / "tiny_emt.yaml").read_text())
-        if row in QUICK_MODELS:
-            raw["model"] = copy.deepcopy(QUICK_MODELS[row])
-        return (
-            raw,
-            f"configs/tiny_emt.yaml{' + quick model of ' + row if row in QUICK_MODELS else ''}",
-        )
-    suffix = {
-        "native": "equivariant",
-        "gin": "gin",
-        "mace_backbone": "mace",
-        "mace_torch": "equivariant",
-    }[row]
-    own = CONFIGS / f"{spec['set']}_{suffix}.yaml"
-    if own.is_file():
-        return yaml.safe_load(own.read_text()), str(own.relative_to(REPO))
-    native = CONFIGS / f"{spec['set']}_equivariant.yaml"
-    raw = yaml.safe_load(native.read_text())
-    raw["model"] = yaml.safe_load((CONFIGS / f"ethanol_{suffix}.yaml").read_text())["model"]
-    return raw, f"{native.relative_to(REPO)} + model section of configs/ethanol_{suffix}.yaml"
 
 
 # ================================================================ our rows

@@ -3,7 +3,7 @@
 The part ``size`` of the force_uncertainty suite (``python -m benchmarks.force_uncertainty
 --part size``; this module's own entry point takes the same flags). One model per set, trained
 here under the wall budget ``--budget-minutes`` with the shipped config on the suite's training
-split (:func:`benchmarks.force_uncertainty.dataset_split`): configs/3bpa_equivariant.yaml on 400
+split (:func:`benchmarks.common.force_frames.dataset_split`): configs/3bpa_equivariant.yaml on 400
 frames of train_300K, configs/ethanol_equivariant.yaml on rMD17 ethanol train.xyz,
 configs/mlearn_equivariant.yaml on mlearn's Si training set.
 
@@ -63,8 +63,10 @@ import torch
 from ase import Atoms
 
 from benchmarks import force_uncertainty as fu
+from benchmarks.common import force_frames as ff
 from benchmarks.common.format import clean, fmt2, fmt3
 from benchmarks.common.pages import environment
+from mlip_unc.uncertainty import diagnostics as diag
 
 log = logging.getLogger("force_uncertainty_size")
 JSONL, JSON = "force_uncertainty_size.jsonl", "force_uncertainty_size.json"
@@ -139,7 +141,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--snap-python",
         type=Path,
-        default=fu.REPO / ".venv-mace" / "bin" / "python",
+        default=ff.REPO / ".venv-mace" / "bin" / "python",
         help="interpreter with LAMMPS that makes the Si cells",
     )
     p.add_argument("--cells-cache", type=Path, default=DEFAULT_CACHE, help="where cells are kept")
@@ -149,7 +151,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSON")
     p.add_argument("--make-cells", type=Path, default=None, help=argparse.SUPPRESS)  # subprocess
     p.add_argument("--crystal", default="si", help=argparse.SUPPRESS)
-    args = fu.parse_with_quick(p, argv, "tiny EMT Cu clusters and cells made here; needs --out")
+    args = ff.parse_with_quick(p, argv, "tiny EMT Cu clusters and cells made here; needs --out")
     quick = args.quick
     defaults = {  # (full, quick)
         "boxes": ("27:12,343:1", "8:2,27:1"),
@@ -188,9 +190,9 @@ def model_name(set_name: str) -> str:
 def training_split(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The suite's split for a molecular set (and the quick Cu); Si: mlearn's training set."""
     if name != "si":
-        return fu.dataset_split(name, args, work)
+        return ff.dataset_split(name, args, work)
     return {
-        "config": fu.REPO / "configs" / "mlearn_equivariant.yaml",
+        "config": ff.REPO / "configs" / "mlearn_equivariant.yaml",
         "overrides": [],
         "energy_key": "energy",
         "forces_key": "forces",
@@ -284,7 +286,7 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def cells(block: Block, args: argparse.Namespace, steps: fu.Steps) -> list[Atoms]:
+def cells(block: Block, args: argparse.Namespace, steps: ff.Steps) -> list[Atoms]:
     """The block's labelled crystal frames: from the cache when its SHA-256 matches the record,
     else made (Si: by ``--snap-python``, which has LAMMPS) and recorded."""
     seed = args.seed + int(block.temperature_k or 0) + block.per_box
@@ -329,7 +331,7 @@ def cells(block: Block, args: argparse.Namespace, steps: fu.Steps) -> list[Atoms
             str(args.out),
         ]
         log.info("[cells] %s: %s", block.key, shlex.join(command))
-        subprocess.run(command, check=True, cwd=fu.REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        subprocess.run(command, check=True, cwd=ff.REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     else:
         frames = crystal_cells(
             block.set, block.per_box, float(block.temperature_k or 0), **{**settings}
@@ -399,7 +401,7 @@ def bootstrap_std(
     members = np.argsort(units, kind="stable").reshape(counts.size, counts[0])  # (units, size)
     draws = np.random.default_rng(seed).integers(0, counts.size, (resamples, counts.size))
     idx = members[draws].reshape(resamples, -1)  # (resamples, n)
-    rho = fu._row_rank_corr(sigma[idx], error[idx])
+    rho = ff._row_rank_corr(sigma[idx], error[idx])
     return float(np.nanstd(rho))
 
 
@@ -416,18 +418,18 @@ def row_values(
     each atom's molecule (None: a crystal, no per-molecule column, atoms resampled)."""
     err = pred - true  # (n, 3)
     sigma, abs_err = np.sqrt(var.sum(1)), np.linalg.norm(err, axis=1)  # (n,) each
-    out: dict[str, Any] = {"spearman_atom": fu.diag.spearman(sigma, abs_err)}
+    out: dict[str, Any] = {"spearman_atom": diag.spearman(sigma, abs_err)}
     units = np.arange(len(sigma)) if molecule is None else molecule
     out["spearman_atom_std"] = bootstrap_std(sigma, abs_err, units, resamples, seed)
     if molecule is not None:
         top_sigma, top_err = (np.full(molecule.max() + 1, -np.inf) for _ in range(2))
         np.maximum.at(top_sigma, molecule, sigma)
         np.maximum.at(top_err, molecule, abs_err)
-        out["spearman_molecule"] = fu.diag.spearman(top_sigma, top_err)
+        out["spearman_molecule"] = diag.spearman(top_sigma, top_err)
     else:
         out["spearman_molecule"] = None
-    out["std_over_rmse"] = fu.diag.std_over_rmse(var, err)
-    out["total_std_over_rmse"] = fu.diag.std_over_rmse(total, err)
+    out["std_over_rmse"] = diag.std_over_rmse(var, err)
+    out["total_std_over_rmse"] = diag.std_over_rmse(total, err)
     out["force_mae_meV_A"] = 1e3 * float(np.mean(np.abs(err)))
     return out
 
@@ -442,7 +444,7 @@ def blocks(set_name: str, args: argparse.Namespace) -> list[Block]:
     return [Block(set_name, 0, per_box, n) for per_box, n in args.box_list]
 
 
-def run_set(set_name: str, args: argparse.Namespace, steps: fu.Steps, work: Path) -> None:
+def run_set(set_name: str, args: argparse.Namespace, steps: ff.Steps, work: Path) -> None:
     """Train the set's model (once), then every block's rows not yet on file."""
     from mlip_unc.models.checkpoint import load_checkpoint
     from mlip_unc.models.potential import BayesianPotential
@@ -463,7 +465,7 @@ def run_set(set_name: str, args: argparse.Namespace, steps: fu.Steps, work: Path
             f"train.epochs={epochs}",
             "train.schedule_clock=epochs",
         ]
-    folder = fu.train(name, split, args, steps, 1, folder="force_uncertainty_size")
+    folder = ff.train(name, split, args, steps, 1, folder="force_uncertainty_size")
     payload = load_checkpoint(folder / "model.pt", kind="potential")
     r_max = float(BayesianPotential.from_checkpoint(dict(payload)).r_max)
     for block in dict.fromkeys(b for b, _ in todo):
@@ -535,7 +537,7 @@ def acceptance(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
+def assemble(steps: ff.Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
     settings = steps.get("settings") or {}
     wanted = {f"{b.key}" for s in args.sets for b in blocks(s, args)}
     rows = [
@@ -552,7 +554,7 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
             ROWS.index(r["row"]),
         )
     )
-    meta = {k: settings.get(k) for k in ("command", "started", *fu.SETTINGS, "threads")}
+    meta = {k: settings.get(k) for k in ("command", "started", *ff.SETTINGS, "threads")}
     meta.update(
         status=status,
         updated=time.strftime("%Y-%m-%d %H:%M"),
@@ -653,7 +655,7 @@ def size_section(folder: Path) -> list[str]:
     return lines
 
 
-def save(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
+def save(steps: ff.Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
     results = assemble(steps, args, status)
     tmp = args.out / f".{JSON}.tmp"
     tmp.write_text(json.dumps(results, indent=1))
@@ -722,7 +724,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "threads": args.threads,
         "data_root": None if args.quick else str(args.data_root),
     }
-    steps = fu.Steps(args.out / JSONL, settings)
+    steps = ff.Steps(args.out / JSONL, settings)
     steps.note_command(command)
     with tempfile.TemporaryDirectory(prefix="mlip_unc_fu_size_") as work:
         for set_name in args.sets:

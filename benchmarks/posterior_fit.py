@@ -99,7 +99,7 @@ def _jacobian_seconds(model: Any, graphs: list) -> dict[str, float]:
 def test_quality(model: Any, data: Any, limit: int) -> dict[str, Any] | None:
     """The refitted posterior on the checkpoint's test frames (at most ``limit``), default mode:
     frame Spearman of max sigma_F against the max force error, and std/RMSE per component."""
-    from benchmarks.force_uncertainty import prediction_values
+    from benchmarks.common.force_frames import prediction_values
     from mlip_unc.models.full_posterior import default_uncertainty_mode
     from mlip_unc.train.predictions import predict
     from mlip_unc.uncertainty import diagnostics as diag

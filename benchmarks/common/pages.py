@@ -4,7 +4,10 @@ A page shows its tables first; :func:`run_section` then gives the command, the d
 machine (with its load average when recorded) and the package versions, and points to the
 suite's JSON for the rest of the provenance (every command, per-run settings and notes).
 :func:`environment` is what a suite records in its JSON when it measures. A page prints a
-recorded command through :func:`rerun_command`, in the form that runs today.
+recorded command through :func:`rerun_command`, in the form that runs today. Sections that
+benchmarks/peers write onto a suite's page (:data:`PEER_SECTION`) are kept by a rewrite
+(:func:`peer_sections`, :func:`replace_section`) or moved to pages of their own
+(:func:`move_peer_sections`).
 """
 
 from __future__ import annotations
@@ -144,3 +147,34 @@ def replace_section(
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+PEER_TITLE = re.compile(r"^## (?P<title>.+)$", re.MULTILINE)
+
+
+def peer_page(path: Path, name: str) -> Path:
+    """Where the peer section ``name`` of the page ``path`` lives: ``<page>_NAME.md`` beside it."""
+    return path.with_name(f"{path.stem}_{name.replace('.', '_')}.md")
+
+
+def move_peer_sections(path: Path, by: str) -> list[tuple[str, str]]:
+    """Move the sections that other scripts write onto ``path`` (between ``<!-- peers/NAME:
+    begin ...-->`` and ``<!-- peers/NAME: end -->``, benchmarks/peers) to their own pages beside it
+    (:func:`peer_page`; a section on ``path`` replaces the one on its page: it is newer), so
+    that the page stays short; ``[(title, file name)]`` of every peer page there, for the links.
+    A peer page is the section as written, under a title line and a link back (``by``: the
+    script that moved it, where the native rows are)."""
+    text = path.read_text() if path.is_file() else ""
+    for match in PEER_SECTION.finditer(text):
+        name = match.group("name")
+        peer_page(path, name).write_text(
+            f"# {path.stem}: peer section `{name}`\n\n"
+            f"Written by benchmarks/peers ({name}) onto [{path.name}]({path.name}), moved here by "
+            f"{by} (the native rows are there).\n\n{match.group(0)}\n"
+        )
+    out = []
+    for page in sorted(path.parent.glob(f"{path.stem}_*.md")):
+        if section := PEER_SECTION.search(page.read_text()):
+            title = PEER_TITLE.search(section.group(0))
+            out.append((title.group("title") if title else section.group("name"), page.name))
+    return out

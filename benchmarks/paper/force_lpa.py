@@ -9,7 +9,7 @@ log kappa``), ``rho_F`` = Spearman over k of (mean over rows of ``(v_k^T g)^2``,
 share of ``||g||^2`` on the d/4 smallest-``lam`` directions; the same for the energy latents Phi,
 and for uniformly random directions (the random-rotation reference: E kappa = 1, share d/4 / d).
 Sets: the model's training frames, the in-domain test frames and the OOD frames of
-force_uncertainty.dataset_split. Frame scores ranked against the frame force error and by OOD
+force_frames.dataset_split. Frame scores ranked against the frame force error and by OOD
 AUROC. Sweep: the precision refitted on nested random subsets of the training frames
 (:func:`precision`, the model's noises and lambda), on the in-domain test rows.
 Results: ``OUT/force_lpa.{json,md,png}``.
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch_geometric.loader import DataLoader
 
-from benchmarks import force_uncertainty as fu
+from benchmarks.common import force_frames as ff
 from benchmarks.common.format import clean
 from benchmarks.common.pages import rerun_command
 from mlip_unc import keys
@@ -108,10 +108,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--report-only", action="store_true", help="only rewrite OUT/force_lpa.md from its JSON"
     )
-    args = fu.parse_with_quick(p, argv, "tiny EMT Cu model trained here (seconds); needs --out")
-    if args.quick:  # where force_uncertainty.train puts the quick model
+    args = ff.parse_with_quick(p, argv, "tiny EMT Cu model trained here (seconds); needs --out")
+    if args.quick:  # where force_frames.train puts the quick model
         args.checkpoints = args.out / "checkpoints" / "force_uncertainty"
-    args.checkpoints = args.checkpoints or fu.RESULTS / "checkpoints" / "force_uncertainty"
+    args.checkpoints = args.checkpoints or ff.RESULTS / "checkpoints" / "force_uncertainty"
     return args
 
 
@@ -298,8 +298,10 @@ def reproduction(
 
 def quick_checkpoint(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The quick model of force_uncertainty.py (EMT Cu, configs/tiny_emt.yaml), single model only."""
-    fargs = fu.parse_args(["--quick", "--out", str(args.out)])
-    split = fu.dataset_split("cu_emt", fargs, work)
+    fargs = argparse.Namespace(  # force_uncertainty's --quick settings
+        data_root=args.data_root, seed=0, out=args.out, budget_minutes=10.0 / 60.0, overrides=[]
+    )
+    split = ff.dataset_split("cu_emt", fargs, work)
     if not (args.checkpoints / "cu_emt_single" / "model.pt").is_file():
         settings = {
             "command": "force_lpa --quick",
@@ -308,7 +310,7 @@ def quick_checkpoint(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "overrides": [],
             "budget_minutes": fargs.budget_minutes,
         }
-        fu.train("cu_emt", split, fargs, fu.Steps(work / "steps.jsonl", settings), 1)
+        ff.train("cu_emt", split, fargs, ff.Steps(work / "steps.jsonl", settings), 1)
     return split
 
 
@@ -333,7 +335,7 @@ def load_sets(
                     f"not found: {path} (checkpoint: benchmarks/force_uncertainty.py; data: --data-root)"
                 )
         seed = load_potential_config(folder / "config.yaml", [f"data_root={args.data_root}"]).seed
-        split = fu.dataset_split(
+        split = ff.dataset_split(
             name, argparse.Namespace(data_root=args.data_root, seed=seed), work
         )
     cfg = load_potential_config(
@@ -356,7 +358,7 @@ def load_sets(
     datasets = {
         "train": data.train,
         "valid": valid,
-        **{p: fu.load_frames(split[p], model, split, None) for p in ("test", "ood")},
+        **{p: ff.load_frames(split[p], model, split, None) for p in ("test", "ood")},
     }
     sets = {}
     for part, dataset in datasets.items():
@@ -377,7 +379,7 @@ def load_sets(
 def _shown(path: Path) -> str:
     """``path`` relative to the repository when inside it (no machine-specific prefix in results)."""
     try:
-        return str(path.resolve().relative_to(fu.REPO))
+        return str(path.resolve().relative_to(ff.REPO))
     except ValueError:
         return str(path)
 

@@ -1,13 +1,13 @@
 """MACE users' rows of the force-uncertainty benchmark: the same frames, the same lines.
 
 Three rows per dataset (3bpa, ethanol), on the test and OOD frames of
-:func:`benchmarks.force_uncertainty.dataset_split` (same ``--seed``, same frames as the native rows)
+:func:`benchmarks.common.force_frames.dataset_split` (same ``--seed``, same frames as the native rows)
 and scored by its functions (``frame_values`` / ``prediction_values`` / ``row_metrics``):
 
 - ``backbone_mace``: configs/<set>_mace.yaml (our MACE backbone under the Bayesian head), trained
-  as the native single model (``force_uncertainty.train_config``: wall budget, wall-clock schedule),
+  as the native single model (``force_frames.train_config``: wall budget, wall-clock schedule),
   its full posterior fitted after training as the config says, every mode it offers
-  (``force_uncertainty.offered_modes``); the default mode is
+  (``force_frames.offered_modes``); the default mode is
   ``mlip_unc.models.full_posterior.default_uncertainty_mode``. Training and the posterior fit are
   two steps (training is run with ``model.posterior=diagonal`` and the full fit is
   ``finalize_checkpoint`` with the config's own posterior), so a slow fit never costs a training;
@@ -23,7 +23,7 @@ and scored by its functions (``frame_values`` / ``prediction_values`` / ``row_me
   cost = ``MACECalculator(model_paths=[members])`` E+F over one member's ``MACECalculator`` E+F.
 
 Order: per dataset row (b)'s model, attach and default mode, then the other members (row c);
-then row (b)'s slow modes; then row (a) per dataset. Cost ratios are interleaved best-of-3 single-frame timings (``force_uncertainty.time_calls``) over
+then row (b)'s slow modes; then row (a) per dataset. Cost ratios are interleaved best-of-3 single-frame timings (``force_frames.time_calls``) over
 each model's own plain E+F. Finished trainings, fits, evaluations and timings are appended to
 ``WORK/steps.jsonl`` and skipped when the command is run again; ``--stop-by HH:MM`` (UTC) starts
 no step that would not end before it. The results (metrics only) go to
@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from benchmarks import force_uncertainty as fu
+from benchmarks.common import force_frames as ff
 from benchmarks.common.evaluation import calculator_predictions, read_frames
 from benchmarks.common.format import clean, fmt2, fmt3
 from benchmarks.common.mace_torch import (
@@ -72,8 +72,8 @@ log = logging.getLogger("mace_rows")
 FORWARD = "forward_graph"
 """The cost record's key of :func:`forward_pass` (a record of the forward alone, without the
 positions' graph, was keyed ``forward`` and is timed again)."""
-REPO = fu.REPO
-RESULTS = fu.RESULTS
+REPO = ff.REPO
+RESULTS = ff.RESULTS
 WORK = REPO / "runs" / "mace_rows"
 DATASETS = ("3bpa", "ethanol")
 PARTS = ("torch", "backbone")  # torch: rows (b) and (c); backbone: row (a)
@@ -173,7 +173,8 @@ def check_time(args: argparse.Namespace, kind: str, what: str) -> None:
 
 # ================================================================ training
 def mace_namespace(args: argparse.Namespace) -> argparse.Namespace:
-    """The options :mod:`benchmarks.accuracy`'s mace-torch helpers read (its fixed MACE_MODEL)."""
+    """The options that ``force_frames.dataset_spec`` and ``row_config`` read (accuracy's fixed
+    MACE_MODEL)."""
     return argparse.Namespace(
         data_root=args.data_root,
         split_seed=args.seed,
@@ -186,18 +187,16 @@ def mace_namespace(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def mace_spec(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """:func:`benchmarks.accuracy.dataset_spec` of ``name`` (3BPA's split files under WORK/name)."""
-    from benchmarks import accuracy as acc
-
+    """:func:`~benchmarks.common.force_frames.dataset_spec` of ``name`` (3BPA's split files
+    under WORK/name)."""
     work = args.work / name
     work.mkdir(parents=True, exist_ok=True)
-    return acc.dataset_spec({"3bpa": "3BPA"}.get(name, name), mace_namespace(args), work)
+    return ff.dataset_spec({"3bpa": "3BPA"}.get(name, name), mace_namespace(args), work)
 
 
-def train_mace_torch(name: str, seed: int, args: argparse.Namespace, steps: fu.Steps) -> Path:
+def train_mace_torch(name: str, seed: int, args: argparse.Namespace, steps: ff.Steps) -> Path:
     """mace-torch's MACE of ``seed`` trained by ``mace_run_train`` for the budget (accuracy.py's
     command and stop rule); returns its ``.model`` (the step records minutes and epochs)."""
-    from benchmarks import accuracy as acc
     from mlip_unc.config import load_potential_config
 
     step, work = f"train:{name}:mace_torch:{seed}", args.work / name / f"mace_torch_seed{seed}"
@@ -206,7 +205,7 @@ def train_mace_torch(name: str, seed: int, args: argparse.Namespace, steps: fu.S
     check_time(args, "train", step)
     log.info("[train] %s mace-torch seed %d: %g min", name, seed, args.budget_minutes)
     spec, ns = mace_spec(name, args), mace_namespace(args)
-    raw, source = acc.row_config(spec, "mace_torch", ns)
+    raw, source = ff.row_config(spec, "mace_torch", ns)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     (work / "cfg.yaml").write_text(yaml.safe_dump(raw))
@@ -243,7 +242,7 @@ def train_mace_torch(name: str, seed: int, args: argparse.Namespace, steps: fu.S
     return model
 
 
-def attach(name: str, model: Path, args: argparse.Namespace, steps: fu.Steps) -> Path:
+def attach(name: str, model: Path, args: argparse.Namespace, steps: ff.Steps) -> Path:
     """``mlip-unc attach`` with its defaults on the training split; the attached checkpoint."""
     step, out = f"attach:{name}", args.work / name / "mace_torch_attached.pt"
     if steps.get(step) and out.is_file():
@@ -323,11 +322,11 @@ def attached_metadata(path: Path) -> dict[str, Any]:
 
 def backbone_split(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """force_uncertainty's split of ``name`` with configs/<name>_mace.yaml as the config."""
-    split = fu.dataset_split(name, args, args.work / name)
+    split = ff.dataset_split(name, args, args.work / name)
     return {**split, "config": REPO / "configs" / f"{name}_mace.yaml"}
 
 
-def train_backbone(name: str, args: argparse.Namespace, steps: fu.Steps) -> Path:
+def train_backbone(name: str, args: argparse.Namespace, steps: ff.Steps) -> Path:
     """Row (a): the MACE-backbone model trained (posterior fitted in :func:`fit_backbone`)."""
     from mlip_unc.train.potential import run_training
 
@@ -339,7 +338,7 @@ def train_backbone(name: str, args: argparse.Namespace, steps: fu.Steps) -> Path
     diagonal = argparse.Namespace(
         **{**vars(args), "overrides": [*args.overrides, "model.posterior=diagonal"]}
     )
-    config = fu.train_config(split, diagonal, out, 1)  # the full posterior: fit_backbone
+    config = ff.train_config(split, diagonal, out, 1)  # the full posterior: fit_backbone
     log.info("[train] %s backbone mace: %g min", name, args.budget_minutes)
     load = os.getloadavg()[0]
     result = run_training(config)[0]
@@ -359,7 +358,7 @@ def train_backbone(name: str, args: argparse.Namespace, steps: fu.Steps) -> Path
     return out
 
 
-def fit_backbone(name: str, out: Path, args: argparse.Namespace, steps: fu.Steps) -> None:
+def fit_backbone(name: str, out: Path, args: argparse.Namespace, steps: ff.Steps) -> None:
     """Row (a)'s post-training fits with the config's own posterior (``finalize_checkpoint``);
     done again after a new training or when the config's ``model.posterior_valid_frames``
     changed (the evaluations after it follow)."""
@@ -367,7 +366,7 @@ def fit_backbone(name: str, out: Path, args: argparse.Namespace, steps: fu.Steps
     from mlip_unc.train.potential_data import prepare_data
 
     step = f"fit:{name}:backbone"
-    config = fu.train_config(backbone_split(name, args), args, out, 1)
+    config = ff.train_config(backbone_split(name, args), args, out, 1)
     valid_frames = config.model.posterior_valid_frames
     if (
         (done := steps.get(step))
@@ -390,7 +389,7 @@ def eval_modes(
     row: str,
     model_path: Path,
     args: argparse.Namespace,
-    steps: fu.Steps,
+    steps: ff.Steps,
     after: str,
     defer: tuple[str, ...] = (),
 ) -> None:
@@ -402,22 +401,20 @@ def eval_modes(
     from mlip_unc.models.full_posterior import default_uncertainty_mode
 
     model = load_potential(model_path)
-    split = fu.dataset_split(name, args, args.work / name)
+    split = ff.dataset_split(name, args, args.work / name)
     sets = {
         part: data
         for part in ("in", "ood")
         if (
-            data := fu.load_frames(
+            data := ff.load_frames(
                 split["test" if part == "in" else "ood"], model, split, args.max_eval_frames
             )
         )
         is not None
     }
-    modes, skipped = fu.offered_modes(model, sets["in"].graphs[0], args)
+    modes, skipped = ff.offered_modes(model, sets["in"].graphs[0], args)
     default = default_uncertainty_mode(model)
-    if (
-        default not in modes
-    ):  # a default outside force_uncertainty.MODES (e.g. one that picks a mode)
+    if default not in modes:  # a default outside force_frames.MODES (e.g. one that picks a mode)
         model(sets["in"].graphs[0], compute_forces=True, uncertainty=default)
         modes.append(default)
     fresh = steps.get(after)["line"]
@@ -435,7 +432,7 @@ def eval_modes(
             continue
         check_time(args, "exact" if mode == "exact" else "eval", step)
         start = time.perf_counter()
-        record = {part: fu.frame_values(model, data, mode, args) for part, data in sets.items()}
+        record = {part: ff.frame_values(model, data, mode, args) for part, data in sets.items()}
         steps.add(step, {**record, "seconds": time.perf_counter() - start})
         log.info("[eval] %s %s %s done", name, row, mode)
     distance_baselines(name, row, model, split, sets, steps, fresh)
@@ -472,7 +469,7 @@ def eval_modes(
             [steps.get(f"train:{name}:mace_torch:{args.seed}")["model"]], steps, name
         )
         calls["mace_calculator"] = lambda k: calc.calculate(frames[k], ["energy", "forces"], [])
-    ms = fu.time_calls(calls, list(range(len(graphs))))
+    ms = ff.time_calls(calls, list(range(len(graphs))))
     vectors = backward_vectors(model, graphs, default)
     steps.add(step, {"ms": ms, "n_frames": len(graphs), "modes": timed, "vectors": vectors})
 
@@ -483,18 +480,18 @@ def distance_baselines(
     model: Any,
     split: dict[str, Any],
     sets: dict[str, Any],
-    steps: fu.Steps,
+    steps: ff.Steps,
     fresh: int,
 ) -> None:
-    """The native rows' distance-to-training baselines (``fu.distance_scores``: the model's own
+    """The native rows' distance-to-training baselines (``ff.distance_scores``: the model's own
     per-atom latents and an interatomic-distance histogram, against every frame of the split's
     training file, which both rows train on) for the frames of ``sets``; one step, redone when
     older than the step at line ``fresh``."""
     step = f"distance:{name}:{row}"
     if (done := steps.get(step)) and done["line"] > fresh:
         return
-    train = fu.load_frames(split["train"], model, split, None)
-    scores = fu.distance_scores(model, train, sets)  # {baseline: {part: (n,)}}
+    train = ff.load_frames(split["train"], model, split, None)
+    scores = ff.distance_scores(model, train, sets)  # {baseline: {part: (n,)}}
     steps.add(
         step,
         {b: {p: np.asarray(v).tolist() for p, v in parts.items()} for b, parts in scores.items()},
@@ -543,7 +540,7 @@ def test_atoms(path: Path | str, split: dict[str, Any], limit: int | None) -> li
     return read_frames(Path(path), spec)[:limit]
 
 
-def mace_calculator(models: list[str], steps: fu.Steps, name: str) -> Any:
+def mace_calculator(models: list[str], steps: ff.Steps, name: str) -> Any:
     """mace-torch's ``MACECalculator`` of ``models`` (a committee for several) in their dtype."""
     from mace.calculators import MACECalculator
 
@@ -583,7 +580,7 @@ def committee_predictions(members: list[Any]) -> Any:
     )
 
 
-def predict_member(name: str, seed: int, args: argparse.Namespace, steps: fu.Steps) -> None:
+def predict_member(name: str, seed: int, args: argparse.Namespace, steps: ff.Steps) -> None:
     """One committee member's energies and forces on the test and OOD frames by ``MACECalculator``."""
     step = f"predict:{name}:mace_torch:{seed}"
     if (done := steps.get(step)) and done["line"] > steps.get(f"train:{name}:mace_torch:{seed}")[
@@ -591,7 +588,7 @@ def predict_member(name: str, seed: int, args: argparse.Namespace, steps: fu.Ste
     ]:
         return
     check_time(args, "eval", step)
-    split = fu.dataset_split(name, args, args.work / name)
+    split = ff.dataset_split(name, args, args.work / name)
     calc = mace_calculator([steps.get(f"train:{name}:mace_torch:{seed}")["model"]], steps, name)
     spec = {
         "energy_key": split["energy_key"],
@@ -608,7 +605,7 @@ def predict_member(name: str, seed: int, args: argparse.Namespace, steps: fu.Ste
     steps.add(step, {"files": files})
 
 
-def eval_committee(name: str, seeds: list[int], args: argparse.Namespace, steps: fu.Steps) -> None:
+def eval_committee(name: str, seeds: list[int], args: argparse.Namespace, steps: ff.Steps) -> None:
     """Row (c) from the members predicted so far (redone when a member was added), and its cost."""
     done = [s for s in seeds if steps.get(f"predict:{name}:mace_torch:{s}")]
     if len(done) < 2:
@@ -619,7 +616,7 @@ def eval_committee(name: str, seeds: list[int], args: argparse.Namespace, steps:
     else:
         files = [steps.get(f"predict:{name}:mace_torch:{s}")["files"] for s in done]
         record = {
-            part: fu.prediction_values(
+            part: ff.prediction_values(
                 committee_predictions([load_predictions(Path(f[part])) for f in files]),
                 "committee5",
             )
@@ -630,7 +627,7 @@ def eval_committee(name: str, seeds: list[int], args: argparse.Namespace, steps:
     if (old := steps.get(step)) and old["members"] == done:
         return
     check_time(args, "eval", step)
-    split = fu.dataset_split(name, args, args.work / name)
+    split = ff.dataset_split(name, args, args.work / name)
     models = [steps.get(f"train:{name}:mace_torch:{s}")["model"] for s in done]
     single, committee = (
         mace_calculator(models[:1], steps, name),
@@ -644,7 +641,7 @@ def eval_committee(name: str, seeds: list[int], args: argparse.Namespace, steps:
     steps.add(
         step,
         {
-            "ms": fu.time_calls(calls, list(range(len(frames)))),
+            "ms": ff.time_calls(calls, list(range(len(frames)))),
             "n_frames": len(frames),
             "members": done,
         },
@@ -658,7 +655,7 @@ def ratios(cost: dict[str, Any] | None) -> dict[str, float]:
     return {k: v / ms["plain"] for k, v in ms.items() if k != "plain"} if ms.get("plain") else {}
 
 
-def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
+def assemble(steps: ff.Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
     """``{"meta": ..., dataset: {"rows": {row: metrics}, "defaults": {group: row}, ...}}``."""
     settings = steps.get("settings") or {}
     results: dict[str, Any] = {
@@ -684,7 +681,7 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
             for step, rec in steps.records.items():
                 if step.startswith(f"eval:{name}:{group}:"):
                     mode = step.rsplit(":", 1)[1]
-                    rows[f"{group}:{mode}"] = fu.row_metrics(
+                    rows[f"{group}:{mode}"] = ff.row_metrics(
                         rec["in"], rec.get("ood"), ratio.get(mode)
                     )
             if modes and (rec := steps.get(f"eval:{name}:{group}:{modes['default']}")):
@@ -693,10 +690,10 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
                 dist = steps.get(f"distance:{name}:{group}") or {}
                 scores = {
                     "force_magnitude": {p: rec[p]["force"] for p in ("in", "ood") if p in rec},
-                    **{b: dist[b] for b in fu.DISTANCES if b in dist},
+                    **{b: dist[b] for b in ff.DISTANCES if b in dist},
                 }
                 for baseline, score in scores.items():
-                    rows[f"{group}:{baseline}"] = fu.row_metrics(
+                    rows[f"{group}:{baseline}"] = ff.row_metrics(
                         *(
                             {**rec[p], "score": score[p], "std_over_rmse": None}
                             if p in rec and p in score
@@ -722,7 +719,7 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
                 if cost and cost["members"] == rec["members"]
                 else None
             )
-            rows[COMMITTEE] = fu.row_metrics(rec["in"], rec.get("ood"), ratio)
+            rows[COMMITTEE] = ff.row_metrics(rec["in"], rec.get("ood"), ratio)
             info[COMMITTEE] = {"members": rec["members"], "cost_ms": (cost or {}).get("ms")}
         trained = {
             s.split(":")[3]: {k: r.get(k) for k in ("train_minutes", "epochs", "best_epoch")}
@@ -774,7 +771,7 @@ def assemble(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str
                 **{k: post.get(k) for k in ("lowrank_rank", "probes", "fit_seconds")},
             }
         gaps = {
-            group: fu.paired_gap(single["in"], committee["in"], seed=args.seed)
+            group: ff.paired_gap(single["in"], committee["in"], seed=args.seed)
             for group, row in defaults.items()
             if (single := steps.get(f"eval:{name}:{row}"))
             and (committee := steps.get(f"eval:{name}:{COMMITTEE}"))
@@ -836,14 +833,14 @@ def section(results: dict[str, Any]) -> list[str]:
         lines += [
             f"### {name}",
             "",
-            "| row | " + " | ".join(fu.ROW_KEYS) + " |",
-            "|---" * (len(fu.ROW_KEYS) + 1) + "|",
+            "| row | " + " | ".join(ff.ROW_KEYS) + " |",
+            "|---" * (len(ff.ROW_KEYS) + 1) + "|",
         ]
         for row, r in entry["rows"].items():
             label = row + (" (default)" if row in entry["defaults"].values() else "")
             if row == COMMITTEE:
                 label = f"{COMMITTEE} ({len(members)} members)"
-            lines.append(f"| {label} | " + " | ".join(fmt2(r.get(k)) for k in fu.ROW_KEYS) + " |")
+            lines.append(f"| {label} | " + " | ".join(fmt2(r.get(k)) for k in ff.ROW_KEYS) + " |")
         lines.append("")
         req = meta.get("members_requested")
         if row_c := entry.get(COMMITTEE):
@@ -931,7 +928,7 @@ def section(results: dict[str, Any]) -> list[str]:
             key = "spearman_frame_in_domain"
             if ahead := [
                 f"{b} {fmt2(r[key])}"
-                for b in ("force_magnitude", *fu.DISTANCES)
+                for b in ("force_magnitude", *ff.DISTANCES)
                 if (r := entry["rows"].get(f"{group}:{b}"))
                 and r.get(key) is not None
                 and ours.get(key) is not None
@@ -1004,7 +1001,7 @@ def carry_over(results: dict[str, Any], path: Path) -> dict[str, Any]:
     return {"meta": merged.pop("meta"), **{n: merged[n] for n in DATASETS if n in merged}}
 
 
-def save(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
+def save(steps: ff.Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
     results = carry_over(assemble(steps, args, status), args.out / "force_uncertainty_mace.json")
     (args.out / "force_uncertainty_mace.json").write_text(json.dumps(results, indent=1))
     write_section(args.out / "force_uncertainty.md", section(results))
@@ -1012,7 +1009,7 @@ def save(steps: fu.Steps, args: argparse.Namespace, status: str) -> dict[str, An
 
 
 # ================================================================ main
-def run_torch(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
+def run_torch(name: str, args: argparse.Namespace, steps: ff.Steps) -> None:
     """Rows (b) and (c) of one dataset: model 0, attach, its default row, then the members."""
     seeds = [args.seed + k for k in range(args.members)]
     model = train_mace_torch(name, seeds[0], args, steps)
@@ -1027,7 +1024,7 @@ def run_torch(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
         save(steps, args, "partial")
 
 
-def run_deferred(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
+def run_deferred(name: str, args: argparse.Namespace, steps: ff.Steps) -> None:
     """Row (b)'s deferred modes (SLOW_MODES) and their cost."""
     _deferred(
         name, ATTACH, args.work / name / "mace_torch_attached.pt", f"attach:{name}", args, steps
@@ -1035,7 +1032,7 @@ def run_deferred(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
 
 
 def _deferred(
-    name: str, row: str, model: Path, after: str, args: argparse.Namespace, steps: fu.Steps
+    name: str, row: str, model: Path, after: str, args: argparse.Namespace, steps: ff.Steps
 ) -> None:
     """Every mode of ``row`` still missing (SLOW_MODES included) once ``after`` is done."""
     if steps.get(after) and model.is_file():
@@ -1043,7 +1040,7 @@ def _deferred(
         save(steps, args, "partial")
 
 
-def run_backbone(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
+def run_backbone(name: str, args: argparse.Namespace, steps: ff.Steps) -> None:
     """Row (a) of one dataset: training, the posterior fit, every mode but SLOW_MODES."""
     out = train_backbone(name, args, steps)
     fit_backbone(name, out, args, steps)
@@ -1059,7 +1056,7 @@ def run_backbone(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
     save(steps, args, "partial")
 
 
-def run_backbone_deferred(name: str, args: argparse.Namespace, steps: fu.Steps) -> None:
+def run_backbone_deferred(name: str, args: argparse.Namespace, steps: ff.Steps) -> None:
     """Row (a)'s deferred modes (SLOW_MODES) and their cost."""
     model = args.work / name / "backbone_mace" / "model.pt"
     _deferred(name, BACKBONE, model, f"fit:{name}:backbone", args, steps)
@@ -1092,7 +1089,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "members": args.members,
         "data_root": str(args.data_root),
     }
-    steps = fu.Steps(args.work / "steps.jsonl", settings)
+    steps = ff.Steps(args.work / "steps.jsonl", settings)
     steps.note_command(command)
     status = "complete"
     try:

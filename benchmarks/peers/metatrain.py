@@ -1,7 +1,7 @@
 """Peer: metatrain's PET with its LLPR uncertainty, on the frames of the force-uncertainty suite.
 
 Per dataset (3BPA, ethanol) and seed, on exactly the suite's frames
-(:func:`benchmarks.force_uncertainty.dataset_split` for train/test/OOD; the validation frames
+(:func:`benchmarks.common.force_frames.dataset_split` for train/test/OOD; the validation frames
 are the ones our model of that seed holds out, :func:`mlip_unc.train.potential_data.prepare_data`):
 
 1. ``mtt train`` a PET (metatrain's documented defaults; widths scaled down to our model's
@@ -15,7 +15,7 @@ are the ones our model of that seed holds out, :func:`mlip_unc.train.potential_d
    metatomic's ASE calculator (``metatomic_ase.MetatomicCalculator``) on the test and OOD
    frames, and times plain E+F against E+F with the uncertainties, single frames as the suite;
 4. scores the per-frame values with the suite's own functions
-   (:func:`benchmarks.force_uncertainty.prediction_values`, ``row_metrics``, ``paired_gap``).
+   (:func:`benchmarks.common.force_frames.prediction_values`, ``row_metrics``, ``paired_gap``).
 
 Stages 1-3 run in their own virtual environment (``.venv-metatrain``, made by this script with
 pinned ``torch`` and ``metatrain`` when missing), so the default install stays lean; the
@@ -447,16 +447,16 @@ def prepare(name: str, seed: int, args: argparse.Namespace, run: Path) -> dict[s
     the frame counts and our model's parameter count on this data."""
     import ase.io
 
-    from benchmarks import force_uncertainty as fu
+    from benchmarks.common import force_frames as ff
     from mlip_unc import keys
     from mlip_unc.train.potential import build_model
     from mlip_unc.train.potential_data import prepare_data
 
     suite_args = argparse.Namespace(data_root=args.data_root, seed=seed, overrides=[])
     with tempfile.TemporaryDirectory(prefix="peer_mtt_") as tmp:
-        split = fu.dataset_split(name, suite_args, Path(tmp))
+        split = ff.dataset_split(name, suite_args, Path(tmp))
         suite_args.budget_minutes = args.budget_minutes
-        config = fu.train_config(split, suite_args, Path(tmp) / "model", 1)
+        config = ff.train_config(split, suite_args, Path(tmp) / "model", 1)
         data = prepare_data(config)  # our model's train/valid frames of this seed
         ours = sum(p.numel() for p in build_model(config, data, seed=seed).parameters())
         source = ase.io.read(split["train"], index=":")
@@ -578,7 +578,7 @@ def predictions(npz: Path, row: str) -> Any:
 def score(run: Path) -> dict[str, Any]:
     """Stage 4: per-frame values (the suite's :func:`prediction_values`) of each row and part,
     the accuracy of PET's E and F, and the cost ratios."""
-    from benchmarks import force_uncertainty as fu
+    from benchmarks.common import force_frames as ff
     from benchmarks.common.format import clean
 
     mode = {
@@ -592,7 +592,7 @@ def score(run: Path) -> dict[str, Any]:
         if not npz.is_file():
             continue
         for row in ROWS:
-            values = fu.prediction_values(predictions(npz, row), mode.get(row, row))
+            values = ff.prediction_values(predictions(npz, row), mode.get(row, row))
             frames.setdefault(row, {})[part] = values
         z = np.load(npz)
         e_err, f_err = z["e_pred"] - z["e_true"], z["f_pred"] - z["f_true"]  # (n,), (n_atoms, 3)
@@ -612,7 +612,7 @@ def score(run: Path) -> dict[str, Any]:
         "metatrain_pet_force_magnitude": 1.0,
     }
     rows = {
-        row: fu.row_metrics(frames[row]["in"], frames[row].get("ood"), cost[row]) for row in ROWS
+        row: ff.row_metrics(frames[row]["in"], frames[row].get("ood"), cost[row]) for row in ROWS
     }
     out = clean(
         {
@@ -720,7 +720,7 @@ def reference(name: str, seed: int) -> dict[str, Any] | None:
 def assemble(records: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """The results JSON: the latest record of each requested (dataset, seed) with its rows, our
     rows on the same frames, and the paired bootstrap of ours - peer (suite's paired_gap)."""
-    from benchmarks import force_uncertainty as fu
+    from benchmarks.common import force_frames as ff
 
     latest = {
         (r["dataset"], r["seed"], r.get("variant", "defaults")): r
@@ -754,7 +754,7 @@ def assemble(records: list[dict[str, Any]], args: argparse.Namespace) -> dict[st
             peer = latest[key]["frames_values"]["metatrain_pet_llpr"]["in"]
             rec["ours"] = {"source": ref["source"], "default_mode": ref["default"], **ref["rows"]}
             rec["ours_minus_peer"] = {
-                r: fu.paired_gap(ref["in"][r], peer, seed=key[1])
+                r: ff.paired_gap(ref["in"][r], peer, seed=key[1])
                 for r in ("default", "committee5")
                 if ref["in"].get(r) and len(ref["in"][r]["score"]) == len(peer["score"])
             }
@@ -1151,8 +1151,8 @@ def force_uncertainty_section(results: dict[str, Any]) -> list[str]:
 
 def _variant_block(results: dict[str, Any], variant: str) -> list[str]:
     """One trainer variant: its table, what it changes, its failures and its verdicts."""
+    from benchmarks.common.force_frames import ROW_KEYS
     from benchmarks.common.format import fmt2
-    from benchmarks.force_uncertainty import ROW_KEYS
 
     title = variant if variant == "defaults" else f"tuned ({variant})"
     lines = [

@@ -13,6 +13,7 @@ from ase.units import GPa
 from benchmarks import accuracy as bench
 from benchmarks.common import evaluation as ev
 from benchmarks.common import mace_torch as mt
+from benchmarks.common.force_frames import CONFIGS
 from benchmarks.common.format import numbers
 from benchmarks.common.tables import read_csv
 
@@ -360,7 +361,7 @@ def test_peer_architecture_and_labels():
     assert bench.peer_variant(args) == ""
     args.mace_arch, args.mace_stage_two = "backbone", 0.75
     model, batch = bench.peer_model({"set": "mlearn"}, cfg, args)
-    kwargs = bench.yaml.safe_load((bench.CONFIGS / "mlearn_mace.yaml").read_text())["model"][
+    kwargs = bench.yaml.safe_load((CONFIGS / "mlearn_mace.yaml").read_text())["model"][
         "backbone_kwargs"
     ]
     assert model["max_L"] == kwargs["max_L"] and model["max_ell"] == kwargs["l_max"]
@@ -371,9 +372,7 @@ def test_peer_architecture_and_labels():
     assert set(mt.MACE_MODEL) <= set(model) and model["radial_MLP"].startswith("[")
     assert (
         batch
-        == bench.yaml.safe_load((bench.CONFIGS / "mlearn_mace.yaml").read_text())["train"][
-            "batch_size"
-        ]
+        == bench.yaml.safe_load((CONFIGS / "mlearn_mace.yaml").read_text())["train"]["batch_size"]
     )
     assert bench.peer_variant(args) == "stage2+arch_backbone"
     cmd = ["mace_run_train", "--max_L", "0", "--batch_size", "2", "--seed", "1"]

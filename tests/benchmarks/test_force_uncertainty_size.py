@@ -11,6 +11,7 @@ from ase import Atoms
 
 from benchmarks import force_uncertainty as fu
 from benchmarks import force_uncertainty_size as size
+from benchmarks.common import force_frames as ff
 
 
 def _molecule(k: int) -> Atoms:
@@ -115,7 +116,7 @@ def test_quick_run_rows_and_resume(tmp_path):
 def test_suite_page_shape_and_peer_pages(tmp_path):
     """The committed JSON rewritten: tables first, <= 150 lines, every peer section moved to its
     own page (the newer one on the page wins) and linked."""
-    shutil.copy(fu.RESULTS / "force_uncertainty.json", tmp_path)
+    shutil.copy(ff.RESULTS / "force_uncertainty.json", tmp_path)
     begin, end = "<!-- peers/demo: begin (test) -->", "<!-- peers/demo: end -->"
     page = tmp_path / "force_uncertainty.md"
     page.write_text(f"# old\n\n{begin}\n## Demo peer\n\n| a |\n|---|\n| 1 |\n{end}\n")

@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from benchmarks import force_uncertainty as fu
+from benchmarks.common import force_frames as ff
 from benchmarks.common.format import numbers
 from benchmarks.peers import mace_rows as mr
 from benchmarks.peers.metatrain import BEGIN as PEER_BEGIN
@@ -47,7 +48,7 @@ def test_committee_is_mean_and_population_variance():
     assert np.allclose(c.energy_pred, [1.0, 1.0]) and np.allclose(
         c.energy_epistemic_var, [1.0, 0.0]
     )
-    values = fu.prediction_values(c, "committee5")
+    values = ff.prediction_values(c, "committee5")
     assert np.allclose(values["score"], np.sqrt(3.0))  # sqrt(sum_c Var F_ac)
     assert values["std_over_rmse"] == pytest.approx(1.0)  # std 1, error 1 per component
 
@@ -116,7 +117,7 @@ def test_assemble_and_section_from_steps(tmp_path):
         "threads": 1,
         "members": 5,
     }
-    steps = fu.Steps(tmp_path / "steps.jsonl", settings)
+    steps = ff.Steps(tmp_path / "steps.jsonl", settings)
     steps.add(
         "train:3bpa:mace_torch:0",
         {"model": "m0", "train_minutes": 8.0, "epochs": 3, "best_epoch": 3, "dtype": "float32"},
@@ -141,7 +142,7 @@ def test_assemble_and_section_from_steps(tmp_path):
         f"cost:3bpa:{mr.ATTACH}",
         {"ms": {"plain": 2.0, "lowrank": 3.0, "energy": 2.1, mr.FORWARD: 1.5}, "vectors": 5},
     )
-    dist = {b: {p: rng.random(30).tolist() for p in ("in", "ood")} for b in fu.DISTANCES}
+    dist = {b: {p: rng.random(30).tolist() for p in ("in", "ood")} for b in ff.DISTANCES}
     # the latent distance ranks the frames perfectly, so it is listed above the default
     dist["latent_distance"]["in"] = list(steps.get(f"eval:3bpa:{mr.ATTACH}:lowrank")["in"]["error"])
     steps.add(f"distance:3bpa:{mr.ATTACH}", dist)
@@ -159,7 +160,7 @@ def test_assemble_and_section_from_steps(tmp_path):
     assert entry["defaults"] == {mr.ATTACH: f"{mr.ATTACH}:lowrank"}
     assert entry["rows"][f"{mr.ATTACH}:lowrank"]["cost_ratio"] == pytest.approx(1.5)
     assert entry["rows"][mr.COMMITTEE]["cost_ratio"] == pytest.approx(4.0)
-    assert set(entry["rows"][mr.COMMITTEE]) == set(fu.ROW_KEYS)
+    assert set(entry["rows"][mr.COMMITTEE]) == set(ff.ROW_KEYS)
     assert entry["acceptance"][mr.ATTACH]["cost_ratio"]["miss"] == 0.0
     lines = mr.section(json.loads(json.dumps(results)))
     table = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in lines if line[:3] == "| m"}
@@ -187,7 +188,7 @@ def test_assemble_and_section_from_steps(tmp_path):
     )
     # the distance baselines: their own scores against the default's errors, not timed
     dist = steps.get(f"distance:3bpa:{mr.ATTACH}")
-    for b in fu.DISTANCES:
+    for b in ff.DISTANCES:
         r = entry["rows"][f"{mr.ATTACH}:{b}"]
         assert r["cost_ratio"] is None and r["std_over_rmse"] is None
         assert r["spearman_frame_in_domain"] == pytest.approx(
@@ -223,9 +224,9 @@ def test_write_section_keeps_the_page_and_the_peer_section(tmp_path):
 
 def test_native_page_rewrite_keeps_the_peer_sections(tmp_path):
     """The native page's rewrite moves each peer section to its own page beside it, whole, and
-    links it (force_uncertainty.move_peer_sections)."""
+    links it (common.pages.move_peer_sections)."""
     (tmp_path / "force_uncertainty.json").write_text(
-        (fu.RESULTS / "force_uncertainty.json").read_text()
+        (ff.RESULTS / "force_uncertainty.json").read_text()
     )
     page = tmp_path / "force_uncertainty.md"
     page.write_text(f"# old\n\n{PEER_BEGIN}\npeer\n{PEER_END}\n")
@@ -273,14 +274,14 @@ def test_calibration_overlap_recomputes_attach_split(tmp_path):
 
 
 def test_distance_baselines_record_once_per_model(tmp_path, monkeypatch):
-    steps = fu.Steps(tmp_path / "steps.jsonl", {"command": "x"})
+    steps = ff.Steps(tmp_path / "steps.jsonl", {"command": "x"})
     calls = []
-    monkeypatch.setattr(fu, "load_frames", lambda *a: "train")
+    monkeypatch.setattr(ff, "load_frames", lambda *a: "train")
     monkeypatch.setattr(
-        fu,
+        ff,
         "distance_scores",
         lambda model, train, sets: (
-            calls.append(train) or {b: {p: np.arange(3.0) for p in sets} for b in fu.DISTANCES}
+            calls.append(train) or {b: {p: np.arange(3.0) for p in sets} for b in ff.DISTANCES}
         ),
     )
     split = {"train": "t.xyz"}
@@ -298,7 +299,7 @@ def test_fit_backbone_again_after_training_or_a_new_validation_cap(tmp_path, mon
     import mlip_unc.train.potential as potential
     import mlip_unc.train.potential_data as potential_data
 
-    steps = fu.Steps(tmp_path / "steps.jsonl", {"command": "x"})
+    steps = ff.Steps(tmp_path / "steps.jsonl", {"command": "x"})
     fits, cap = [], {"frames": None}
     config = argparse.Namespace(
         model=argparse.Namespace(posterior=argparse.Namespace(value="full"))
@@ -309,7 +310,7 @@ def test_fit_backbone_again_after_training_or_a_new_validation_cap(tmp_path, mon
         return config
 
     monkeypatch.setattr(mr, "backbone_split", lambda name, args: {})
-    monkeypatch.setattr(fu, "train_config", train_config)
+    monkeypatch.setattr(ff, "train_config", train_config)
     monkeypatch.setattr(potential_data, "prepare_data", lambda c: None)
     monkeypatch.setattr(potential, "finalize_checkpoint", lambda *a: fits.append(a))
     monkeypatch.setattr(mr, "attached_metadata", lambda path: {"posterior": {}})

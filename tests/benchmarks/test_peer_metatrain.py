@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.common.force_frames import ROW_KEYS
 from benchmarks.common.format import numbers
 from benchmarks.common.records import read_jsonl
-from benchmarks.force_uncertainty import ROW_KEYS
 from benchmarks.peers import metatrain
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,21 +16,7 @@ BENCHMARKS = REPO / "benchmarks"
 SHARED = "common"
 PART_OF = {"force_uncertainty_size": "force_uncertainty"}  # the suite's part `size`, beside it
 
-_FU = (
-    "force_uncertainty.py (another owner) holds the suite's frames and scoring that others reuse "
-    "(dataset_split, Steps, train_config, row_metrics, paired_gap, prediction_values, ROW_KEYS); "
-    "they move to benchmarks/common with it"
-)
 ALLOWED = {  # (module, imported suite): why, until the shared piece moves to benchmarks/common
-    ("benchmarks/posterior_fit.py", "force_uncertainty"): "prediction_values: " + _FU,
-    ("benchmarks/peers/metatrain.py", "force_uncertainty"): "ROW_KEYS, scoring: " + _FU,
-    ("benchmarks/peers/mace_rows.py", "force_uncertainty"): "frames, Steps, scoring: " + _FU,
-    ("benchmarks/accuracy.py", "force_uncertainty"): "3BPA / cu_emt splits: " + _FU,
-    ("benchmarks/paper/force_lpa.py", "force_uncertainty"): "its model and frames: " + _FU,
-    ("benchmarks/peers/mace_rows.py", "accuracy"): (
-        "dataset_spec and row_config: accuracy's datasets (3BPA through "
-        "force_uncertainty.dataset_split) and row configs; they move with the data splits"
-    ),
     ("benchmarks/force_uncertainty_size.py", "active_learning"): (
         "another owner's module: the Si MD frames of active_learning.reference_sets_si"
     ),
