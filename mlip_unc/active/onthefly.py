@@ -19,8 +19,9 @@ VASP's on-the-fly force fields do, with this package's closed-form uncertainty a
 4. **Climb.** After ``hold_ps`` without a label at one temperature of ``temperatures`` the
    next one follows. The run ends when MD spends ``final_ps`` at the top temperature without a
    label (``ended: completed``) or when ``max_calls`` oracle calls are spent (``budget``).
-   The ``periodic`` and ``random`` triggers judge nothing, so for them the ladder keeps time:
-   ``hold_ps`` of MD at a rung, labels or not, and ``final_ps`` at the top end the run.
+   With ``ladder: time`` (and always for the ``periodic`` and ``random`` triggers, which
+   judge nothing) the ladder keeps time instead: ``hold_ps`` of MD at a rung, labels or not,
+   and ``final_ps`` of MD at the top end the run.
 
 Every update and every clean segment is committed to ``out/state.json``; ``resume=True``
 continues from the last commit (the MD state is restored, the labels of a replayed update come
@@ -493,7 +494,8 @@ def run_on_the_fly(
         md.positions, md.momenta = restart
         if seg["broken"] is not None:  # fresh velocities after a breakage
             md.momenta = _fresh_momenta(atoms, restart[0], seg["temperature"], rng)
-        if trigger.score is None and seg["broken"] is None:  # no judge: the ladder keeps time
+        keeps_time = trigger.score is None or otf.ladder == "time"  # no judge, or a schedule
+        if keeps_time and seg["broken"] is None:
             md.clean_fs += seg["flag_fs"]
             ended = "completed" if _climb(md, otf, ladder, seg["temperature"]) else ended
         else:

@@ -237,6 +237,12 @@ class OnTheFlySettings(Section):
             segments.
         hold_ps: MD time without a label needed at a temperature before the next one (ps).
         final_ps: MD time without a label at the top temperature that ends the run (ps).
+        ladder: ``hold``: MD climbs to the next temperature after ``hold_ps`` without a label
+            and the run completes after ``final_ps`` without one at the top; ``time``: the
+            ladder is a fixed MD schedule, ``hold_ps`` of MD at each temperature and
+            ``final_ps`` at the top, labels or not (what the ``periodic`` and ``random``
+            triggers always do: they judge nothing), so every trigger explores the same
+            temperatures for the same MD time and differs only in when it calls the oracle.
         max_calls: oracle-call budget (seed set included).
         refresh_every: train from scratch every this many updates (0: fine-tune only).
     """
@@ -251,6 +257,7 @@ class OnTheFlySettings(Section):
     segment_fs: float = Field(500.0, gt=0)
     hold_ps: float = Field(1.0, ge=0)
     final_ps: float = Field(2.0, gt=0)
+    ladder: Literal["hold", "time"] = "hold"
     max_calls: int = Field(150, gt=0)
     refresh_every: int = Field(0, ge=0)
 

@@ -308,3 +308,15 @@ def test_periodic_labels_keep_time_on_the_ladder_and_complete(tmp_path, tiny_tra
     state = json.loads((tmp_path / "run" / "state.json").read_text())
     assert state["md"]["t_index"] == 1
     assert {r["temperature"] for r in result.rows[1:]} == {300.0, 900.0}
+
+
+def test_time_ladder_climbs_and_ends_on_md_time_whatever_the_trigger_says(tmp_path, tiny_training):
+    """ladder: time with a trigger that fires on every frame (threshold ~0): the same MD
+    schedule as a run that never flags, labels all along."""
+    config = _config(
+        tmp_path, tiny_training, trigger="uncertainty", threshold=1e-9, ladder="time", max_calls=80
+    )
+    result = run_on_the_fly(config)
+    assert result.ended == "completed" and result.calls < 80 and len(result.rows) > 2
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["md"]["t_index"] == 1
