@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common.pages import rerun_command
+from benchmarks.paper.force_lpa_page import markdown_section as force_lpa_section
 from benchmarks.paper.study import STEM, read_records
 from mlip_unc.atomic import atomic_write_text
 
@@ -411,10 +412,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     force_section, force = None, None
     if args.force_lpa is not None and args.force_lpa.is_file():
-        from benchmarks.paper import force_lpa  # late: it imports torch
-
         force = json.loads(args.force_lpa.read_text(encoding="utf-8"))
-        force_section = force_lpa.markdown_section(force)
+        force_section = force_lpa_section(force)
     optimum_section = None
     if args.optimum is not None and args.optimum.is_file():
         from benchmarks.paper import optimum  # late: optimum imports this module

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from benchmarks.paper import force_lpa as bench
+from benchmarks.paper import force_lpa_page as page
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -164,11 +165,11 @@ def test_quick_run_output(quick):
         r["ranking"]["force"]["partial_spearman_given_force"] is None
     )  # |F_pred| given itself: undefined
     assert not Path(r["checkpoint"]).is_absolute() or not str(r["checkpoint"]).startswith(str(ROOT))
-    section = bench.markdown_section(r)
+    section = page.markdown_section(r)
     md = (quick / "force_lpa.md").read_text()
     assert section.startswith("## Force LPA on 3BPA") and "[force_lpa.md](force_lpa.md)" in section
     table = [line for line in section.splitlines() if line.startswith("| force rows g")]
     assert len(table) == 3 and all(
         line in md for line in table
     )  # the md and the section: the same numbers
-    assert bench.reading(r) in md and (quick / "force_lpa.png").stat().st_size > 0
+    assert page.reading(r) in md and (quick / "force_lpa.png").stat().st_size > 0
