@@ -409,6 +409,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny settings (slow-tier test)")
     p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSONL")
     p.add_argument(
+        "--trigger-check",
+        action="store_true",
+        help="only the share of oracle frames over the σ threshold for finished ours runs",
+    )
+    p.add_argument(
         "--variant",
         default=None,
         help="name of a variant of the shipped config (its own run folders and page rows)",
@@ -486,6 +491,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def sets() -> dict[str, list[Any]]:  # read when first needed: they may still be made
         return load_sets(args.reference_sets or system.reference_sets, system)
+
+    if args.trigger_check:
+        from benchmarks.active_learning.trigger_check import run_trigger_check
+        from mlip_unc.config import load_active_config
+
+        threshold = load_active_config(system.config, extra).on_the_fly.threshold
+        run_trigger_check(args.results, system.runs, work, sets(), threshold, command, args.variant)
+        page()
+        return
 
     for seed in range(max(SEEDS.values())):
         for arm in [a for a in args.arms.split(",") if a]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.active_learning import trigger_check
 from benchmarks.active_learning.onthefly import (
     ARMS,
     ENERGY_LIMIT,
@@ -128,6 +129,7 @@ def system_section(
     records: Sequence[dict[str, Any]],
     references: Sequence[dict[str, Any]],
     stability: Sequence[dict[str, Any]] = (),
+    checks: Sequence[dict[str, Any]] = (),
 ) -> list[str]:
     """The system's table, its status line and its targets."""
     shipped = [r for r in references if r.get("recipe", "shipped") == "shipped"]
@@ -188,6 +190,9 @@ def system_section(
             "checked again with the geometry guard).",
             "",
         ]
+    for variant in [None, *variants]:
+        if (line := trigger_check.page_line(checks, variant)) is not None:
+            lines += [line, ""]
     lines += targets(by_arm, reference, system, stability)
     if shipped and full:
         ratio = max(
@@ -219,7 +224,8 @@ def write_page(results: Path = RESULTS, command: str = "") -> Path:
     ]
     for name, system in SYSTEMS.items():
         stability = read_jsonl(results / records_name(system.runs))
-        lines += system_section(system, records[name], references[name], stability)
+        checks = read_jsonl(results / trigger_check.records_name(system.runs))
+        lines += system_section(system, records[name], references[name], stability, checks)
     if plot_curves(records, results / FIGURE) is not None:
         lines += ["![learning curves](active_learning.png)", ""]
     lines += [

@@ -78,3 +78,30 @@ def test_summary_and_page_cells_count_full_length_runs(tmp_path):
     assert stability.summary(rows, "random", 600.0) == (0, 0, None)
     assert report.stability_cells(rows, "ours") == "4 of 5 | 1.5"
     assert report.stability_cells(rows, "random") == "- | -"
+
+
+def test_trigger_check_shares_and_page_line(tiny_checkpoint):
+    from ase.build import bulk
+
+    from benchmarks.active_learning import trigger_check
+    from mlip_unc.calculator import UncertaintyCalculator
+
+    def rattled(amp: float, n: int) -> list[Atoms]:
+        out = []
+        for k in range(n):
+            a = bulk("Cu", cubic=True)
+            a.rattle(amp, seed=k)
+            out.append(a)
+        return out
+
+    valid, hot = rattled(0.02, 3), rattled(0.3, 4)
+    row = trigger_check.shares(tiny_checkpoint, valid, {"hot": hot}, threshold=2.0)
+    calc = UncertaintyCalculator(str(tiny_checkpoint), uncertainty="lowrank")
+    level = trigger_check.max_force_std(calc, valid).mean()
+    sigma = trigger_check.max_force_std(calc, hot)
+    assert np.isclose(row["level"], level)
+    assert row["sets"]["hot"]["share_over"] == np.mean(sigma > 2 * level)
+    assert np.isclose(row["sets"]["hot"]["mean_over_level"], sigma.mean() / level)
+    line = trigger_check.page_line([{**row, "seed": 0}])
+    assert line is not None and line.startswith("Oracle frames over the σ threshold (2x")
+    assert trigger_check.page_line([{**row, "seed": 0}], variant="v2") is None
