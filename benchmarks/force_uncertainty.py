@@ -6,8 +6,8 @@ models of the same architecture (``model.head=map``, ``train.ensemble=5``), each
 member under the wall budget ``--budget-minutes``. Rows: each mode the single model offers
 (energy, exact, lowrank, sampled; one that raises is skipped: ``meta.skipped``), committee5,
 and the baselines that need no posterior: force_magnitude (|F_pred|), latent_distance and
-descriptor_distance (distance to the training set, :func:`distance_scores`). Splits: see
-:func:`dataset_split`; definitions: the results file.
+descriptor_distance (distance to the training set). Frames, scoring and distances:
+:mod:`benchmarks.common.force_frames`; definitions: the results file.
 ``--quick``: EMT Cu made here, configs/tiny_emt.yaml, 10 s per model. Results
 ``OUT/force_uncertainty.{json,md,png}`` after every step; finished steps are appended to
 ``OUT/force_uncertainty.jsonl`` and skipped when the command is run again.
@@ -42,25 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.force_frames import (
-    DISTANCES,
-    KNN_K,
-    ROW_KEYS,
-    SETTINGS,
-    TARGETS,
-    Steps,
-    dataset_split,
-    distance_scores,
-    frame_values,
-    load_frames,
-    offered_modes,
-    paired_gap,
-    parse_with_quick,
-    row_metrics,
-    time_calls,
-    train,
-    train_config,
-)
+from benchmarks.common import force_frames as ff
 from benchmarks.common.format import fmt2, fmt3
 from benchmarks.common.pages import environment, move_peer_sections, run_section
 from mlip_unc.models.checkpoint import load_checkpoint
@@ -118,7 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="only rewrite OUT/force_uncertainty.md from OUT/force_uncertainty.json",
     )
-    args = parse_with_quick(p, argv, "tiny EMT Cu data made here; needs --out")
+    args = ff.parse_with_quick(p, argv, "tiny EMT Cu data made here; needs --out")
     args.datasets = (
         ["cu_emt"] if args.quick else [d.strip().lower() for d in args.datasets.split(",") if d]
     )
@@ -138,12 +120,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def refit(
-    name: str, split: dict[str, Any], args: argparse.Namespace, steps: Steps, out: Path
+    name: str, split: dict[str, Any], args: argparse.Namespace, steps: ff.Steps, out: Path
 ) -> None:
     """``--refit``: the single model's post-training fits made again by this code (the weights are
     kept; the model section must equal the checkpoint's but for the posterior's rank and basis);
     its mode rows are then evaluated again."""
-    config = train_config(split, args, out, 1)
+    config = ff.train_config(split, args, out, 1)
     saved = load_checkpoint(out / "model.pt", kind="potential")["metadata"]["training_config"][
         "model"
     ]
@@ -165,20 +147,20 @@ def refit(
     log.info("[refit] %s: posterior, guard and levels fitted again", name)
 
 
-def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -> None:
-    split = dataset_split(name, args, work)
-    single_dir = train(name, split, args, steps, 1)
+def run_dataset(name: str, args: argparse.Namespace, steps: ff.Steps, work: Path) -> None:
+    split = ff.dataset_split(name, args, work)
+    single_dir = ff.train(name, split, args, steps, 1)
     if name in args.refit:
         refit(name, split, args, steps, single_dir)
     single = load_potential(single_dir / "model.pt")
     committee = (
         None
         if getattr(args, "no_committee", False)
-        else load_potential(train(name, split, args, steps, 5))
+        else load_potential(ff.train(name, split, args, steps, 5))
     )
-    test = load_frames(split["test"], single, split, args.max_eval_frames)
-    ood = load_frames(split["ood"], single, split, args.max_eval_frames)
-    modes, skipped = offered_modes(single, test.graphs[0], args)
+    test = ff.load_frames(split["test"], single, split, args.max_eval_frames)
+    ood = ff.load_frames(split["ood"], single, split, args.max_eval_frames)
+    modes, skipped = ff.offered_modes(single, test.graphs[0], args)
     if not steps.get(f"modes:{name}"):
         steps.add(
             f"modes:{name}",
@@ -187,22 +169,22 @@ def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -
     refitted = (steps.get(f"refit:{name}") or {}).get("line", -1)
     sets, distances = {p: d for p, d in (("in", test), ("ood", ood)) if d is not None}, None
     committee_rows = [] if committee is None else ["committee5"]
-    for row in [*modes, *committee_rows, "force_magnitude", *DISTANCES]:
+    for row in [*modes, *committee_rows, "force_magnitude", *ff.DISTANCES]:
         if (done := steps.get(f"eval:{name}:{row}")) and not (
             row in modes and done["line"] < refitted
         ):
             continue
         if (
-            row in DISTANCES
+            row in ff.DISTANCES
         ):  # the single model's errors and |F_pred| (force_magnitude's record), another score
-            distances = distances or distance_scores(
-                single, load_frames(split["train"], single, split, None), sets
+            distances = distances or ff.distance_scores(
+                single, ff.load_frames(split["train"], single, split, None), sets
             )
             plain = steps.get(f"eval:{name}:force_magnitude")
             record = {part: {**plain[part], "score": distances[row][part]} for part in sets}
         else:
             model = committee if row == "committee5" else single
-            record = {part: frame_values(model, data, row, args) for part, data in sets.items()}
+            record = {part: ff.frame_values(model, data, row, args) for part, data in sets.items()}
         steps.add(f"eval:{name}:{row}", record)
         log.info("[eval] %s %s done", name, row)
     if (timed := steps.get(f"cost:{name}")) is None or timed[
@@ -220,18 +202,20 @@ def run_dataset(name: str, args: argparse.Namespace, steps: Steps, work: Path) -
         if committee is not None:
             calls["committee5"] = lambda g: committee(g, compute_forces=True, uncertainty="exact")
         graphs = test.graphs[: args.timing_frames]
-        ms = {"plain" if k == "none" else k: v for k, v in time_calls(calls, graphs).items()}
+        ms = {"plain" if k == "none" else k: v for k, v in ff.time_calls(calls, graphs).items()}
         steps.add(
             f"cost:{name}",
             {"ms": ms, "n_frames": len(graphs), "atoms": [int(g.num_atoms) for g in graphs]},
         )
 
 
-def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
+def assemble(steps: ff.Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
     """The results JSON: ``{"meta": ..., dataset: {"default": name, name: row}}``."""
     settings = steps.get("settings") or {}
     no_committee = getattr(args, "no_committee", False)
-    meta = {k: settings.get(k) for k in ("command", "started", *SETTINGS, "threads", "data_root")}
+    meta = {
+        k: settings.get(k) for k in ("command", "started", *ff.SETTINGS, "threads", "data_root")
+    }
     meta.update(
         status=status,
         updated=time.strftime("%Y-%m-%d %H:%M"),
@@ -253,7 +237,7 @@ def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, A
             "force_magnitude": 1.0,
         }  # plain E+F = 1
         rows = {
-            step.split(":", 2)[2]: row_metrics(
+            step.split(":", 2)[2]: ff.row_metrics(
                 rec["in"], rec.get("ood"), ratio.get(step.split(":", 2)[2])
             )
             for step, rec in steps.records.items()
@@ -281,7 +265,7 @@ def assemble(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, A
             meta["refitted"][name] = refitted["time"]
         single_in, committee_in = (steps.get(f"eval:{name}:{r}") for r in (default, "committee5"))
         if single_in and committee_in and default != "committee5":
-            meta.setdefault("paired_bootstrap", {})[name] = paired_gap(
+            meta.setdefault("paired_bootstrap", {})[name] = ff.paired_gap(
                 single_in["in"], committee_in["in"], seed=args.seed
             )
         single = args.out / "checkpoints" / "force_uncertainty" / f"{name}_single" / "model.pt"
@@ -301,7 +285,7 @@ def _posterior_text(post: dict[str, Any]) -> str:
 def target_bounds(key: str, committee_value: float | None) -> tuple[float | None, float | None]:
     """The target's ``(lowest, highest)`` for ``key`` (TARGETS): the floor or committee5 - slack,
     whichever is higher; None where the target has no such side."""
-    slack, low, high = TARGETS[key]
+    slack, low, high = ff.TARGETS[key]
     ref = None if slack is None or committee_value is None else committee_value - slack
     return max((x for x in (low, ref) if x is not None), default=None), high
 
@@ -310,7 +294,7 @@ def acceptance(entry: dict[str, Any]) -> list[str]:
     """The targets (TARGETS) for the default row, each 'met' or 'missed by' how much."""
     d, c = entry.get(entry["default"], {}), entry.get("committee5", {})
     out = []
-    for key in TARGETS:
+    for key in ff.TARGETS:
         (low, high), v = target_bounds(key, c.get(key)), d.get(key)
         miss = (
             None
@@ -333,7 +317,7 @@ def gap_lines(gaps: dict[str, dict[str, float]] | None) -> list[str]:
         "Default - committee5 on the same in-domain frames, paired bootstrap (1000 resamples of the frames):",
         *(
             f"- {k}: gap {g['gap']:+.3f}, bootstrap std {g['std']:.3f}; resamples within the slack "
-            f"(gap >= -{TARGETS[k][0]:g}): {100 * g['p_within_slack']:.0f} %"
+            f"(gap >= -{ff.TARGETS[k][0]:g}): {100 * g['p_within_slack']:.0f} %"
             for k, g in gaps.items()
         ),
     ]
@@ -373,14 +357,14 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         + (f"; peers' rows on the same frames: {links}" if links else "")
         + ".",
         "",
-        "| set | row | " + " | ".join(ROW_KEYS) + " |",
-        "|---" * (len(ROW_KEYS) + 2) + "|",
+        "| set | row | " + " | ".join(ff.ROW_KEYS) + " |",
+        "|---" * (len(ff.ROW_KEYS) + 2) + "|",
     ]
     for name in names:
         entry = results[name]
         lines += [
             f"| {name} | {row}{' (default)' if row == entry['default'] else ''} | "
-            + " | ".join(fmt2(r[k]) for k in ROW_KEYS)
+            + " | ".join(fmt2(r[k]) for k in ff.ROW_KEYS)
             + " |"
             for row, r in entry.items()
             if row != "default"
@@ -422,8 +406,8 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         (
             "Frame score = max over atoms of the force std sqrt(sum_c Var F_ac) (energy mode: the epistemic energy "
             "std; force_magnitude: max over atoms of |F_pred|; latent_distance: max over atoms of the mean distance "
-            f"to the {KNN_K} nearest training atoms of the same element in the single model's per-atom latents, "
-            f"standardised per element; descriptor_distance: mean distance to the {KNN_K} nearest training frames in "
+            f"to the {ff.KNN_K} nearest training atoms of the same element in the single model's per-atom latents, "
+            f"standardised per element; descriptor_distance: mean distance to the {ff.KNN_K} nearest training frames in "
             "an interatomic-distance histogram; training = every frame of data.train; the baselines are not timed "
             "but |F_pred| = plain E+F); frame error = mean over atoms of |F_pred - F_true|. "
             "auroc_ood: in-domain (0) vs OOD (1) frames by the score; auroc_sigma_over_force: the same with score / "
@@ -460,7 +444,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def plot(steps: Steps, results: dict[str, Any], path: Path) -> None:
+def plot(steps: ff.Steps, results: dict[str, Any], path: Path) -> None:
     """sigma_F vs |error| per frame: one panel per dataset (rows) and result row (columns)."""
     import matplotlib
 
@@ -512,7 +496,7 @@ def plot(steps: Steps, results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def save(steps: Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
+def save(steps: ff.Steps, args: argparse.Namespace, status: str) -> dict[str, Any]:
     results = assemble(steps, args, status)
     tmp = args.out / ".force_uncertainty.json.tmp"
     tmp.write_text(json.dumps(results, indent=1))
@@ -557,7 +541,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "data_root": None if args.quick else str(args.data_root),
         "committee": not args.no_committee,
     }
-    steps = Steps(args.out / "force_uncertainty.jsonl", settings)
+    steps = ff.Steps(args.out / "force_uncertainty.jsonl", settings)
     steps.note_command(command)
     with tempfile.TemporaryDirectory(prefix="mlip_unc_fu_") as work:
         for name in args.datasets:

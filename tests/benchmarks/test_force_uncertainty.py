@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import force_uncertainty as bench
+from benchmarks.common import force_frames as ff
 from mlip_unc.uncertainty import diagnostics as diag
 
 ROW_KEYS = {
@@ -34,7 +35,7 @@ def _values(score, error, force, std_over_rmse=None, mae=10.0):
 def test_row_metrics_known_values():
     ind = _values([1, 2, 3, 4, 5], [2, 1, 4, 3, 5], [1, 2, 3, 5, 4], std_over_rmse=0.8)
     ood = _values([6, 7, 0.5], [9, 9, 9], [1, 1, 1])
-    row = bench.row_metrics(ind, ood, 1.5)
+    row = ff.row_metrics(ind, ood, 1.5)
     assert set(row) == ROW_KEYS
     assert row["spearman_frame_in_domain"] == pytest.approx(0.8)
     expected = (0.8 - 0.9 * 0.6) / math.sqrt((1 - 0.81) * (1 - 0.36))  # partial given force
@@ -51,7 +52,7 @@ def test_row_metrics_known_values():
 
 def test_row_metrics_without_ood_and_nan_to_null():
     ind = _values([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4])  # score = force: partial undefined
-    row = bench.row_metrics(ind, None, None)
+    row = ff.row_metrics(ind, None, None)
     assert row["auroc_ood"] is None and row["auroc_sigma_over_force"] is None
     assert row["partial_spearman_given_force"] is None  # NaN -> null in the JSON
     assert row["spearman_frame_pooled"] == row["spearman_frame_in_domain"] == pytest.approx(1.0)
@@ -92,7 +93,7 @@ def test_paired_gap_known_cases():
         error + 0.05 * rng.random(200), error, force
     )  # ranks its errors almost perfectly
     noise = _values(rng.random(200), error, force)  # ranks nothing
-    same = bench.paired_gap(good, good, resamples=50)
+    same = ff.paired_gap(good, good, resamples=50)
     for key in ("spearman_frame_in_domain", "partial_spearman_given_force"):
         assert (
             same[key]["gap"] == 0.0
@@ -100,8 +101,8 @@ def test_paired_gap_known_cases():
             and same[key]["p_within_slack"] == 1.0
         )
     up, down = (
-        bench.paired_gap(good, noise, resamples=200),
-        bench.paired_gap(noise, good, resamples=200),
+        ff.paired_gap(good, noise, resamples=200),
+        ff.paired_gap(noise, good, resamples=200),
     )
     assert up["spearman_frame_in_domain"]["gap"] == pytest.approx(
         diag.spearman(good["score"], error) - diag.spearman(noise["score"], error)
