@@ -63,27 +63,15 @@ import numpy as np
 import torch
 import yaml
 
+from benchmarks.common import mace_torch as mt
 from benchmarks.common.evaluation import calculator_predictions, metrics, read_frames, truth
 from benchmarks.common.force_frames import REPO, RESULTS, dataset_spec, row_config
 from benchmarks.common.format import clean, fmt_sig3
-from benchmarks.common.mace_torch import (
-    BACKBONE_TO_MACE,
-    MACE_MODEL,
-    epochs_logged,
-    flags,
-    last_epoch,
-    mace_command,
-    mace_missing,
-    run_mace,
-)
 from benchmarks.common.pages import environment, peer_sections, run_section
 from benchmarks.common.tables import Table, write_page
 from mlip_unc.atomic import atomic_write_text
 from mlip_unc.config import load_potential_config
-from mlip_unc.data import (
-    StructureDataset,
-    TypeMap,
-)
+from mlip_unc.data import StructureDataset, TypeMap
 from mlip_unc.models.committee import load_potential
 from mlip_unc.train.evaluate import evaluate_potential
 from mlip_unc.train.potential import run_training
@@ -265,7 +253,7 @@ def run_mace_torch(
     mace_work = work / f"mace_{name}_{seed}"
     shutil.rmtree(mace_work, ignore_errors=True)
     mace_work.mkdir(parents=True)
-    cmd = mace_command(spec, cfg, seed, mace_work, *peer_model(spec, cfg, args))
+    cmd = mt.mace_command(spec, cfg, seed, mace_work, *peer_model(spec, cfg, args))
     threads = str(args.threads)
     env = {
         **os.environ,
@@ -290,19 +278,19 @@ def run_mace_torch(
     first = [*cmd, "--stage_two", "--start_swa", "999999"] if stage_two else cmd
     (out / "command.txt").write_text(shlex.join(first) + "\n")
     try:
-        seconds = run_mace(first, log_path, budget_s * (two_start or 1.0), env)
+        seconds = mt.run_mace(first, log_path, budget_s * (two_start or 1.0), env)
         if (
             stage_two
         ):  # restart from the kept stage-one checkpoint with mace's stage two from its epoch
-            start = last_epoch(mace_work, swa=False, budget=args.budget_minutes)
+            start = mt.last_epoch(mace_work, swa=False, budget=args.budget_minutes)
             second = [*cmd, "--restart_latest", "--stage_two", "--start_swa", str(start)]
             (out / "command.txt").write_text(shlex.join(first) + "\n" + shlex.join(second) + "\n")
-            seconds += run_mace(second, log_two, max(budget_s - seconds, 0.0), env)
+            seconds += mt.run_mace(second, log_two, max(budget_s - seconds, 0.0), env)
     finally:
         for log_file in (log_path, log_two):
             if log_file.is_file():
                 shutil.copy2(log_file, out / log_file.name)
-    epoch = last_epoch(mace_work, swa=stage_two, budget=args.budget_minutes)
+    epoch = mt.last_epoch(mace_work, swa=stage_two, budget=args.budget_minutes)
     final = [
         *cmd,
         "--restart_latest",
@@ -311,7 +299,7 @@ def run_mace_torch(
     ]  # load, train no further, save .model
     if stage_two:  # mace keeps stage two only when it starts before max_num_epochs
         final += ["--stage_two", "--start_swa", str(max(epoch - 1, 0))]
-    run_mace(final, log_path, None, env)
+    mt.run_mace(final, log_path, None, env)
     model_name = "mace_stagetwo.model" if stage_two else "mace.model"
     model_file = next(
         p for p in (mace_work / model_name, *mace_work.rglob(model_name)) if p.is_file()
@@ -324,8 +312,8 @@ def run_mace_torch(
     if args.keep_mace_model:
         shutil.copy2(model_file, out / "mace.model")
     shutil.copy2(log_path, out / "mace_run_train.log")
-    n_epochs = len(set(epochs_logged(log_path))) + (
-        len(set(epochs_logged(log_two))) if stage_two else 0
+    n_epochs = len(set(mt.epochs_logged(log_path))) + (
+        len(set(mt.epochs_logged(log_two))) if stage_two else 0
     )
     return {
         "train_minutes": seconds / 60.0,
@@ -337,7 +325,7 @@ def run_mace_torch(
         "checkpoint": str(out.relative_to(args.out)),
         "load_avg": [load, os.getloadavg()[0]],
         "tests": tests,
-        "mace_model": flags(cmd, (*MACE_MODEL, "radial_MLP", "batch_size")),
+        "mace_model": mt.flags(cmd, (*mt.MACE_MODEL, "radial_MLP", "batch_size")),
         **({"variant": variant, "stage_two_start": two_start} if variant else {}),
     }
 
@@ -359,11 +347,11 @@ def peer_model(
     if args.quick:
         return QUICK_MACE, cfg.train.batch_size
     if args.mace_arch == "fixed":
-        return MACE_MODEL, cfg.train.batch_size
+        return mt.MACE_MODEL, cfg.train.batch_size
     raw, source = row_config(spec, "mace_backbone", args)
     kwargs = raw["model"]["backbone_kwargs"]
-    model = {flag: kwargs[key] for key, flag in BACKBONE_TO_MACE.items() if key in kwargs}
-    if missing := set(MACE_MODEL) - set(model):
+    model = {flag: kwargs[key] for key, flag in mt.BACKBONE_TO_MACE.items() if key in kwargs}
+    if missing := set(mt.MACE_MODEL) - set(model):
         raise ValueError(
             f"{source}: backbone_kwargs lack {sorted(missing)} for mace_torch --mace-arch backbone"
         )
@@ -801,7 +789,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "overrides": args.overrides,
         },
     )
-    missing = mace_missing() if any(r in MACE_ROWS for r in args.rows) else None
+    missing = mt.mace_missing() if any(r in MACE_ROWS for r in args.rows) else None
     runs.add(
         {
             "kind": "invocation",
