@@ -56,16 +56,9 @@ import numpy as np
 import yaml
 
 from benchmarks.common import force_frames as ff
+from benchmarks.common import mace_torch as mt
 from benchmarks.common.evaluation import calculator_predictions, read_frames
 from benchmarks.common.format import clean, fmt2, fmt3
-from benchmarks.common.mace_torch import (
-    MACE_MODEL,
-    epochs_logged,
-    flags,
-    last_epoch,
-    mace_command,
-    run_mace,
-)
 from benchmarks.common.pages import environment, replace_section
 
 log = logging.getLogger("mace_rows")
@@ -212,7 +205,7 @@ def train_mace_torch(name: str, seed: int, args: argparse.Namespace, steps: ff.S
     cfg = load_potential_config(
         work / "cfg.yaml", [f"data_root={args.data_root}", *spec["overrides"]]
     )
-    cmd = mace_command(spec, cfg, seed, work, MACE_MODEL, cfg.train.batch_size)
+    cmd = mt.mace_command(spec, cfg, seed, work, mt.MACE_MODEL, cfg.train.batch_size)
     threads = str(args.threads)
     env = {
         **os.environ,
@@ -221,21 +214,21 @@ def train_mace_torch(name: str, seed: int, args: argparse.Namespace, steps: ff.S
         "PYTHONUNBUFFERED": "1",
     }
     log_path, load = work / "mace_run_train.log", os.getloadavg()[0]
-    seconds = run_mace(cmd, log_path, 60.0 * args.budget_minutes, env)
-    epoch = last_epoch(work, swa=False, budget=args.budget_minutes)
-    run_mace([*cmd, "--restart_latest", "--max_num_epochs", str(epoch)], log_path, None, env)
+    seconds = mt.run_mace(cmd, log_path, 60.0 * args.budget_minutes, env)
+    epoch = mt.last_epoch(work, swa=False, budget=args.budget_minutes)
+    mt.run_mace([*cmd, "--restart_latest", "--max_num_epochs", str(epoch)], log_path, None, env)
     model = next(p for p in (work / "mace.model", *work.rglob("mace.model")) if p.is_file())
     steps.add(
         step,
         {
             "model": str(model),
             "train_minutes": seconds / 60.0,
-            "epochs": len(set(epochs_logged(log_path))),
+            "epochs": len(set(mt.epochs_logged(log_path))),
             "best_epoch": epoch,
             "command": shlex.join(cmd),
             "config": f"mace_run_train (r_max, batch size, valid fraction, dtype of {source})",
             "dtype": cfg.dtype.value,
-            "mace_model": flags(cmd, (*MACE_MODEL, "batch_size", "valid_fraction")),
+            "mace_model": mt.flags(cmd, (*mt.MACE_MODEL, "batch_size", "valid_fraction")),
             "load_avg": [load, os.getloadavg()[0]],
         },
     )
