@@ -37,16 +37,7 @@ from torch_geometric.loader import DataLoader
 
 from benchmarks.common import force_frames as ff
 from benchmarks.common.format import clean
-from benchmarks.paper.force_lpa_page import (
-    KAPPA_KEYS,
-    KNN_K,
-    NAMES,
-    RANK_KEYS,
-    SCORES,
-    SETS,
-    plot,
-    write_markdown,
-)
+from benchmarks.paper import force_lpa_page as page
 from mlip_unc import keys
 from mlip_unc.atomic import atomic_write_text
 from mlip_unc.config import load_potential_config
@@ -191,7 +182,7 @@ def random_directions(factor: torch.Tensor, seed: int) -> dict[str, Any]:
     d = factor.shape[1]
     u = torch.randn(DRAWS, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     s = row_stats(u, factor, 1.0)
-    return {**{k: s["summary"][k] for k in KAPPA_KEYS}, "draws": DRAWS, "kappa": s["kappa"]}
+    return {**{k: s["summary"][k] for k in page.KAPPA_KEYS}, "draws": DRAWS, "kappa": s["kappa"]}
 
 
 def frame_scores(
@@ -387,7 +378,7 @@ def baseline_scores(datasets: dict[str, Any], committee_dir: Path) -> dict[str, 
         for p, d in datasets.items()
     }
     desc = {p: density.structure_descriptor(x) for p, x in positions.items()}
-    k = min(KNN_K, len(desc["train"]))
+    k = min(page.KNN_K, len(desc["train"]))
     out: dict[str, Any] = {
         p: {"descriptor_knn": density.descriptor_knn_distance(desc[p], desc["train"], k=k)}
         for p in ("test", "ood")
@@ -444,7 +435,7 @@ def analyse(
     forces, energy, splits, ranking = {}, {}, {"forces": {}, "energy": {}}, {}
     scores, kappas = {}, {"random direction": ref["kappa"]}
     phi_train = torch.stack([f["phi"] for f in sets["train"]])
-    for part in SETS:
+    for part in page.SETS:
         rows, frame_of = force_rows(sets[part])
         stats = row_stats(rows, factor, alpha_f)
         forces[part], splits["forces"][part] = stats["summary"], stats["split"]
@@ -457,7 +448,7 @@ def analyse(
                     phi, phi_train, k=meta["baselines"]["knn_k"]
                 ),
             )
-        kappas[NAMES[part]] = stats["kappa"][stats["keep"]]
+        kappas[page.NAMES[part]] = stats["kappa"][stats["keep"]]
         e_stats = row_stats(torch.stack([f["phi"] for f in sets[part]]), factor, alpha_e)
         energy[part], splits["energy"][part] = e_stats["summary"], e_stats["split"]
         log.info(
@@ -473,12 +464,12 @@ def analyse(
         for a, b in (("train", "test"), ("test", "ood")):
             dec = alignment.log_variance_decomposition(per[a], per[b])
             decomposition[kind][f"{a}->{b}"] = {**dec.as_dict(), "dominant": dec.dominant}
-    for key in (k for k in SCORES if k in scores["test"]):
+    for key in (k for k in page.SCORES if k in scores["test"]):
         row = diag.frame_ranking(
             *(scores["test"][k] for k in (key, "error", "force")),
             *(scores["ood"][k] for k in (key, "error", "force")),
         )
-        ranking[key] = {k: row[k] for k in RANK_KEYS}
+        ranking[key] = {k: row[k] for k in page.RANK_KEYS}
     noise = (out["posterior"]["noise_energy"], out["posterior"]["noise_forces"])
     sweep_rows, refit = sweep(sets, noise, fit["lambda"], alpha_f, seed)
     check = reproduction(factor, refit, force_rows(sets["test"])[0])
@@ -491,7 +482,7 @@ def analyse(
         ranking=ranking,
         sweep=sweep_rows,
         reproduction=check,
-        baselines={k: v for k, v in meta["baselines"].items() if k not in SETS},
+        baselines={k: v for k, v in meta["baselines"].items() if k not in page.SETS},
     )
     return out, kappas
 
@@ -500,7 +491,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.report_only:
         result = json.loads((args.out / "force_lpa.json").read_text())
-        atomic_write_text(args.out / "force_lpa.md", write_markdown(result))
+        atomic_write_text(args.out / "force_lpa.md", page.write_markdown(result))
         return result
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -527,9 +518,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     atomic_write_text(args.out / "force_lpa.json", json.dumps(result, indent=1))
     atomic_write_text(
-        args.out / "force_lpa.md", write_markdown(result)
+        args.out / "force_lpa.md", page.write_markdown(result)
     )  # the JSON's numbers, as markdown_section
-    plot(result, kappas, args.out / "force_lpa.png")
+    page.plot(result, kappas, args.out / "force_lpa.png")
     log.info("results: %s", args.out / "force_lpa.md")
     return result
 

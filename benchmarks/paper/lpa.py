@@ -33,18 +33,9 @@ from mlip_unc.config import Intervention, Method, PropertyConfig, RegularizerKin
 from mlip_unc.models.property import StandardisedModel, predict_graphs
 from mlip_unc.train.property import freeze_posterior_from, property_trainer, seeded_model
 from mlip_unc.train.task import FitResult
-from mlip_unc.uncertainty.alignment import (
-    alignment_index,
-    lpa_summary,
-    mean_log_factors,
-    three_factor_split,
-)
+from mlip_unc.uncertainty import alignment as alignment
+from mlip_unc.uncertainty import density as density
 from mlip_unc.uncertainty.calibration import regression_metrics
-from mlip_unc.uncertainty.density import (
-    latent_knn_distance,
-    structural_calibration,
-    tanimoto_max_similarity,
-)
 
 __all__ = [
     "VARIANTS",
@@ -179,7 +170,9 @@ def _targets(graphs: Sequence[Data]) -> np.ndarray:
 def _mean_logs(z: torch.Tensor, s2: torch.Tensor) -> dict[str, float]:
     """Per-point means of the logs of the three-factor split (points with z = 0 dropped)."""
     names = ("mean_log_norm2", "log_mean_s2", "mean_log_kappa")
-    return dict(zip(names, mean_log_factors(three_factor_split(z, s2)), strict=False))
+    return dict(
+        zip(names, alignment.mean_log_factors(alignment.three_factor_split(z, s2)), strict=False)
+    )
 
 
 @torch.no_grad()
@@ -234,19 +227,19 @@ def study_record(
     rec.update(kl=kl, kl_per_n=kl / len(train))
     m = z @ mu  # (n_test,)
     threshold = min_abs_mean_rel * float(m.pow(2).mean().sqrt())
-    rec.update(lpa_summary(z, mu, s2, min_abs_mean=threshold))
-    rec["n_alignment"] = int(torch.isfinite(alignment_index(z, mu, s2, threshold)).sum())
+    rec.update(alignment.lpa_summary(z, mu, s2, min_abs_mean=threshold))
+    rec["n_alignment"] = int(torch.isfinite(alignment.alignment_index(z, mu, s2, threshold)).sum())
     rec["alignment_threshold"] = threshold
     rec.update(_mean_logs(z, s2))
     y_scale = float(model.y_std[0])
     rec.update(y_scale=y_scale, log_y_scale2=2.0 * math.log(y_scale))
 
-    knn = latent_knn_distance(z, z_train.double(), k=min(knn_k, len(train)))
-    tanimoto = tanimoto_max_similarity(
+    knn = density.latent_knn_distance(z, z_train.double(), k=min(knn_k, len(train)))
+    tanimoto = density.tanimoto_max_similarity(
         [g[keys.SMILES] for g in test], [g[keys.SMILES] for g in train]
     )
-    rec["struct_cal_knn"] = structural_calibration(epi, knn)
-    rec["struct_cal_tanimoto"] = structural_calibration(epi, 1.0 - tanimoto)
+    rec["struct_cal_knn"] = density.structural_calibration(epi, knn)
+    rec["struct_cal_tanimoto"] = density.structural_calibration(epi, 1.0 - tanimoto)
     if keep_points:
         rec["points"] = {
             "y_true": y.tolist(),

@@ -50,13 +50,7 @@ from typing import Any
 import torch
 
 from benchmarks.common.records import append_jsonl, read_jsonl, take_lock
-from benchmarks.paper.lpa import (
-    INTERVENTIONS,
-    VARIANTS,
-    fit_property_model,
-    study_record,
-    variant_config,
-)
+from benchmarks.paper import lpa as lpa
 from benchmarks.paper.report import acceptance, aggregate, render_markdown
 from mlip_unc.config import PropertyConfig
 from mlip_unc.config import PropertyModelConfig as ModelConfig
@@ -120,8 +114,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--variants",
         nargs="+",
-        default=["bgnn", "agl", *INTERVENTIONS],
-        choices=[v for v in VARIANTS if not VARIANTS[v].frozen],
+        default=["bgnn", "agl", *lpa.INTERVENTIONS],
+        choices=[v for v in lpa.VARIANTS if not lpa.VARIANTS[v].frozen],
     )
     p.add_argument(
         "--frozen-at",
@@ -257,12 +251,14 @@ def tasks(args: argparse.Namespace) -> list[Task]:
         for fraction in sorted(args.fractions):
             names = [
                 v
-                for v in VARIANTS
+                for v in lpa.VARIANTS
                 if v in args.variants
-                and (v not in INTERVENTIONS or args.interventions_at == "all" or fraction == top)
+                and (
+                    v not in lpa.INTERVENTIONS or args.interventions_at == "all" or fraction == top
+                )
             ]
             if args.frozen_at == "all" or (args.frozen_at == "max" and fraction == top):
-                names += [f"{iv}_frozen" for iv in INTERVENTIONS if iv in args.variants]
+                names += [f"{iv}_frozen" for iv in lpa.INTERVENTIONS if iv in args.variants]
             out += [{"variant": v, "fraction": float(fraction), "seed": seed} for v in names]
     return out
 
@@ -307,14 +303,16 @@ def run_one(task: Task, s: dict[str, Any], work_dir: str, top_fraction: float) -
     rows = training_subset(split.train, fraction / 100.0, seed) if fraction < 100 else split.train
     train = [by_row[r] for r in rows]
     val, test = [by_row[r] for r in split.val], [by_row[r] for r in split.test]
-    config = variant_config(base_config(s, run_epochs(s, len(train))), variant, seed)
-    frozen = bgnn_path(work_dir, fraction, seed) if VARIANTS[variant].frozen else None
-    model, result = fit_property_model(config, train, val, freeze_posterior=frozen, keep=s["keep"])
+    config = lpa.variant_config(base_config(s, run_epochs(s, len(train))), variant, seed)
+    frozen = bgnn_path(work_dir, fraction, seed) if lpa.VARIANTS[variant].frozen else None
+    model, result = lpa.fit_property_model(
+        config, train, val, freeze_posterior=frozen, keep=s["keep"]
+    )
     if variant == "bgnn":
         meta = {"n_targets": 1, "train_fraction": fraction}
         save_checkpoint(bgnn_path(work_dir, fraction, seed), model_payload(model, config, meta))
     keep_points = fraction == top_fraction and variant in ("bgnn", "agl")
-    record = study_record(
+    record = lpa.study_record(
         model,
         train,
         test,
@@ -452,7 +450,7 @@ def write_report(
 
 
 def draw_figures(out: Path, records: list[dict[str, Any]]) -> None:
-    table = [r for r in records if not VARIANTS[r["variant"]].frozen]
+    table = [r for r in records if not lpa.VARIANTS[r["variant"]].frozen]
     panels = {
         "epistemic std": "mean_epistemic_std",
         "total std": "mean_std",
@@ -603,7 +601,7 @@ def run_study(
         write_report(args.out, records, s, pngs=False, wall=time.perf_counter() - t_start)
 
     def ready(task: Task) -> bool:
-        if not VARIANTS[task["variant"]].frozen:
+        if not lpa.VARIANTS[task["variant"]].frozen:
             return True
         key = ("bgnn", task["fraction"], task["seed"])
         return key in done and bgnn_path(args.work_dir, task["fraction"], task["seed"]).exists()
