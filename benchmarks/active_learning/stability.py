@@ -123,10 +123,9 @@ def models(
     work: Path, runs: Sequence[dict[str, Any]], references: Sequence[dict[str, Any]]
 ) -> list[tuple[str, int | None, Path]]:
     """(arm, seed, final model) of every finished run and of the shipped-recipe reference."""
+    shipped = [r for r in references if r.get("recipe", "shipped") == "shipped"]
     out: list[tuple[str, int | None, Path]] = [
-        ("reference", None, Path(r["model"]))
-        for r in references[-1:]
-        if r.get("recipe", "shipped") == "shipped"
+        ("reference", None, Path(r["model"])) for r in shipped[-1:]
     ]
     for r in runs:
         model = final_model(work, r["arm"], r["seed"])

@@ -58,7 +58,7 @@ def test_models_are_the_reference_and_each_finished_runs_last_model(tmp_path):
     (run / "update_2" / "model.pt").write_bytes(b"x")
     updates = [{"model": str(run / f"update_{k}" / "model.pt")} for k in range(3)]
     (run / "state.json").write_text(json.dumps({"updates": updates}))
-    refs = [{"recipe": "shipped", "model": "ref.pt"}]
+    refs = [{"recipe": "shipped", "model": "ref.pt"}, {"recipe": "full_width", "model": "w.pt"}]
     finished = [{"arm": "ours", "seed": 0}, {"arm": "random", "seed": 0}]  # random: no folder
     got = stability.models(tmp_path, finished, refs)
     assert got == [("reference", None, Path("ref.pt")), ("ours", 0, run / "update_2" / "model.pt")]
