@@ -457,8 +457,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     def page() -> Path:
         return write_page(args.results, command)
 
-    if args.report_only:
-        print(page())
+    if args.report_only:  # the page names the command of the newest record, not this one
+        print(write_page(args.results, ""))
         return
     import torch
 
