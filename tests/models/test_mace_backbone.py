@@ -90,9 +90,11 @@ def test_mace_keeps_the_backbone_contract(readout):
     """mlip_unc.testing's contract checks, the backbone built from its options as the trainer
     builds it."""
     options = {k: v for k, v in KWARGS.items() if k != "latent_dim"}
-    if readout == "mace":
+    latent_dim = KWARGS["latent_dim"]
+    if readout == "mace":  # the latents are MACE's own: channels x (layers - 1) + readout width
         options = {**options, "readout": "mace", "readout_hidden": [8]}
-    checks = check_backbone("mace", options=options, latent_dim=KWARGS["latent_dim"])
+        latent_dim = KWARGS["channels"] * (KWARGS["num_layers"] - 1) + 8
+    checks = check_backbone("mace", options=options, latent_dim=latent_dim)
     assert checks[-1] == "checkpoint"
 
 
