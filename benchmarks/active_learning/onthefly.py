@@ -19,7 +19,10 @@ reference sets (``reference_sets.py``: MD at 300, 600 and 1200 K, a torsion scan
 energy MAE, the 95th percentile of the per-frame largest force error. A model is *usable* when
 its force MAE is within 1.25x the reference's at 300 and 600 K and 1.5x at 1200 K and on the
 scan, and its energy MAE within 2x on every set; the stability part (5 x 10 ps at 600 K and
-1200 K, ``stability.py``) is run for the final models with ``--stability``.
+1200 K, ``stability.py``) is run for the final models with ``--stability``. A run's final model
+is its refit from scratch (``on_the_fly.final_refit``); ``--refits`` trains the same refit on
+the labels each run had at every milestone (``refits.py``: what a run with that budget hands
+over), and those decide the calls to usable.
 
 Each finished run appends one record to ``benchmarks/results/active_learning_otf.jsonl``;
 runs already there are skipped, so the work spreads over several invocations. The page is
@@ -29,6 +32,7 @@ runs already there are skipped, so the work spreads over several invocations. Th
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -257,14 +261,15 @@ def run_arm(
     overrides += [*arm_overrides(arm, every), *extra]
     base = work / f"ours_s{seed}"
     if arm != "ours":
-        if not (base / "update_0" / "model.pt").is_file():
+        seed_model = _seed_model(base)
+        if seed_model is None:
             raise SystemExit(f"{arm} seed {seed}: run ours seed {seed} first (its seed set)")
         if not (out / "state.json").is_file():
             shutil.rmtree(out, ignore_errors=True)
             shutil.copytree(base / "data", out / "data")
             shutil.copytree(base / "labels", out / "labels")
         if arm != "committee5":
-            overrides.append(f"model={base / 'update_0' / 'model.pt'}")
+            overrides.append(f"model={seed_model}")
     config = load_active_config(system.config, overrides)
     wall = time.monotonic()
     result = run_on_the_fly(config, resume=(out / "state.json").is_file())
@@ -274,6 +279,7 @@ def run_arm(
     rows = result.rows
     seed_calls = int(rows[0]["calls"])
     scored = {str(m): score(Path(p), sets()) for m, p in milestone_models(rows).items()}
+    tuned = [r for r in rows if not r.get("refit")][-1]  # the final model before the refit
     broken, labelled = broken_labels(out, result.model, _seed_size(out), system)
     return {
         "system": system.name,
@@ -299,9 +305,22 @@ def run_arm(
             {k: r[k] for k in ("calls", "md_ps", "temperature", "valid_force_mae")} for r in rows
         ],
         "errors": scored,
+        "errors_before_refit": score(Path(tuned["model"]), sets())
+        if rows[-1].get("refit")
+        else None,
         "every": every if arm in ("periodic", "random") else None,
         "environment": environment(),
     }
+
+
+def _seed_model(base: Path) -> Path | None:
+    """The seed model of the run in ``base`` (its first row: ``update_0``, or the ``model``
+    it was given), or None before it has one."""
+    import json
+
+    state = base / "state.json"
+    rows = json.loads(state.read_text()).get("updates", []) if state.is_file() else []
+    return Path(rows[0]["model"]) if rows and Path(rows[0]["model"]).is_file() else None
 
 
 def _share_labels(source: Path, out: Path) -> None:
@@ -426,6 +445,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="an override of the shipped config for --variant (repeatable)",
     )
     p.add_argument(
+        "--refits",
+        action="store_true",
+        help="only the refits from scratch of the finished runs' labels at each milestone "
+        "(of --arms, when given)",
+    )
+    p.add_argument(
+        "--refit-milestones",
+        default=",".join(map(str, MILESTONES)),
+        help="comma-separated milestones (calls) of --refits",
+    )
+    p.add_argument(
         "--stability",
         action="store_true",
         help="only the stability MD of the finished runs' final models and the reference model",
@@ -489,9 +519,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         page()
         return
 
+    @functools.cache
     def sets() -> dict[str, list[Any]]:  # read when first needed: they may still be made
         return load_sets(args.reference_sets or system.reference_sets, system)
 
+    if args.refits:
+        from benchmarks.active_learning.refits import run_refits
+
+        chosen = sys.argv[1:] if argv is None else list(argv)
+        run_refits(
+            system.config,
+            system.name,
+            args.results,
+            system.runs,
+            work,
+            sets,
+            score,
+            [int(m) for m in args.refit_milestones.split(",")],
+            command,
+            [a for a in args.arms.split(",") if a] if "--arms" in chosen else (),
+            extra,
+        )
+        page()
+        return
     if args.trigger_check:
         from benchmarks.active_learning.trigger_check import run_trigger_check
         from mlip_unc.config import load_active_config

@@ -21,6 +21,7 @@ from benchmarks.active_learning.onthefly import (
     System,
     usable,
 )
+from benchmarks.active_learning.refits import records_name as refit_records
 from benchmarks.active_learning.stability import records_name, summary
 from benchmarks.common.figures import save_png
 from benchmarks.common.pages import run_section
@@ -28,6 +29,7 @@ from benchmarks.common.records import read_jsonl
 
 PAGE = "active_learning.md"  # under the results folder
 FIGURE = "active_learning.png"
+LADDER_HOLD = "benchmarks/results/active_learning/otf_ladder_hold/"
 ROUNDS_PAGE = "benchmarks/results/active_learning/rounds_protocol.md"
 BUDGET = 150
 
@@ -44,9 +46,52 @@ def calls_to_usable(
     return min(hits) if hits else None
 
 
+def with_refits(
+    records: Sequence[dict[str, Any]], refits: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The records with each milestone's errors those of the refit from scratch on the labels
+    spent by then (``refits.py``: the model a run ending there hands over), where there is
+    one; the final model (the run's own refit) stays. ``refit_milestones`` counts them."""
+    out = []
+    for r in records:
+        mine = {
+            str(f["milestone"]): f["errors"]
+            for f in refits
+            if (f["arm"], f["seed"]) == (r["arm"], r["seed"]) and not r.get("variant")
+        }
+        final = str(max(int(m) for m in r["errors"]))
+        errors = {**r["errors"], **mine, final: r["errors"][final]} if mine else r["errors"]
+        out.append({**r, "errors": errors, "refit_milestones": len(mine)})
+    return out
+
+
 def final_errors(record: dict[str, Any]) -> dict[str, Any]:
     """Errors of the run's final model (the largest scored call count)."""
     return record["errors"][str(max(int(m) for m in record["errors"]))]
+
+
+def refit_line(records: Sequence[dict[str, Any]], sets: Sequence[str]) -> str | None:
+    """What the final refit changed: per arm, the median worst-set energy MAE and worst-set
+    force MAE of the fine-tuned final model and of the refit one (None without refits)."""
+    parts = []
+    for arm in ARMS:
+        recs = [r for r in records if r["arm"] == arm and r.get("errors_before_refit")]
+        if not recs:
+            continue
+
+        def worst(key: str, errs: list[dict[str, Any]]) -> float:
+            return float(np.median([max(e[s][key] for s in sets) for e in errs]))
+
+        before = [r["errors_before_refit"] for r in recs]
+        after = [final_errors(r) for r in recs]
+        parts.append(
+            f"`{arm}` energy {_f(worst('energy_mae', before))} → "
+            f"{_f(worst('energy_mae', after))} meV, forces {_f(worst('force_mae', before))} → "
+            f"{_f(worst('force_mae', after))} meV/Å"
+        )
+    if not parts:
+        return None
+    return "The final refit (worst set, fine-tuned final model → refit): " + "; ".join(parts) + "."
 
 
 def _cells(errors: Sequence[dict[str, Any]], sets: Sequence[str]) -> str:
@@ -97,10 +142,10 @@ def plot_curves(by_system: dict[str, list[dict[str, Any]]], path: Path) -> Path 
         return None
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.5 * len(systems), 3.6))
+    fig = Figure(figsize=(11, 3.6 * len(systems)))
     colours = {a: f"C{k}" for k, a in enumerate(ARMS)}
     for k, name in enumerate(systems):
-        ax = fig.add_subplot(1, len(systems), k + 1)
+        ax = fig.add_subplot(len(systems), 2, 2 * k + 1)
         seen: set[str] = set()
         for r in by_system[name]:
             curve = r["curve"]
@@ -114,12 +159,24 @@ def plot_curves(by_system: dict[str, list[dict[str, Any]]], path: Path) -> Path 
             )
             seen.add(r["arm"])
         ax.set(
-            title=SYSTEMS[name].title,
+            title=f"{SYSTEMS[name].title}: the loop's models",
             xlabel="oracle calls",
             ylabel="validation force MAE (meV/Å)",
             yscale="log",
         )
         ax.legend(fontsize=8)
+        ax2 = fig.add_subplot(len(systems), 2, 2 * k + 2)
+        hot = SYSTEMS[name].sets[2]  # the hottest MD set: 1200 K (3BPA), the melt (Si)
+        for r in by_system[name]:
+            if r.get("variant"):
+                continue
+            points = sorted((int(m), e[hot]["force_mae"]) for m, e in r["errors"].items())
+            ax2.plot(*zip(*points, strict=True), "o-", color=colours.get(r["arm"], "k"), ms=3)
+        ax2.set(
+            title=f"{hot}: refit at each milestone (where run)",
+            xlabel="oracle calls",
+            ylabel="force MAE (meV/Å)",
+        )
     fig.tight_layout()
     return save_png(fig, path)
 
@@ -190,6 +247,8 @@ def system_section(
             "checked again with the geometry guard).",
             "",
         ]
+    if line := refit_line(records, system.sets):
+        lines += [line, ""]
     for variant in [None, *variants]:
         if (line := trigger_check.page_line(checks, variant)) is not None:
             lines += [line, ""]
@@ -211,15 +270,21 @@ def system_section(
 def write_page(results: Path = RESULTS, command: str = "") -> Path:
     """Write the page (and the figure) into ``results`` from the records of every system;
     returns its path."""
-    records = {n: read_jsonl(results / s.runs) for n, s in SYSTEMS.items()}
+    records = {
+        n: with_refits(read_jsonl(results / s.runs), read_jsonl(results / refit_records(s.runs)))
+        for n, s in SYSTEMS.items()
+    }
     references = {n: read_jsonl(results / s.references) for n, s in SYSTEMS.items()}
     planned = sum(SEEDS.get(a, 3) for a in ARMS) * len(SYSTEMS)
     done = sum(len(r) for r in records.values())
     lines = [
         "# Active learning on the fly" + (" (partial)" if done < planned else ""),
         "",
-        "Force MAE (meV/Å) of each arm's final model on the oracle-labelled sets, medians over "
-        "seeds; calls per seed; the calls at which a seed's model first counted as usable.",
+        "Force MAE (meV/Å) of each arm's final model (refit from scratch on all its labels) on "
+        "the oracle-labelled sets, medians over seeds; calls per seed; *usable at*: the first "
+        "milestone (50, 75, 100, 125 calls) at which a model refit from scratch on the labels "
+        "spent so far is usable (`--refits`; a fine-tuned model where no refit ran yet), or "
+        "the final model's calls.",
         "",
     ]
     for name, system in SYSTEMS.items():
@@ -232,22 +297,19 @@ def write_page(results: Path = RESULTS, command: str = "") -> Path:
         "## What the arms are",
         "",
         "Every arm runs the loop of the shipped config (`configs/al_xtb_3bpa.yaml`, "
-        "`configs/al_snap_si.yaml`: MD with the current model up a temperature ladder; a "
-        "physical frame over the trigger is labelled, with up to three diverse frames flagged "
-        "after it, and the model fine-tuned). `ours` triggers on the force uncertainty (2x its "
-        "level on the fixed validation set), `committee5` on a 5-member committee's force "
-        "spread, `force_magnitude` on the largest predicted force, `true_error` on the true "
-        "force error (the bound: its control calls are not counted), `periodic` every n-th "
-        "monitored frame and `random` with probability 1/n, n matching the calls of `ours`. "
-        "`periodic` and `random` judge nothing, so they climb the temperature ladder on MD "
-        "time (1 ps a rung); the score arms climb after 1 ps without a label, which above "
-        "600 K a threshold relative to 300-600 K validation frames rarely allows (the share "
-        "of oracle frames over it is above): so far `random` reaches 1200 K and `ours` stays "
-        "at 900 K, and the comparison mixes *when* with *where*. `ladder: time` puts every "
-        "arm on the same schedule. "
-        "Arms of one seed share the seed set, validation set and seed model. Triggering "
-        "(*when*) is what separates `ours` from `periodic` and `random`; selection (*which*: "
-        "the diverse frames of one excursion) is the same in every arm.",
+        "`configs/al_snap_si.yaml`): MD with the current model up a temperature ladder on a "
+        "fixed schedule (`ladder: time`: 1 ps a rung, 2 ps at the top, labels or not, as FLARE "
+        "runs a fixed MD length); a physical frame over the trigger is labelled, with up to "
+        "three diverse frames flagged after it, and the model fine-tuned; at the end the final "
+        "model is trained from scratch on every label (`final_refit`, no oracle call). "
+        "`ours` triggers on the force uncertainty (2x its level on the fixed validation set), "
+        "`committee5` on a 5-member committee's force spread, `force_magnitude` on the largest "
+        "predicted force, `true_error` on the true force error (the bound: its control calls "
+        "are not counted), `periodic` every n-th monitored frame and `random` with probability "
+        "1/n, n matching the calls of `ours`. Arms of one seed share the seed set, validation "
+        "set and seed model, and explore the same temperatures for the same MD time: triggering "
+        "(*when*) is what separates them; selection (*which*: the diverse frames of one "
+        "excursion) is the same in every arm.",
         "",
         "## The earlier protocol",
         "",
@@ -255,6 +317,11 @@ def write_page(results: Path = RESULTS, command: str = "") -> Path:
         "trajectory and per-round offset refits ended every strategy at 230-390 meV/Å with MD "
         "failing within a picosecond, so it could not tell the strategies apart. Its page and "
         f"records stay as they were: `{ROUNDS_PAGE}` and `benchmarks/results/active_learning.json`.",
+        "",
+        "Before `ladder: time` and the final refit, the score arms climbed only after 1 ps "
+        "without a label, so `ours` and `true_error` spent 150 calls stuck at 900 K while "
+        "`random` climbed on time, and fine-tuned energies drifted (600 K energy MAE up to 2.8x "
+        f"the reference's); those runs' records: `{LADDER_HOLD}`.",
         "",
     ]
     every = [r for recs in records.values() for r in recs] or [
@@ -291,7 +358,11 @@ def targets(
     out.append(
         f"- `ours` usable within {BUDGET} calls: {sum(c is not None for c in ours_usable)} of "
         f"{len(ours)} seeds (error part); its final models' 600 K runs lasting 10 ps: "
-        + ("{} of {}".format(*summary(stability, "ours", 600.0)[:2]) if stability else "not run")
+        + (
+            "{} of {}".format(*summary(stability, "ours", 600.0)[:2])
+            if summary(stability, "ours", 600.0)[1]
+            else "not run"
+        )
         + "."
     )
     med_ours = _median_calls(ours_usable)

@@ -19,6 +19,8 @@ VASP's on-the-fly force fields do, with this package's closed-form uncertainty a
 4. **Climb.** After ``hold_ps`` without a label at one temperature of ``temperatures`` the
    next one follows. The run ends when MD spends ``final_ps`` at the top temperature without a
    label (``ended: completed``) or when ``max_calls`` oracle calls are spent (``budget``).
+   With ``final_refit`` (the default) the final model is then trained from scratch on every
+   labelled frame: fine-tuning after each label keeps the forces but lets energies drift.
    With ``ladder: time`` (and always for the ``periodic`` and ``random`` triggers, which
    judge nothing) the ladder keeps time instead: ``hold_ps`` of MD at a rung, labels or not,
    and ``final_ps`` of MD at the top end the run.
@@ -266,6 +268,37 @@ def _training(config: ActiveLearningConfig, out: Path, train: list[Atoms]) -> di
     return training
 
 
+def _train(
+    config: ActiveLearningConfig,
+    training: dict[str, Any],
+    data: tuple[list[Atoms], list[Atoms]],
+    folder: Path,
+    *,
+    init_from: list[Path] | None,
+    update: int,
+    resume: bool,
+) -> list[Path]:
+    """The models of update ``update`` (trained on ``data``: training, validation frames) in
+    ``folder``: fine-tuned from ``init_from`` (``retrain_epochs`` at ``retrain_lr``) or, with
+    None, trained from scratch with the training config's own schedule."""
+    tune = init_from is not None
+    return list(
+        _quiet(
+            train_members,
+            data[0],
+            data[1],
+            training,
+            folder,
+            members=config.committee,
+            init_from=init_from,
+            epochs=config.retrain_epochs if tune else None,
+            seed=config.seed + update,
+            resume=resume,
+            lr=config.retrain_lr if tune else None,
+        )
+    )
+
+
 def _seed_data(
     config: ActiveLearningConfig, oracle: Any, start: Atoms, out: Path, cache: CachedLabels
 ) -> tuple[list[Atoms], list[Atoms]]:
@@ -431,10 +464,10 @@ def run_on_the_fly(
     )
     if not rows:
         commit(row0)
-    ended = "budget"
+    ended = str(data.get("ended", "budget"))
     atoms = start.copy()
     cpu_md = 0.0
-    while calls < otf.max_calls:
+    while "ended" not in data and calls < otf.max_calls:
         cpu = time.process_time()
         seg = _segment(atoms, calc, config, md, guard, trigger, rng)
         cpu_md += time.process_time() - cpu
@@ -515,18 +548,14 @@ def run_on_the_fly(
             u = len(rows)
             scratch = otf.refresh_every > 0 and u % otf.refresh_every == 0
             cpu = time.process_time()
-            models = _quiet(
-                train_members,
-                train,
-                valid,
+            models = _train(
+                config,
                 training,
+                (train, valid),
                 out / f"update_{u}",
-                members=config.committee,
                 init_from=None if scratch else models,
-                epochs=None if scratch else config.retrain_epochs,
-                seed=config.seed + u,
+                update=u,
                 resume=resume,
-                lr=None if scratch else config.retrain_lr,
             )
             row["cpu_train_s"] = time.process_time() - cpu
             calc = _calculator(config, models, valid, None)
@@ -535,10 +564,20 @@ def run_on_the_fly(
         if ended == "completed":
             break
     bar.close()
-    if ended == "budget":
+    if ended == "budget" and "ended" not in data:
         log.info("oracle-call budget of %d spent", otf.max_calls)
-    result = OnTheFlyResult(rows=rows, model=Path(rows[-1]["model"]), ended=ended, calls=calls)
     data["ended"] = ended
     state.commit()
+    if otf.final_refit and len(rows) > 1 and not rows[-1].get("refit"):
+        log.info("refit: the final model from scratch on all %d training frames", len(train))
+        cpu = time.process_time()
+        models = _train(
+            config, training, (train, valid), out / "refit", init_from=None, update=0, resume=resume
+        )
+        calc = _calculator(config, models, valid, None)
+        trigger.level_for(calc, valid)
+        refit = {"update": len(rows), "refit": True, "n_labelled": 0, "cpu_md_s": cpu_md}
+        commit({**refit, "cpu_oracle_s": 0.0, "cpu_train_s": time.process_time() - cpu})
+    result = OnTheFlyResult(rows=rows, model=Path(rows[-1]["model"]), ended=ended, calls=calls)
     write_report(result, out, config)
     return result

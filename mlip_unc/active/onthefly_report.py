@@ -18,7 +18,8 @@ class OnTheFlyResult:
     """What :func:`run_on_the_fly` returns.
 
     Attributes:
-        rows: one dict per model (row 0: the seed model), see :func:`run_on_the_fly`.
+        rows: one dict per model (row 0: the seed model; the last, with ``refit: true``, the
+            final model trained from scratch when ``final_refit``), see :func:`run_on_the_fly`.
         model: the final model's checkpoint.
         ended: ``completed`` (``final_ps`` at the top temperature without a label) or
             ``budget`` (``max_calls`` spent).
@@ -50,7 +51,7 @@ def write_report(result: OnTheFlyResult, out: Path, config: ActiveLearningConfig
     fig.savefig(out / "updates.png", dpi=110)
     shown = [
         {
-            "update": r["update"],
+            "update": "refit" if r.get("refit") else r["update"],
             "oracle calls": r["calls"],
             "MD (ps)": round(r["md_ps"], 2),
             "T (K)": r["temperature"],

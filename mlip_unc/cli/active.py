@@ -435,10 +435,12 @@ def active_learn(
         except user_errors(OracleError, FileExistsError) as err:
             fail(err)
         last = result.rows[-1]
+        updates = sum(not r.get("refit") for r in result.rows) - 1
         typer.echo(
-            f"{result.ended}: {result.calls} oracle calls, {len(result.rows) - 1} model updates, "
-            f"{last['md_ps']:.2f} ps of MD up to {last['temperature']:g} K; validation force MAE "
-            f"{1000 * last['valid_force_mae']:.1f} meV/Å, energy MAE "
+            f"{result.ended}: {result.calls} oracle calls, {updates} model updates"
+            + (", refit from scratch" if last.get("refit") else "")
+            + f", {last['md_ps']:.2f} ps of MD up to {last['temperature']:g} K; validation force "
+            f"MAE {1000 * last['valid_force_mae']:.1f} meV/Å, energy MAE "
             f"{1000 * last['valid_energy_mae']:.1f} meV"
         )
         typer.echo(f"model: {result.model}; report: {Path(cfg.out) / 'report.md'}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -290,7 +291,8 @@ def test_a_geometry_stop_restarts_md_and_labels_only_physical_frames(tmp_path, t
     config = config.updated(guard={"min_distance": 2.45})
     result = run_on_the_fly(config)
     assert result.ended == "budget" and result.calls == 9
-    updates = result.rows[1:]
+    updates = result.rows[1:-1]  # the last row: the final refit
+    assert result.rows[-1]["refit"] and result.rows[-1]["calls"] == 9
     assert len(updates) == 2 and all(r["rescue"] and r["n_flagged"] == 0 for r in updates)
     assert updates[-1]["geometry_stops"] >= 2
     guard = GeometryGuard.from_structure(bulk("Cu", "fcc", a=3.61, cubic=True), config.guard)
@@ -320,3 +322,31 @@ def test_time_ladder_climbs_and_ends_on_md_time_whatever_the_trigger_says(tmp_pa
     assert result.ended == "completed" and result.calls < 80 and len(result.rows) > 2
     state = json.loads((tmp_path / "run" / "state.json").read_text())
     assert state["md"]["t_index"] == 1
+
+
+def test_final_refit_trains_from_scratch_on_every_label_without_an_oracle_call(
+    tmp_path, tiny_training
+):
+    """The run ends with a model trained anew (no warm start) on the last update's training
+    set; it is the result's model, costs no call, and a resumed run does not train it again."""
+    config = _config(tmp_path, tiny_training, trigger="periodic", every=2, max_calls=11)
+    result = run_on_the_fly(config)
+    out = tmp_path / "run"
+    refit, last = result.rows[-1], result.rows[-2]
+    assert refit["refit"] and refit["calls"] == last["calls"] == 11
+    assert result.model == out / "refit" / "model.pt" and result.model.is_file()
+    assert load_raw(out / "refit" / "config.yaml")["train"]["init_from"] is None
+    assert load_raw(Path(last["model"]).parent / "config.yaml")["train"][
+        "init_from"
+    ]  # the updates before it were fine-tuned
+    trained = read_structures(Path(last["model"]).parent / "train.xyz")
+    assert len(read_structures(out / "refit" / "train.xyz")) == len(trained)
+    assert "| refit |" in (out / "report.md").read_text()
+    again = run_on_the_fly(config, resume=True)
+    assert len(again.rows) == len(result.rows) and again.model == result.model
+
+    plain = config.updated(
+        out=str(tmp_path / "plain"),
+        on_the_fly={**config.on_the_fly.model_dump(), "final_refit": False},
+    )
+    assert not any(r.get("refit") for r in run_on_the_fly(plain).rows)

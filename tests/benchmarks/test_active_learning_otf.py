@@ -123,3 +123,61 @@ def test_every_arm_is_a_valid_override_of_the_si_config():
         config = load_active_config(si.config, otf.arm_overrides(arm, 10))
         assert config.mode == "on_the_fly" and config.isolated_atoms == "oracle"
     assert set(si.force_limits) == set(si.sets) and si.runs != otf.RUNS
+
+
+def test_refit_line_sets_the_fine_tuned_final_model_beside_the_refit():
+    record = {
+        "arm": "ours",
+        "errors": {"50": _errors(200.0, 300.0), "120": _errors(110.0, 40.0)},
+        "errors_before_refit": _errors(115.0, 170.0),
+    }
+    line = report.refit_line(
+        [record, {**record, "arm": "random", "errors_before_refit": None}], otf.SETS
+    )
+    assert line == (
+        "The final refit (worst set, fine-tuned final model → refit): `ours` energy 170 → 40 "
+        "meV, forces 115 → 110 meV/Å."
+    )
+    assert report.refit_line([], otf.SETS) is None
+
+
+def test_seed_model_is_the_first_row_of_the_run_given_or_trained(tmp_path):
+    import json
+
+    assert otf._seed_model(tmp_path) is None  # no run yet
+    given = tmp_path / "given.pt"
+    given.write_bytes(b"x")
+    (tmp_path / "state.json").write_text(json.dumps({"updates": [{"model": str(given)}]}))
+    assert otf._seed_model(tmp_path) == given
+    given.unlink()
+    assert otf._seed_model(tmp_path) is None  # a first row whose model is gone
+
+
+def test_milestone_sets_are_the_training_files_a_run_had_before_each_milestone():
+    from pathlib import Path
+
+    from benchmarks.active_learning.refits import milestone_sets
+
+    rows = [
+        {"calls": 36, "model": "u0/model.pt"},
+        {"calls": 48, "model": "u1/model.pt"},
+        {"calls": 77, "model": "u2/model.pt"},
+        {"calls": 90, "model": "u3/model.pt"},
+        {"calls": 90, "model": "refit/model.pt", "refit": True},
+    ]
+    got = milestone_sets(rows, (40, 50, 75, 100))
+    # 40: no label yet; 100: beyond the run (its own refit is the final model)
+    assert got == {50: (48, Path("u1/train.xyz")), 75: (48, Path("u1/train.xyz"))}
+
+
+def test_refits_replace_the_fine_tuned_milestones_and_keep_the_final_model():
+    run = {"arm": "ours", "seed": 0, "errors": {"50": _errors(200.0), "90": _errors(100.0)}}
+    refits = [
+        {"arm": "ours", "seed": 0, "milestone": 50, "errors": _errors(120.0)},
+        {"arm": "ours", "seed": 1, "milestone": 50, "errors": _errors(999.0)},
+    ]
+    (merged,) = report.with_refits([run], refits)
+    assert merged["errors"]["50"]["md_300K"]["force_mae"] == 120.0
+    assert merged["errors"]["90"]["md_300K"]["force_mae"] == 100.0
+    assert merged["refit_milestones"] == 1
+    assert report.with_refits([run], [])[0]["errors"] == run["errors"]
