@@ -6,9 +6,10 @@ beside the same loop with other triggers, all paired by seed (one seed set, vali
 seed model per seed):
 
 - ``committee5``: the force spread of a 5-member committee;
-- ``periodic``: every n-th monitored frame, n = the median monitored frames per label of the
-  finished ``ours`` runs (so the call budgets match; 20 before any has finished);
-- ``random``: each monitored (physical) frame with probability 1/n;
+- ``periodic``: every n-th monitored frame, n = the median monitored frames per label on the
+  kept MD trajectory of the finished ``ours`` runs (so the calls match over the same MD time;
+  20 before any has finished), one frame per label and no window after it (:data:`SINGLE`);
+- ``random``: each monitored (physical) frame with probability 1/n, likewise;
 - ``force_magnitude``: the largest predicted force;
 - ``true_error``: the largest true force error (oracle calls for the control not counted).
 
@@ -150,17 +151,29 @@ def arm_overrides(arm: str, every: int) -> list[str]:
     return {
         "ours": [],
         "committee5": ["committee=5"],
-        "periodic": ["on_the_fly.trigger=periodic", f"on_the_fly.every={every}"],
-        "random": ["on_the_fly.trigger=random", f"on_the_fly.probability={1 / every:.6f}"],
+        "periodic": ["on_the_fly.trigger=periodic", f"on_the_fly.every={every}", *SINGLE],
+        "random": [
+            "on_the_fly.trigger=random",
+            f"on_the_fly.probability={1 / every:.6f}",
+            *SINGLE,
+        ],
         "force_magnitude": ["on_the_fly.trigger=max_force"],
         "true_error": ["on_the_fly.trigger=true_error"],
     }[arm]
 
 
+#: periodic and random label one frame per flag, with no window after it: the frames after a
+#: flag are thrown away when MD goes on from the flagged frame, so a window would let them
+#: count (and fire) on frames the run never keeps, and their calls would outrun MD time
+SINGLE = ["on_the_fly.window=0", "on_the_fly.labels_per_update=1"]
+
+
 def periodic_rate(records: Sequence[dict[str, Any]]) -> int:
-    """Median monitored frames per label of the finished ``ours`` runs (20 before any)."""
+    """Median monitored frames per label on the kept MD trajectory of the finished ``ours``
+    runs (``kept_frames``; all monitored frames for records without it; 20 before any), so
+    that periodic and random spend ours' calls over the same MD time."""
     rates = [
-        r["monitored"] / max(r["calls"] - r["seed_calls"], 1)
+        r.get("kept_frames", r["monitored"]) / max(r["calls"] - r["seed_calls"], 1)
         for r in records
         if r["arm"] == "ours" and r.get("monitored")
     ]
@@ -182,8 +195,9 @@ def load_sets(folder: Path, system: System = THREE_BPA) -> dict[str, list[Any]]:
 
 
 def score(model: Path, sets: dict[str, list[Any]]) -> dict[str, Any]:
-    """Per set: force MAE (meV/A), energy MAE (meV) and the 95th percentile of the per-frame
-    largest force-error norm (meV/A) of ``model`` (plain energy + forces)."""
+    """Per set: force MAE (meV/A), energy MAE and mean signed energy error (meV: model minus
+    oracle) and the 95th percentile of the per-frame largest force-error norm (meV/A) of
+    ``model`` (plain energy + forces)."""
     from mlip_unc.calculator import UncertaintyCalculator
 
     calc = UncertaintyCalculator(str(model), uncertainty="none")
@@ -196,10 +210,11 @@ def score(model: Path, sets: dict[str, list[Any]]) -> dict[str, Any]:
             diff = atoms.get_forces() - ref.get_forces()  # (n, 3)
             f_err.append(np.abs(diff).mean())
             worst.append(np.linalg.norm(diff, axis=1).max())
-            e_err.append(abs(atoms.get_potential_energy() - ref.get_potential_energy()))
+            e_err.append(atoms.get_potential_energy() - ref.get_potential_energy())
         out[name] = {
             "force_mae": 1000 * float(np.mean(f_err)),
-            "energy_mae": 1000 * float(np.mean(e_err)),
+            "energy_mae": 1000 * float(np.mean(np.abs(e_err))),
+            "energy_bias": 1000 * float(np.mean(e_err)),
             "p95_max_force_error": 1000 * float(np.percentile(worst, 95)),
         }
     return out
@@ -292,6 +307,7 @@ def run_arm(
         "md_ps": rows[-1]["md_ps"],
         "top_temperature": rows[-1]["temperature"],
         "monitored": rows[-1].get("monitored"),
+        "kept_frames": rows[-1].get("kept_frames"),
         "geometry_stops": rows[-1]["geometry_stops"],
         "rescue_labels": sum(int(r.get("rescue", False)) for r in rows),
         "control_calls": rows[-1].get("control_calls", 0),

@@ -65,6 +65,28 @@ def with_refits(
     return out
 
 
+def equal_calls_lines(refits: Sequence[dict[str, Any]], sets: Sequence[str]) -> list[str]:
+    """Per milestone with refits: each arm's force MAE per set and worst-set energy MAE
+    (medians over seeds) of the refits from scratch, the arms compared at equal calls."""
+    lines = []
+    for m in sorted({r["milestone"] for r in refits}):
+        parts, n = [], sum(r["milestone"] == m for r in refits)
+        for arm in ARMS:
+            errs = [r["errors"] for r in refits if r["milestone"] == m and r["arm"] == arm]
+            if errs:
+                forces = " / ".join(
+                    _f(float(np.median([e[s]["force_mae"] for e in errs]))) for s in sets
+                )
+                energy = float(np.median([max(e[s]["energy_mae"] for s in sets) for e in errs]))
+                parts.append(f"`{arm}` {forces} (energy {_f(energy)})")
+        lines += [
+            f"Refit from scratch on the labels of the first {m} calls (force MAE per set, "
+            f"meV/Å; worst-set energy MAE, meV; {n} refits): " + "; ".join(parts) + ".",
+            "",
+        ]
+    return lines
+
+
 def final_errors(record: dict[str, Any]) -> dict[str, Any]:
     """Errors of the run's final model (the largest scored call count)."""
     return record["errors"][str(max(int(m) for m in record["errors"]))]
@@ -291,6 +313,7 @@ def write_page(results: Path = RESULTS, command: str = "") -> Path:
         stability = read_jsonl(results / records_name(system.runs))
         checks = read_jsonl(results / trigger_check.records_name(system.runs))
         lines += system_section(system, records[name], references[name], stability, checks)
+        lines += equal_calls_lines(read_jsonl(results / refit_records(system.runs)), system.sets)
     if plot_curves(records, results / FIGURE) is not None:
         lines += ["![learning curves](active_learning.png)", ""]
     lines += [
@@ -306,7 +329,8 @@ def write_page(results: Path = RESULTS, command: str = "") -> Path:
         "`committee5` on a 5-member committee's force spread, `force_magnitude` on the largest "
         "predicted force, `true_error` on the true force error (the bound: its control calls "
         "are not counted), `periodic` every n-th monitored frame and `random` with probability "
-        "1/n, n matching the calls of `ours`. Arms of one seed share the seed set, validation "
+        "1/n, one frame per flag, n the monitored frames per label on `ours`' kept trajectory "
+        "(so their calls match over the same MD time). Arms of one seed share the seed set, validation "
         "set and seed model, and explore the same temperatures for the same MD time: triggering "
         "(*when*) is what separates them; selection (*which*: the diverse frames of one "
         "excursion) is the same in every arm.",

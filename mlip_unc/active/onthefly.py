@@ -73,6 +73,7 @@ class _MD:
     clean_fs: float = 0.0  # MD time since the last label at this rung
     md_fs: float = 0.0  # all MD time
     geometry_stops: int = 0
+    kept_fs: float = 0.0  # MD time of the kept trajectory (no window after a flag, no breakage)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +83,7 @@ class _MD:
             "clean_fs": self.clean_fs,
             "md_fs": self.md_fs,
             "geometry_stops": self.geometry_stops,
+            "kept_fs": self.kept_fs,
         }
 
     @classmethod
@@ -93,6 +95,7 @@ class _MD:
             clean_fs=float(d["clean_fs"]),
             md_fs=float(d["md_fs"]),
             geometry_stops=int(d["geometry_stops"]),
+            kept_fs=float(d.get("kept_fs", 0.0)),
         )
 
 
@@ -338,7 +341,8 @@ def run_on_the_fly(
     ``n_train``, ``valid_force_mae`` (eV/A) and ``valid_energy_mae`` (eV) on the fixed
     validation set, ``level`` and ``threshold`` of the trigger score, ``n_flagged``,
     ``n_labelled``, ``n_dropped``, ``rescue`` (a label after an unflagged geometry stop),
-    ``geometry_stops`` and ``monitored`` frames so far, ``control_calls`` (``true_error``'s oracle calls, not labels),
+    ``geometry_stops`` and ``monitored`` frames so far (``kept_frames``: those on the trajectory
+    MD kept, without the windows after flags and the segments that broke), ``control_calls`` (``true_error``'s oracle calls, not labels),
     ``cpu_md_s``, ``cpu_oracle_s``, ``cpu_train_s``, ``model``; the seed set's oracle CPU is
     ``cpu_seed_s`` in ``out/state.json``. ``on_update(row)`` is called for each.
 
@@ -428,6 +432,7 @@ def run_on_the_fly(
                 threshold=trigger.threshold_at(ladder[md.t_index]),
                 geometry_stops=md.geometry_stops,
                 monitored=trigger.seen,
+                kept_frames=int(round(md.kept_fs / (config.md.interval * config.md.timestep))),
                 control_calls=control["calls"],
                 model=str(models[0]),
                 models=[str(m) for m in models],
@@ -484,6 +489,7 @@ def run_on_the_fly(
         if not seg["flagged"] and seg["broken"] is None:  # a clean segment
             md.positions, md.momenta = seg["good"]
             md.clean_fs += seg["fs"]
+            md.kept_fs += seg["fs"]
             if _climb(md, otf, ladder, seg["temperature"]):
                 ended = "completed"
                 commit(None)
@@ -527,6 +533,8 @@ def run_on_the_fly(
         md.positions, md.momenta = restart
         if seg["broken"] is not None:  # fresh velocities after a breakage
             md.momenta = _fresh_momenta(atoms, restart[0], seg["temperature"], rng)
+        if seg["broken"] is None:  # MD goes on from the first flagged frame
+            md.kept_fs += seg["flag_fs"]
         keeps_time = trigger.score is None or otf.ladder == "time"  # no judge, or a schedule
         if keeps_time and seg["broken"] is None:
             md.clean_fs += seg["flag_fs"]

@@ -307,6 +307,10 @@ def test_periodic_labels_keep_time_on_the_ladder_and_complete(tmp_path, tiny_tra
     result = run_on_the_fly(config)
     assert result.ended == "completed" and 7 < result.calls < 60
     assert len(result.rows) > 2  # labelled on the way
+    # the kept trajectory: the ladder's MD time (hold_ps, then final_ps at the top), no more
+    kept = [r["kept_frames"] for r in result.rows]
+    assert kept == sorted(kept) and kept[-1] * 5 * 2.0 >= 1000 * (0.04 + 0.08)
+    assert kept[-1] <= result.rows[-1]["monitored"]
     state = json.loads((tmp_path / "run" / "state.json").read_text())
     assert state["md"]["t_index"] == 1
     assert {r["temperature"] for r in result.rows[1:]} == {300.0, 900.0}

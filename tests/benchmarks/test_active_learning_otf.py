@@ -35,6 +35,15 @@ def test_periodic_rate_is_the_median_monitored_frames_per_label_of_ours():
     ]
     assert otf.periodic_rate(records) == 20
     assert otf.periodic_rate([]) == 20
+    kept = [{**r, "kept_frames": r["monitored"] // 2} for r in records]  # half were windows
+    assert otf.periodic_rate(kept) == 10
+
+
+def test_periodic_and_random_label_one_frame_per_flag_without_a_window():
+    for arm in ("periodic", "random"):
+        otf_settings = load_active_config(otf.CONFIG, otf.arm_overrides(arm, 9)).on_the_fly
+        assert otf_settings.window == 0 and otf_settings.labels_per_update == 1
+    assert load_active_config(otf.CONFIG, otf.arm_overrides("ours", 9)).on_the_fly.window == 10
 
 
 def test_milestone_models_are_those_a_run_had_at_each_call_count():
@@ -181,3 +190,16 @@ def test_refits_replace_the_fine_tuned_milestones_and_keep_the_final_model():
     assert merged["errors"]["90"]["md_300K"]["force_mae"] == 100.0
     assert merged["refit_milestones"] == 1
     assert report.with_refits([run], [])[0]["errors"] == run["errors"]
+
+
+def test_equal_calls_lines_compare_the_arms_refit_at_each_milestone():
+    refits = [
+        {"arm": "ours", "seed": 0, "milestone": 100, "errors": _errors(60.0, 30.0)},
+        {"arm": "ours", "seed": 1, "milestone": 100, "errors": _errors(80.0, 50.0)},
+        {"arm": "random", "seed": 0, "milestone": 100, "errors": _errors(90.0, 20.0)},
+        {"arm": "random", "seed": 0, "milestone": 50, "errors": _errors(120.0, 20.0)},
+    ]
+    fifty, _, hundred, _ = report.equal_calls_lines(refits, otf.SETS)
+    assert fifty.startswith("Refit from scratch on the labels of the first 50 calls")
+    assert "1 refits): `random` 120 / 120 / 120 / 120 (energy 20)." in fifty
+    assert "3 refits): `ours` 70 / 70 / 70 / 70 (energy 40); `random` 90" in hundred
