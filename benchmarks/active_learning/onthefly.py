@@ -542,7 +542,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.refits:
         from benchmarks.active_learning.refits import run_refits
 
-        chosen = sys.argv[1:] if argv is None else list(argv)
         run_refits(
             system.config,
             system.name,
@@ -553,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             score,
             [int(m) for m in args.refit_milestones.split(",")],
             command,
-            [a for a in args.arms.split(",") if a] if "--arms" in chosen else (),
+            [a for a in args.arms.split(",") if a],  # the default names every arm
             extra,
         )
         page()

@@ -77,8 +77,7 @@ def equal_calls_lines(refits: Sequence[dict[str, Any]], sets: Sequence[str]) -> 
                 forces = " / ".join(
                     _f(float(np.median([e[s]["force_mae"] for e in errs]))) for s in sets
                 )
-                energy = float(np.median([max(e[s]["energy_mae"] for s in sets) for e in errs]))
-                parts.append(f"`{arm}` {forces} (energy {_f(energy)})")
+                parts.append(f"`{arm}` {forces} (energy {_f(_worst(errs, sets, 'energy_mae'))})")
         lines += [
             f"Refit from scratch on the labels of the first {m} calls (force MAE per set, "
             f"meV/Å; worst-set energy MAE, meV; {n} refits): " + "; ".join(parts) + ".",
@@ -100,27 +99,28 @@ def refit_line(records: Sequence[dict[str, Any]], sets: Sequence[str]) -> str | 
         recs = [r for r in records if r["arm"] == arm and r.get("errors_before_refit")]
         if not recs:
             continue
-
-        def worst(key: str, errs: list[dict[str, Any]]) -> float:
-            return float(np.median([max(e[s][key] for s in sets) for e in errs]))
-
         before = [r["errors_before_refit"] for r in recs]
         after = [final_errors(r) for r in recs]
         parts.append(
-            f"`{arm}` energy {_f(worst('energy_mae', before))} → "
-            f"{_f(worst('energy_mae', after))} meV, forces {_f(worst('force_mae', before))} → "
-            f"{_f(worst('force_mae', after))} meV/Å"
+            f"`{arm}` energy {_f(_worst(before, sets, 'energy_mae'))} → "
+            f"{_f(_worst(after, sets, 'energy_mae'))} meV, forces "
+            f"{_f(_worst(before, sets, 'force_mae'))} → {_f(_worst(after, sets, 'force_mae'))} "
+            "meV/Å"
         )
     if not parts:
         return None
     return "The final refit (worst set, fine-tuned final model → refit): " + "; ".join(parts) + "."
 
 
+def _worst(errors: Sequence[dict[str, Any]], sets: Sequence[str], key: str) -> float:
+    """The median over ``errors`` of the worst set's ``key``."""
+    return float(np.median([max(e[s][key] for s in sets) for e in errors]))
+
+
 def _cells(errors: Sequence[dict[str, Any]], sets: Sequence[str]) -> str:
     """Force MAE per set, worst energy MAE, worst p95 (medians over ``errors``)."""
     med = [float(np.median([e[s]["force_mae"] for e in errors])) for s in sets]
-    worst_e = float(np.median([max(e[s]["energy_mae"] for s in sets) for e in errors]))
-    p95 = float(np.median([max(e[s]["p95_max_force_error"] for s in sets) for e in errors]))
+    worst_e, p95 = _worst(errors, sets, "energy_mae"), _worst(errors, sets, "p95_max_force_error")
     return " | ".join(_f(m) for m in med) + f" | {_f(worst_e)} | {_f(p95)}"
 
 

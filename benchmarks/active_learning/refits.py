@@ -59,8 +59,7 @@ def run_refits(
 ) -> int:
     """Refit and score every (run, milestone) not yet recorded, of ``arms`` when given
     (default-config runs only); returns how many ran."""
-    from mlip_unc.active.onthefly import _training
-    from mlip_unc.active.training import train_members
+    from mlip_unc.active.onthefly import _train, _training
     from mlip_unc.config import load_active_config
     from mlip_unc.data.readers import read_structures
 
@@ -72,20 +71,20 @@ def run_refits(
         out = work / f"{run['arm']}_s{run['seed']}"
         rows = json.loads((out / "state.json").read_text())["updates"]
         config = load_active_config(config_path, [f"out={out}", f"seed={run['seed']}", *extra])
+        valid = read_structures(out / "data" / "valid.xyz")
+        done = {(r["arm"], r["seed"], r["milestone"]) for r in read_jsonl(path)}
         for milestone, (calls, train_file) in milestone_sets(rows, milestones).items():
-            done = {(r["arm"], r["seed"], r["milestone"]) for r in read_jsonl(path)}
             if (run["arm"], run["seed"], milestone) in done:
                 continue
             train = read_structures(train_file)
-            valid = read_structures(out / "data" / "valid.xyz")
             cpu = time.process_time()
-            model = train_members(
-                train,
-                valid,
+            model = _train(  # what final_refit trains at the end of a run
+                config,
                 _training(config, out, train),
+                (train, valid),
                 out / f"refit_{milestone}",
-                members=config.committee,
-                seed=config.seed,
+                init_from=None,
+                update=0,
                 resume=True,
             )[0]
             cpu_train = time.process_time() - cpu
