@@ -19,8 +19,9 @@ on a CPU and without touching a MACE weight:
    MACE model's own predictions, in the exact and low-rank modes and for the energy; a model
    whose features cannot carry a calibrated posterior is refused with the measured reason,
    docs/guides/attach-calibration.md). Its cost is ``d + 1`` backward passes per
-   structure (``d`` = 48 for a 32-channel two-layer MACE, about 0.6 CPU-seconds per ethanol
-   frame in float64), hence the caps; the domain guard sees every training structure;
+   structure (``d`` = 48 for a 32-channel two-layer MACE), hence the caps (attach's times:
+   benchmarks/results/force_uncertainty_mace_rows.md); the domain guard sees every training
+   structure;
 3. the domain guard and the validation uncertainty levels are fitted as after training, and the
    result is written as an ordinary weights-only checkpoint that
    :class:`~mlip_unc.calculator.UncertaintyCalculator` loads like any other.

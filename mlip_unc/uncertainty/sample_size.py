@@ -27,8 +27,8 @@ shrink a correct std by a factor of 3 or more by chance, which is the size of th
 miscalibration it is meant to correct; from 10 on, 95 % of the fits stay within
 [0.57, 1.43]. A level
 (a mean over structures of a std) has the same problem in another form: with 2 structures one
-outlier sets it (one structure with a max force std of 36 eV/A set a level under which a
-relative threshold flagged none of 41 MD frames); with 10, one structure moves it by a tenth of
+outlier sets it, and a relative threshold over it may flag nothing (an example:
+docs/guides/uncertainty-outputs.md); with 10, one structure moves it by a tenth of
 its own value. Ten is also what the shipped examples' validation splits hold (10 % of 100
 molecules, 20-25 % of 40-50 structures), so they run without the warning."""
 
