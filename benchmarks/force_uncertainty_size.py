@@ -67,6 +67,7 @@ from benchmarks.common import force_frames as ff
 from benchmarks.common.format import clean, fmt2, fmt3
 from benchmarks.common.pages import environment
 from mlip_unc.uncertainty import diagnostics as diag
+from mlip_unc.uncertainty.calibration import spearman_corr
 
 log = logging.getLogger("force_uncertainty_size")
 JSONL, JSON = "force_uncertainty_size.jsonl", "force_uncertainty_size.json"
@@ -418,14 +419,14 @@ def row_values(
     each atom's molecule (None: a crystal, no per-molecule column, atoms resampled)."""
     err = pred - true  # (n, 3)
     sigma, abs_err = np.sqrt(var.sum(1)), np.linalg.norm(err, axis=1)  # (n,) each
-    out: dict[str, Any] = {"spearman_atom": diag.spearman(sigma, abs_err)}
+    out: dict[str, Any] = {"spearman_atom": spearman_corr(sigma, abs_err, nan_policy="omit")}
     units = np.arange(len(sigma)) if molecule is None else molecule
     out["spearman_atom_std"] = bootstrap_std(sigma, abs_err, units, resamples, seed)
     if molecule is not None:
         top_sigma, top_err = (np.full(molecule.max() + 1, -np.inf) for _ in range(2))
         np.maximum.at(top_sigma, molecule, sigma)
         np.maximum.at(top_err, molecule, abs_err)
-        out["spearman_molecule"] = diag.spearman(top_sigma, top_err)
+        out["spearman_molecule"] = spearman_corr(top_sigma, top_err, nan_policy="omit")
     else:
         out["spearman_molecule"] = None
     out["std_over_rmse"] = diag.std_over_rmse(var, err)

@@ -102,7 +102,7 @@ def test_quality(model: Any, data: Any, limit: int) -> dict[str, Any] | None:
     from benchmarks.common.force_frames import prediction_values
     from mlip_unc.models.full_posterior import default_uncertainty_mode
     from mlip_unc.train.predictions import predict
-    from mlip_unc.uncertainty import diagnostics as diag
+    from mlip_unc.uncertainty.calibration import spearman_corr
 
     if data.test is None or not limit:
         return None
@@ -112,7 +112,7 @@ def test_quality(model: Any, data: Any, limit: int) -> dict[str, Any] | None:
     return {
         "mode": mode,
         "n_frames": len(frames),
-        "spearman_frame": float(diag.spearman(values["score"], values["error"])),
+        "spearman_frame": float(spearman_corr(values["score"], values["error"], nan_policy="omit")),
         "std_over_rmse": values["std_over_rmse"],
     }
 

@@ -32,6 +32,7 @@ from mlip_unc.train.evaluate import frame_table, predict
 from mlip_unc.train.potential import run_training
 from mlip_unc.uncertainty import density
 from mlip_unc.uncertainty import diagnostics as diag
+from mlip_unc.uncertainty.calibration import spearman_corr
 
 log = logging.getLogger("force_uncertainty")
 
@@ -427,7 +428,7 @@ def paired_gap(
     )  # (resamples, n)
     full = [
         (
-            diag.spearman(v["score"], v["error"]),
+            spearman_corr(v["score"], v["error"], nan_policy="omit"),
             diag.partial_spearman(v["score"], v["error"], v["force"]),
         )
         for v in rows

@@ -57,12 +57,6 @@ def _finite(*arrays: np.ndarray) -> np.ndarray:
 MIN_PARTIAL_PAIRS = 4
 
 
-def spearman(a: ArrayLike, b: ArrayLike) -> float:
-    """Deprecated name of ``calibration.spearman_corr(a, b, nan_policy="omit")``, kept for
-    scripts written against it (the package itself calls :func:`spearman_corr`)."""
-    return spearman_corr(a, b, nan_policy="omit")
-
-
 # ---------------------------------------------------------------- per atom and per frame
 def atom_force_std(forces_var: ArrayLike) -> np.ndarray:
     """``sigma_a = sqrt(sum_c Var F_ac)`` ``(n_atoms,)`` from a variance ``(n_atoms, 3)``.

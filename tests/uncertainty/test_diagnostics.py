@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mlip_unc.uncertainty import diagnostics as dg
+from mlip_unc.uncertainty.calibration import spearman_corr
 
 X = [1.0, 2.0, 3.0, 4.0, 5.0]
 Y = [2.0, 1.0, 4.0, 3.0, 5.0]  # Spearman with X: 1 - 6*4/(5*24) = 0.8
@@ -14,12 +15,14 @@ Z = [1.0, 2.0, 3.0, 5.0, 4.0]  # with X: 0.9; with Y: 1 - 6*8/120 = 0.6
 
 
 def test_spearman_known_value_and_nan_handling():
-    assert dg.spearman(X, Y) == pytest.approx(0.8)
-    assert dg.spearman(X, [10.0, 20.0, 30.0, 40.0, 50.0]) == pytest.approx(1.0)
+    assert spearman_corr(X, Y, nan_policy="omit") == pytest.approx(0.8)
+    assert spearman_corr(X, [10.0, 20.0, 30.0, 40.0, 50.0], nan_policy="omit") == pytest.approx(1.0)
     # non-finite pairs are dropped, not propagated
-    assert dg.spearman([*X, np.nan], [*Y, 1.0]) == pytest.approx(0.8)
-    assert math.isnan(dg.spearman([1.0, 2.0], [1.0, 2.0]))  # < 3 pairs
-    assert math.isnan(dg.spearman([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))  # constant
+    assert spearman_corr([*X, np.nan], [*Y, 1.0], nan_policy="omit") == pytest.approx(0.8)
+    assert math.isnan(spearman_corr([1.0, 2.0], [1.0, 2.0], nan_policy="omit"))  # < 3 pairs
+    assert math.isnan(
+        spearman_corr([1.0, 1.0, 1.0], [1.0, 2.0, 3.0], nan_policy="omit")
+    )  # constant
 
 
 def test_atom_force_std_is_root_of_summed_variance():
@@ -83,7 +86,9 @@ def test_partial_spearman_removes_the_shared_driver_and_ignores_monotone_maps():
     z = rng.normal(size=4000)  # |F_pred|: drives both sigma and the error
     x = z + 0.3 * rng.normal(size=4000)  # sigma = |F| + independent noise
     y = z + 0.3 * rng.normal(size=4000)  # error = |F| + independent noise
-    assert dg.spearman(x, y) > 0.8  # plain Spearman sees a strong (spurious) link
+    assert (
+        spearman_corr(x, y, nan_policy="omit") > 0.8
+    )  # plain Spearman sees a strong (spurious) link
     assert abs(dg.partial_spearman(x, y, z)) < 0.05  # nothing beyond |F|
     # rank-based: invariant under monotone maps of each input (a Pearson partial is not)
     w = 0.5 * z + rng.normal(size=4000)
@@ -141,7 +146,7 @@ def test_frame_ranking_known_values():
     # score / force: in-domain 1, 1, 1, 0.8, 1.25; OOD 6, 7, 0.5 -> also 10 of 15 pairs
     assert out["auroc_sigma_over_force"] == pytest.approx(10 / 15)
     assert out["spearman_frame_pooled"] == pytest.approx(
-        dg.spearman([*X, 6, 7, 0.5], [*Y, 9, 9, 9])
+        spearman_corr([*X, 6, 7, 0.5], [*Y, 9, 9, 9], nan_policy="omit")
     )
     # OOD frames ranked by the ratio, not the score: large score, larger force -> low ratio
     flipped = dg.frame_ranking(X, Y, Z, [6.0, 7.0], [9.0, 9.0], [100.0, 100.0])
