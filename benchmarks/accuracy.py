@@ -66,7 +66,7 @@ import yaml
 from benchmarks.common import mace_torch as mt
 from benchmarks.common.evaluation import calculator_predictions, metrics, read_frames, truth
 from benchmarks.common.force_frames import REPO, RESULTS, dataset_spec, row_config
-from benchmarks.common.format import clean, fmt_sig3
+from benchmarks.common.format import fmt_sig3
 from benchmarks.common.pages import environment, peer_sections, run_section
 from benchmarks.common.tables import Table, write_page
 from mlip_unc.atomic import atomic_write_text
@@ -74,6 +74,7 @@ from mlip_unc.config import load_potential_config
 from mlip_unc.data import StructureDataset, TypeMap
 from mlip_unc.models.committee import load_potential
 from mlip_unc.train.evaluate import evaluate_potential
+from mlip_unc.train.io import json_safe
 from mlip_unc.train.potential import run_training
 
 log = logging.getLogger("accuracy")
@@ -382,7 +383,7 @@ class Runs:
             self.add({"kind": "settings", **{k: settings[k] for k in SETTINGS}})
 
     def add(self, record: dict[str, Any]) -> None:
-        record = clean({**record, "time": time.strftime("%Y-%m-%d %H:%M:%S")})
+        record = json_safe({**record, "time": time.strftime("%Y-%m-%d %H:%M:%S")})
         self.records.append(record)
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -751,7 +752,7 @@ def save(runs: Runs, meta: dict[str, Any], args: argparse.Namespace) -> dict[str
             )
         ),
     )
-    atomic_write_text(args.out / "accuracy.json", json.dumps(clean(results), indent=1))
+    atomic_write_text(args.out / "accuracy.json", json.dumps(json_safe(results), indent=1))
     write_markdown(results, args.out / "accuracy.md")
     plot(results, args.out / "accuracy.png")
     return results
@@ -765,7 +766,7 @@ def report_only(out: Path) -> dict[str, Any]:
     settings = next(r for r in records if r["kind"] == "settings")
     meta = json.loads((out / "accuracy.json").read_text())["meta"]
     results = assemble(Runs(out / "accuracy.jsonl", settings), meta)
-    atomic_write_text(out / "accuracy.json", json.dumps(clean(results), indent=1))
+    atomic_write_text(out / "accuracy.json", json.dumps(json_safe(results), indent=1))
     write_markdown(results, out / "accuracy.md")
     return results
 

@@ -64,8 +64,9 @@ from ase import Atoms
 
 from benchmarks import force_uncertainty as fu
 from benchmarks.common import force_frames as ff
-from benchmarks.common.format import clean, fmt2, fmt3
+from benchmarks.common.format import fmt2, fmt3
 from benchmarks.common.pages import environment
+from mlip_unc.train.io import json_safe
 from mlip_unc.uncertainty import diagnostics as diag
 from mlip_unc.uncertainty.calibration import spearman_corr
 
@@ -580,7 +581,7 @@ def assemble(steps: ff.Steps, args: argparse.Namespace, status: str) -> dict[str
         bootstrap_resamples=args.bootstrap,
         epochs=settings.get("epochs") or {},
     )
-    return clean({"meta": meta, "rows": rows, "acceptance": acceptance(rows)})
+    return json_safe({"meta": meta, "rows": rows, "acceptance": acceptance(rows)})
 
 
 def size_section(folder: Path) -> list[str]:

@@ -43,9 +43,10 @@ from typing import Any
 
 from benchmarks.common import n2p2
 from benchmarks.common.evaluation import calculator_predictions, metrics, read_frames
-from benchmarks.common.format import clean, fmt_sig3
+from benchmarks.common.format import fmt_sig3
 from benchmarks.common.pages import environment, run_section
 from mlip_unc.atomic import atomic_write_text
+from mlip_unc.train.io import json_safe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "mlearn_published.json", json.dumps(clean(results), indent=1))
+    atomic_write_text(args.out / "mlearn_published.json", json.dumps(json_safe(results), indent=1))
     write_markdown(results, args.out / "mlearn_published.md")
     return results
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common.format import clean
 from mlip_unc.data import frame_energy, frame_forces, frame_stress, read_structures
 from mlip_unc.train.evaluate import Predictions, potential_metrics
+from mlip_unc.train.io import json_safe
 
 KEEP = {
     "energy_mae_meV_atom": "energy_mae_meV_atom",
@@ -65,7 +65,7 @@ def truth(frames: list, spec: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def metrics(pred: Predictions) -> dict[str, Any]:
     full = potential_metrics(pred)
-    return clean({new: full.get(old) for old, new in KEEP.items()})
+    return json_safe({new: full.get(old) for old, new in KEEP.items()})
 
 
 def calculator_predictions(calc: Any, frames: list, spec: dict[str, Any]) -> Predictions:

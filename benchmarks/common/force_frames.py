@@ -24,11 +24,11 @@ import yaml
 from scipy import stats
 from torch_geometric.loader import DataLoader
 
-from benchmarks.common.format import clean
 from mlip_unc import keys
 from mlip_unc.config import PotentialConfig, load_potential_config
 from mlip_unc.data import StructureDataset, TypeMap
 from mlip_unc.train.evaluate import frame_table, predict
+from mlip_unc.train.io import json_safe
 from mlip_unc.train.potential import run_training
 from mlip_unc.uncertainty import density
 from mlip_unc.uncertainty import diagnostics as diag
@@ -228,7 +228,7 @@ class Steps:
             self.commands.append(command)
 
     def add(self, step: str, record: dict[str, Any]) -> None:
-        self.records[step] = clean(
+        self.records[step] = json_safe(
             {"step": step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), **record}
         )
         with self.path.open("a") as handle:
@@ -395,7 +395,7 @@ def row_metrics(
         "cost_ratio": cost_ratio,
         "force_mae_meV_A": ind["force_mae_meV_A"],
     }
-    return clean({k: row[k] for k in ROW_KEYS})
+    return json_safe({k: row[k] for k in ROW_KEYS})
 
 
 def _row_rank_corr(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -1,12 +1,11 @@
-"""Number formatting for results pages (and numbers read back), JSON-safe values for results."""
+"""Number formatting for results pages (and numbers read back); JSON-safe values for results:
+:func:`mlip_unc.train.io.json_safe`."""
 
 from __future__ import annotations
 
 import math
 import re
 from typing import Any
-
-import numpy as np
 
 # a number, not a part of a name (molecules_27, 3bpa: none); a sign only where it is not a dash
 # between two numbers (0.80-0.96: 0.80 and 0.96); "1.50x" reads 1.50
@@ -16,17 +15,6 @@ NUMBER = re.compile(r"(?:(?<![\w.])[-+])?(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?(?
 def numbers(text: str) -> list[float]:
     """The numbers written in ``text``, in order (what a test of a page line checks)."""
     return [float(x) for x in NUMBER.findall(text)]
-
-
-def clean(value: Any) -> Any:
-    """``value`` made JSON-safe: NaN and inf become None, numpy scalars and arrays Python values."""
-    if isinstance(value, dict):
-        return {k: clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [clean(v) for v in value]
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def missing(value: Any) -> bool:

@@ -36,7 +36,6 @@ import torch
 from torch_geometric.loader import DataLoader
 
 from benchmarks.common import force_frames as ff
-from benchmarks.common.format import clean
 from benchmarks.paper import force_lpa_page as page
 from mlip_unc import keys
 from mlip_unc.atomic import atomic_write_text
@@ -46,6 +45,7 @@ from mlip_unc.models.committee import load_potential
 from mlip_unc.models.full_posterior import latent_jacobian
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.train.evaluate import frame_table, predict
+from mlip_unc.train.io import json_safe
 from mlip_unc.train.posterior import gaussian_scale_fit
 from mlip_unc.train.potential_data import prepare_data
 from mlip_unc.uncertainty import alignment, density, moments
@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mlip_unc_flpa_") as work:
         model, meta, sets = load_sets(args, Path(work))
     numbers, kappas = analyse(model, meta, sets, args.seed)
-    result = clean(
+    result = json_safe(
         {
             "command": command,
             "seed": args.seed,

@@ -58,8 +58,9 @@ import yaml
 from benchmarks.common import force_frames as ff
 from benchmarks.common import mace_torch as mt
 from benchmarks.common.evaluation import calculator_predictions, read_frames
-from benchmarks.common.format import clean, fmt2, fmt3
+from benchmarks.common.format import fmt2, fmt3
 from benchmarks.common.pages import environment, replace_section
+from mlip_unc.train.io import json_safe
 
 log = logging.getLogger("mace_rows")
 FORWARD = "forward_graph"
@@ -780,7 +781,7 @@ def assemble(steps: ff.Steps, args: argparse.Namespace, status: str) -> dict[str
                 },
                 **info,
             }
-    return clean(results)
+    return json_safe(results)
 
 
 def acceptance(row: dict[str, Any] | None, committee: dict[str, Any] | None) -> dict[str, Any]:

@@ -579,7 +579,7 @@ def score(run: Path) -> dict[str, Any]:
     """Stage 4: per-frame values (the suite's :func:`prediction_values`) of each row and part,
     the accuracy of PET's E and F, and the cost ratios."""
     from benchmarks.common import force_frames as ff
-    from benchmarks.common.format import clean
+    from mlip_unc.train.io import json_safe
 
     mode = {
         "metatrain_pet_llpr_energy": "energy",
@@ -614,7 +614,7 @@ def score(run: Path) -> dict[str, Any]:
     rows = {
         row: ff.row_metrics(frames[row]["in"], frames[row].get("ood"), cost[row]) for row in ROWS
     }
-    out = clean(
+    out = json_safe(
         {
             "rows": rows,
             "accuracy": accuracy,
@@ -1340,8 +1340,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Every requested (dataset, seed) not yet in ``OUT/metatrain.jsonl.gz``, then the pages."""
-    from benchmarks.common.format import clean
     from benchmarks.common.records import append_jsonl, read_jsonl
+    from mlip_unc.train.io import json_safe
 
     command = shlex.join(
         ["python", "-m", "benchmarks.peers.metatrain", *sys.argv[1:]]
@@ -1365,7 +1365,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 log.info("[skip] %s seed %d: done", name, seed)
                 continue
             log.info("[run] %s seed %d", name, seed)
-            append_jsonl(jsonl, clean(run_one(name, seed, args, bin_dir, command)))
+            append_jsonl(jsonl, json_safe(run_one(name, seed, args, bin_dir, command)))
             save(read_jsonl(jsonl), args)
     results = save(read_jsonl(jsonl), args)
     log.info("results: %s (%s)", args.out / "metatrain.md", results["meta"]["status"])

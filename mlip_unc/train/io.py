@@ -18,8 +18,8 @@ __all__ = ["atomic_write_text", "write_json", "write_yaml", "json_safe"]
 
 def json_safe(value: Any) -> Any:
     """``value`` as standard JSON data: mapping keys as strings, tuples and NumPy arrays as
-    lists, NumPy scalars as Python numbers, non-finite floats as None (what
-    ``benchmarks/common/format.clean`` does too; that copy can go)."""
+    lists, NumPy scalars as Python numbers, non-finite floats as None, so that
+    ``json.loads(json.dumps(json_safe(value)))`` equals ``json_safe(value)``."""
     if isinstance(value, dict):
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, np.ndarray)):
