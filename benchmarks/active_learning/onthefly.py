@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import shutil
 import sys
@@ -288,7 +289,6 @@ def run_arm(
     config = load_active_config(system.config, overrides)
     wall = time.monotonic()
     result = run_on_the_fly(config, resume=(out / "state.json").is_file())
-    import json
 
     state = json.loads((out / "state.json").read_text())
     rows = result.rows
@@ -332,7 +332,6 @@ def run_arm(
 def _seed_model(base: Path) -> Path | None:
     """The seed model of the run in ``base`` (its first row: ``update_0``, or the ``model``
     it was given), or None before it has one."""
-    import json
 
     state = base / "state.json"
     rows = json.loads(state.read_text()).get("updates", []) if state.is_file() else []
@@ -380,6 +379,7 @@ def reference_model(
     out = work / "reference"
     cpu = time.process_time()
     pool_file = out / "data" / "train.xyz"
+    cost_file = out / "data" / "oracle_cpu.json"  # the pool's labelling cost, kept for reuse
     if pool_file.is_file():
         train = read_structures(pool_file)
         valid = read_structures(out / "data" / "valid.xyz")
@@ -396,7 +396,9 @@ def reference_model(
         train, valid = seed_frames(start, make_oracle(config.oracle), settings)
         write_frames(out / "data" / "valid.xyz", valid)
         write_frames(pool_file, train)
-    cpu_oracle = time.process_time() - cpu
+        cost_file.write_text(json.dumps({"cpu_oracle_s": time.process_time() - cpu}))
+    # a reused pool costs what its first labelling cost (null when that was not recorded)
+    cpu_oracle = json.loads(cost_file.read_text())["cpu_oracle_s"] if cost_file.is_file() else None
     training = _training(config, out, train)
     if recipe == "full_width":
         full = load_raw(system.full_width)
@@ -474,7 +476,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--stability",
         action="store_true",
-        help="only the stability MD of the finished runs' final models and the reference model",
+        help="only the stability MD of the finished runs' final models and the reference model "
+        "(of --arms, when given)",
     )
     p.add_argument(
         "--stability-temperatures",
@@ -531,6 +534,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             protocol,
             extra,
             args.variant,
+            [a for a in args.arms.split(",") if a],  # the default names every arm
         )
         page()
         return

@@ -237,7 +237,7 @@ def system_section(
             f"{_cells([ref['errors']], system.sets)} | "
             f"{stability_cells(stability, 'reference') if name == 'reference' else '- | -'} | "
             f"{ref['cpu_model_s'] / 60:.0f} | "
-            f"{ref['cpu_oracle_s'] / 60:.1f} |"
+            f"{_f(ref.get('cpu_oracle_s') and ref['cpu_oracle_s'] / 60, '{:.1f}')} |"
         )
     for arm, recs in by_arm.items():
         if recs:

@@ -145,9 +145,11 @@ def run_stability(
     protocol: Stability = Stability(),
     extra: Sequence[str] = (),
     variant: str | None = None,
+    arms: Sequence[str] | None = None,
 ) -> int:
     """Run every trajectory not yet recorded (of ``variant``'s runs when given, whose
-    folders lie under ``work``); returns how many ran."""
+    folders lie under ``work``; of the models of ``arms`` when given, ``reference`` naming the
+    reference model); returns how many ran."""
     from mlip_unc.active.data import build_structure
     from mlip_unc.active.guard import GeometryGuard
     from mlip_unc.calculator import UncertaintyCalculator
@@ -165,7 +167,7 @@ def run_stability(
     }
     runs = [r for r in read_jsonl(results / runs_name) if r.get("variant") == variant]
     references = [] if variant else read_jsonl(results / references_name)
-    todo = models(work, runs, references)
+    todo = [m for m in models(work, runs, references) if arms is None or m[0] in arms]
     ran = 0
     for arm, seed, model in todo:
         calc: Any = None  # loaded once per model, when a trajectory of it is still to run
