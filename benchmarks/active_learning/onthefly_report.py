@@ -196,7 +196,7 @@ def plot_curves(by_system: dict[str, list[dict[str, Any]]], path: Path) -> Path 
             points = sorted((int(m), e[hot]["force_mae"]) for m, e in r["errors"].items())
             ax2.plot(*zip(*points, strict=True), "o-", color=colours.get(r["arm"], "k"), ms=3)
         ax2.set(
-            title=f"{hot}: refit at each milestone (where run)",
+            title=f"{hot}: milestone models, last the final refit",
             xlabel="oracle calls",
             ylabel="force MAE (meV/Å)",
         )
