@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from benchmarks.common.pages import environment, run_section
+from mlip_unc import keys
 from mlip_unc.active.data import build_structure, oracle_md, write_frames
 from mlip_unc.active.loop import run_active_learning
 from mlip_unc.active.oracles import make_oracle
@@ -278,7 +279,7 @@ def run_seed(
                 "md": md,
                 "seed": seed,
                 "thresholds": {
-                    "max_force_std": 1e-9
+                    keys.CALC_MAX_FORCE_STD: 1e-9
                 },  # every frame is a candidate: the same budget in every arm
                 # no max_label_force: every label is kept, so every arm trains on the same number of frames
                 "selection": {"top_k": s["top_k"], "diverse": True, "max_label_force": None},

@@ -66,6 +66,7 @@ from benchmarks import force_uncertainty as fu
 from benchmarks.common import force_frames as ff
 from benchmarks.common.format import fmt2, fmt3
 from benchmarks.common.pages import environment
+from mlip_unc import keys
 from mlip_unc.train.io import json_safe
 from mlip_unc.uncertainty import diagnostics as diag
 from mlip_unc.uncertainty.calibration import spearman_corr
@@ -375,7 +376,7 @@ def evaluate(
         calls = (calc.n_model_calls, calc.n_uncertainty_calls)
         forces.append(atoms.get_forces())  # (n, 3): what an integrator asks for
         if md_path:
-            calc.get_property("max_force_std", atoms)  # what the md monitor asks for next
+            calc.get_property(keys.CALC_MAX_FORCE_STD, atoms)  # what the md monitor asks for next
         var.append(calc.get_property("forces_epistemic_var", atoms))  # (n, 3), from the cache
         total.append(calc.get_property("forces_var", atoms))  # (n, 3)
         passes = (calc.n_model_calls - calls[0], calc.n_uncertainty_calls - calls[1])

@@ -21,6 +21,7 @@ import numpy as np
 
 from benchmarks.common.pages import environment
 from benchmarks.common.records import append_jsonl, read_jsonl
+from mlip_unc import keys
 
 
 def records_name(runs_name: str) -> str:
@@ -35,7 +36,7 @@ def max_force_std(calc: Any, frames: Sequence[Any]) -> np.ndarray:
         atoms = ref.copy()
         atoms.calc = calc
         atoms.get_forces()
-        out.append(float(calc.get_property("max_force_std", atoms)))
+        out.append(float(calc.get_property(keys.CALC_MAX_FORCE_STD, atoms)))
     return np.asarray(out)
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common.pages import environment, rerun_command
+from mlip_unc import keys
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +76,13 @@ def write_model(path: Path, seed: int) -> None:
         )
         model = BayesianPotential(backbone, [29], 4.0, torch.tensor([-0.01]), init_std=0.3).double()
     model.save(
-        path, metadata={"uncertainty_levels": {"max_force_std": 1e-3, "energy_std_per_atom": 1e-3}}
+        path,
+        metadata={
+            "uncertainty_levels": {
+                keys.CALC_MAX_FORCE_STD: 1e-3,
+                keys.CALC_ENERGY_STD_PER_ATOM: 1e-3,
+            }
+        },
     )
 
 

@@ -36,13 +36,14 @@ from ase.io import read
 import mlip_unc
 from benchmarks.common.pages import environment
 from benchmarks.common.records import append_jsonl
+from mlip_unc import keys
 from mlip_unc.calculator import UncertaintyCalculator
 
 CASES: dict[str, tuple[str | None, tuple[str, ...]]] = {
-    "readme": (None, ("forces", "max_force_std")),
-    "reverse": (None, ("max_force_std", "forces")),
-    "energy_std_then_forces": (None, ("energy_std", "forces")),
-    "energy_mode": ("energy", ("energy_std", "forces")),
+    "readme": (None, ("forces", keys.CALC_MAX_FORCE_STD)),
+    "reverse": (None, (keys.CALC_MAX_FORCE_STD, "forces")),
+    "energy_std_then_forces": (None, (keys.CALC_ENERGY_STD, "forces")),
+    "energy_mode": ("energy", (keys.CALC_ENERGY_STD, "forces")),
 }
 
 

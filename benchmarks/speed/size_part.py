@@ -57,7 +57,7 @@ from benchmarks.speed import fixtures as setup
 from benchmarks.speed import instruments
 from benchmarks.speed.size_report import QUIET_LOAD
 from benchmarks.speed.sizes import KINDS, System, size_series
-from mlip_unc import UncertaintyCalculator
+from mlip_unc import UncertaintyCalculator, keys
 from mlip_unc.data.graphs import atoms_to_graph
 from mlip_unc.data.typemap import TypeMap
 from mlip_unc.models.full_posterior import basis_state
@@ -66,7 +66,7 @@ from mlip_unc.models.potential_uncertainty import UncertaintyMode
 from mlip_unc.uncertainty.moments import linear_gradients
 
 PART = "size"
-FORCE_SIGMA, ENERGY_SIGMA = "max_force_std", "energy_std"
+FORCE_SIGMA, ENERGY_SIGMA = keys.CALC_MAX_FORCE_STD, keys.CALC_ENERGY_STD
 ORDERS = ("README", "reverse")
 COMMITTEE = 5
 STEP_A = 1e-4  # A: the move between calls
