@@ -491,6 +491,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from benchmarks.active_learning.onthefly_report import write_page
 
     args = parse_args(argv)
+    arms = [a for a in args.arms.split(",") if a]  # in run order; the default names every arm
     system = SYSTEMS[args.system]
     command = "python -m benchmarks.active_learning " + " ".join(
         sys.argv[1:] if argv is None else argv
@@ -534,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             protocol,
             extra,
             args.variant,
-            [a for a in args.arms.split(",") if a],  # the default names every arm
+            arms,
         )
         page()
         return
@@ -556,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             score,
             [int(m) for m in args.refit_milestones.split(",")],
             command,
-            [a for a in args.arms.split(",") if a],  # the default names every arm
+            arms,
             extra,
         )
         page()
@@ -571,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
 
     for seed in range(max(SEEDS.values())):
-        for arm in [a for a in args.arms.split(",") if a]:
+        for arm in arms:
             if arm in ("reference", "full_width") and args.variant:
                 raise SystemExit("--variant: the reference models are the shipped config's")
             if arm in ("reference", "full_width"):
