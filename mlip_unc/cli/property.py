@@ -1,8 +1,10 @@
 """``mlip-unc property train|predict``: thin, parse -> config -> library call.
 
-Training options come from ``--config FILE`` (YAML/JSON, sections ``model`` and ``train``, see
-``mlip_unc.config.property``), then ``--set section.key=value`` overrides (the same syntax as
-every other command), then the shortcut flags (``--method``, ``--seed``, ...).
+Training options come from ``--config FILE`` (YAML/JSON, sections ``data``, ``model`` and
+``train``, see ``mlip_unc.config.property``), then ``--set section.key=value`` overrides (the
+same syntax as every other command), then the shortcut flags (``--data``, ``--method``,
+``--seed``, ...), each of which sets one config key (``--data`` and ``--dataset`` also clear
+the other source).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from mlip_unc.cli._common import (
     threads_option,
     user_errors,
 )
-from mlip_unc.config.enums import Calibration, Likelihood, Method
+from mlip_unc.config.enums import Calibration, Likelihood, Method, SplitKind
+from mlip_unc.config.property import DATASET_NAMES, PropertyConfig
 
 property_app = typer.Typer(
     cls=Group, no_args_is_help=True, add_completion=False, help="Molecular property models."
@@ -48,7 +51,7 @@ _TABLE_KEYS = (
     "mean_epistemic_std",
     "mean_aleatoric_std",
 )
-_DATASETS = "esol|freesolv|lipo|bace|qm7|cep"
+_ONE_SOURCE = "give exactly one of --data FILE.csv and --dataset NAME"
 
 
 def register(app: typer.Typer) -> None:
@@ -62,70 +65,22 @@ def _command_line() -> str:
     return shlex.join(argv)
 
 
-def _data_root(data_root: Path | None) -> Path:
-    """``--data-root`` (or ``$MLIP_UNC_DATA``), else the data root of every other command."""
-    from mlip_unc.config import default_data_root
-
-    return data_root if data_root is not None else Path(default_data_root())
-
-
-def _check_inputs(
-    data: Path | None, dataset: str | None, root: Path, target_columns: list[str] | None
-) -> None:
-    """What can be checked before torch loads (reported at once)."""
-    if (data is None) == (dataset is None):
-        fail("give exactly one of --data FILE.csv and --dataset NAME")
-    if data is not None:
-        require_files((data, "CSV file"))
-        if not target_columns:
-            fail("--data needs at least one --target-column")
-    elif not root.is_dir():
+def _check_data(config: PropertyConfig) -> None:
+    """What can be checked of the data before torch loads (reported at once)."""
+    data = config.data
+    if data.csv is None and data.dataset is None:
+        fail(f"{_ONE_SOURCE} (data.csv or data.dataset in a config)")
+    if data.csv is not None:
+        require_files((Path(data.csv), "CSV file"))
+        if not data.target_columns:
+            fail("--data needs at least one --target-column (data.target_columns)")
+    elif not (root := config.dataset_root()).is_dir():
         fail(
             f"data root not found: '{root}' (--dataset reads it; set --data-root or "
             "$MLIP_UNC_DATA, default ../shared/data)"
         )
-
-
-def _load_graphs(
-    data: Path | None,
-    dataset: str | None,
-    root: Path,
-    smiles_column: str,
-    target_columns: list[str] | None,
-) -> tuple[list, list[str]]:
-    from mlip_unc.data.molecules import MOLECULENET_NAMES, load_csv, load_dataset, load_moleculenet
-
-    if dataset is not None:
-        name = dataset.lower()
-        if name in MOLECULENET_NAMES and (root / name / "raw").is_dir():
-            return load_moleculenet(name, root), [name]  # root given as the MoleculeNet folder
-        return load_dataset(name, root), [name]
-    assert data is not None and target_columns  # _check_inputs
-    return load_csv(data, smiles_column, target_columns), list(target_columns)
-
-
-def _split(graphs: list, split_file: Path | None, split: str, seed: int) -> Any:
-    from mlip_unc.data.splits import load_split, random_split, scaffold_split
-
-    if split not in ("random", "scaffold"):
-        raise ValueError(f"--split must be random or scaffold, got {split!r}")
-    if split_file is not None:
-        rows = load_split(split_file)
-    elif split == "scaffold":
-        rows = scaffold_split([g.smiles for g in graphs], seed=seed)
-    else:
-        rows = random_split(len(graphs), seed=seed)
-    return rows
-
-
-def _select(graphs: list, rows: tuple[int, ...]) -> list:
-    from mlip_unc.data.errors import DataError
-
-    by_row = {int(g.row_id): g for g in graphs}
-    missing = [r for r in rows if r not in by_row]
-    if missing:
-        raise DataError(f"split rows {missing[:5]} are not in the data ({len(graphs)} valid rows)")
-    return [by_row[r] for r in rows]
+    if data.split_file is not None:
+        require_files((Path(data.split_file), "split file"))
 
 
 def _print_table(metrics: dict[str, Any]) -> None:
@@ -155,27 +110,42 @@ def train(
     out: Path = typer.Option(
         ..., "--out", help="Output folder (model.pt, metrics.json, history.json)."
     ),
-    data: Path | None = typer.Option(None, "--data", help="CSV file with a header row."),
-    dataset: str | None = typer.Option(None, "--dataset", help=f"Known set: {_DATASETS}."),
+    data: Path | None = typer.Option(
+        None, "--data", help="Shortcut for data.csv: a CSV file with a header row."
+    ),
+    dataset: str | None = typer.Option(
+        None,
+        "--dataset",
+        help=f"Shortcut for data.dataset, a known set: {'|'.join(DATASET_NAMES)}.",
+    ),
     data_root: Path | None = typer.Option(
         None,
         "--data-root",
-        envvar="MLIP_UNC_DATA",
-        help="Data root of --dataset (default: $MLIP_UNC_DATA, else ../shared/data).",
+        help="Shortcut for data_root, where --dataset is read (default: $MLIP_UNC_DATA, "
+        "else ../shared/data).",
     ),
-    smiles_column: str = typer.Option(
-        "smiles", "--smiles-column", help="Column of --data that holds the SMILES."
+    smiles_column: str | None = typer.Option(
+        None,
+        "--smiles-column",
+        help="Shortcut for data.smiles_column: the column of --data with the SMILES (default "
+        "smiles).",
     ),
     target_column: list[str] | None = typer.Option(
-        None, "--target-column", help="Repeat for several."
+        None, "--target-column", help="Shortcut for data.target_columns; repeat for several."
     ),
-    split: str = typer.Option("random", "--split", help="random | scaffold (80/10/10)."),
+    split: SplitKind | None = typer.Option(
+        None, "--split", help="Shortcut for data.split, 80/10/10 (default random)."
+    ),
     split_file: Path | None = typer.Option(
-        None, "--split-file", help='JSON {"train","val","test"} rows.'
+        None,
+        "--split-file",
+        help='Shortcut for data.split_file: JSON {"train","val","test"} rows.',
     ),
-    train_fraction: float = typer.Option(1.0, "--train-fraction", help="Nested training subset."),
+    train_fraction: float | None = typer.Option(
+        None, "--train-fraction", help="Shortcut for data.train_fraction: a nested training subset."
+    ),
     config_file: Path | None = typer.Option(
-        None, "--config", help="YAML/JSON config (model, train)."
+        None, "--config", help="YAML/JSON config (data, model, train)."
     ),
     overrides: list[str] | None = typer.Option(
         None,
@@ -214,20 +184,17 @@ def train(
     device: str | None = typer.Option(None, "--device", help=DEVICE_HELP),
 ) -> None:
     """Train a property model; write OUT/model.pt and OUT/metrics.json; print test metrics."""
-    from mlip_unc.config import ConfigError, PropertyConfig, apply_overrides, load_raw, validate
+    from mlip_unc.config import ConfigError, apply_overrides, apply_values, load_raw, validate
 
-    root = _data_root(data_root)
-    _check_inputs(data, dataset, root, target_column)
-    require_files((split_file, "split file"))
-    if split not in ("random", "scaffold"):
-        fail(f"--split must be random or scaffold, got {split!r}")
-    if resume and not (out / "last.pt").is_file():
-        fail(
-            f"--resume: {out} holds no run to continue (no last.pt there); "
-            "drop --resume to start a new run"
-        )
-
-    shortcuts = {
+    if data is not None and dataset is not None:
+        fail(_ONE_SOURCE)
+    shortcuts: dict[str, Any] = {
+        "data_root": data_root,
+        "data.smiles_column": smiles_column,
+        "data.target_columns": target_column or None,
+        "data.split": split,
+        "data.split_file": split_file,
+        "data.train_fraction": train_fraction,
         "model.method": method,
         "model.likelihood": likelihood,
         "train.seed": seed,
@@ -235,46 +202,35 @@ def train(
         "train.calibration": calibration,
         "train.device": device,
     }
-    items = list(overrides or []) + [
-        f"{k}={getattr(v, 'value', v)}" for k, v in shortcuts.items() if v is not None
-    ]
+    values = {k: _plain(v) for k, v in shortcuts.items() if v is not None}
+    if data is not None or dataset is not None:  # the source flag replaces the config's source
+        values.update({"data.csv": _plain(data), "data.dataset": dataset})
     if not progress or quiet():
-        items.append("train.progress=false")
+        values["train.progress"] = False
     try:  # the config is checked before torch loads: its mistakes are reported at once
         raw = load_raw(config_file) if config_file is not None else {}
-        config = validate(PropertyConfig, apply_overrides(raw, items, PropertyConfig))
+        raw = apply_values(apply_overrides(raw, overrides or [], PropertyConfig), values)
+        config = validate(PropertyConfig, raw)
     except (ConfigError, ValueError) as err:
         fail(err)
-    from mlip_unc.data.splits import training_subset
+    _check_data(config)
+    if resume and not (out / "last.pt").is_file():
+        fail(
+            f"--resume: {out} holds no run to continue (no last.pt there); "
+            "drop --resume to start a new run"
+        )
     from mlip_unc.train import distributed
     from mlip_unc.train.io import write_json
-    from mlip_unc.train.property import train_property_model
+    from mlip_unc.train.property import run_property_training
 
     set_threads(threads)
     try:
-        graphs, names = _load_graphs(data, dataset, root, smiles_column, target_column)
-        rows = _split(graphs, split_file, split, config.train.seed)
-        train_rows = (
-            training_subset(rows.train, train_fraction, config.train.seed)
-            if train_fraction < 1
-            else rows.train
-        )
-        parts = [_select(graphs, r) for r in (train_rows, rows.val, rows.test)]
-        metadata = {
-            "target_names": names,
-            "smiles_column": smiles_column,
-            "source": str(data) if data is not None else dataset,
-            "train_fraction": train_fraction,
-            "split": {"train": list(train_rows), "val": list(rows.val), "test": list(rows.test)},
-        }
         with (
             distributed.session()
         ):  # under torchrun: data-parallel over its processes; else a no-op
-            _, metrics = train_property_model(
+            _, metrics = run_property_training(
                 config,
-                *parts,
                 out_dir=out,
-                metadata=metadata,
                 resume=resume,
                 overwrite=overwrite,
                 stop_after=stop_after,
@@ -290,9 +246,19 @@ def train(
     if metrics is None:
         typer.echo(f"stopped after {stop_after} epoch(s); continue with --resume")
         return
-    metrics.update(command=_command_line(), threads=threads, train_fraction=train_fraction)
+    fraction = config.data.train_fraction
+    metrics.update(command=_command_line(), threads=threads, train_fraction=fraction)
     write_json(out / "metrics.json", metrics)
     _print_table(metrics)
+
+
+def _plain(value: Any) -> Any:
+    """A flag's value as a config holds it: an Enum's value, a path as text, a list."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return getattr(value, "value", value)
 
 
 def _read_smiles(path: Path, column: str) -> list[str]:

@@ -26,6 +26,7 @@ __all__ = [
     "AGLForm",
     "RegularizerKind",
     "Calibration",
+    "SplitKind",
     "Backbone",
     "HeadKind",
     "PosteriorBasis",
@@ -194,6 +195,15 @@ class Calibration(str, Enum):
     """One scale factor s: std -> s * std, s^2 = mean(z^2) of the validation z-scores."""
     ISOTONIC = "isotonic"
     """Isotonic regression of observed on expected quantile coverage (Kuleshov et al. 2018)."""
+
+
+class SplitKind(str, Enum):
+    """How a molecular dataset is split 80/10/10 into training, validation and test rows."""
+
+    RANDOM = "random"
+    """A seeded random permutation of the rows."""
+    SCAFFOLD = "scaffold"
+    """Bemis-Murcko scaffolds, each wholly on one side: a harder test of generalisation."""
 
 
 class Backbone(str, Enum):

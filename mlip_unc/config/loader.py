@@ -4,6 +4,7 @@ Every command reads its configuration the same way::
 
     raw = load_raw("configs/x.yaml")                   # a mapping, nothing validated yet
     raw = apply_overrides(raw, ["train.epochs=3"])      # --set a.b=c, values parsed as YAML
+    raw = apply_values(raw, {"train.seed": 1})          # a command's shortcut flags, typed
     cfg = validate(PotentialConfig, raw)                # ${...} resolved, types checked
 
 Errors are :class:`ConfigError` whose message starts with the dotted key at fault
@@ -36,6 +37,7 @@ __all__ = [
     "not_found",
     "load_raw",
     "apply_overrides",
+    "apply_values",
     "interpolate",
     "validate",
     "validate_nested",
@@ -159,6 +161,21 @@ def _qualify(key: str, schema: type[BaseModel] | None) -> str:
     raise ConfigError(f"{key}: unknown key")
 
 
+def _slot(out: dict[str, Any], key: str, schema: type[BaseModel] | None) -> tuple[dict, str]:
+    """The mapping of ``out`` that holds dotted ``key`` (sections created as needed) and the
+    key's last part."""
+    parts = _qualify(key, schema).split(".")
+    node = out
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: '{part}' is not a section")
+        node = child
+    return node, parts[-1]
+
+
 def apply_overrides(
     raw: Mapping[str, Any], overrides: Sequence[str], schema: type[BaseModel] | None = None
 ) -> dict[str, Any]:
@@ -171,16 +188,24 @@ def apply_overrides(
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"{item}: an override must look like key=value")
-        parts = _qualify(key.strip(), schema).split(".")
-        node = out
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"{key.strip()}: '{part}' is not a section")
-            node = child
-        node[parts[-1]] = yaml.safe_load(text) if text.strip() else None
+        node, last = _slot(out, key.strip(), schema)
+        node[last] = yaml.safe_load(text) if text.strip() else None
+    return out
+
+
+def apply_values(
+    raw: Mapping[str, Any], values: Mapping[str, Any], schema: type[BaseModel] | None = None
+) -> dict[str, Any]:
+    """A copy of ``raw`` with each dotted key of ``values`` set to its value as it is.
+
+    The shortcut flags of a command set their keys this way: their values are already typed,
+    and a file name or a column name must not be read as YAML (``2020``, ``null``, ``a: b``).
+    Keys are as in :func:`apply_overrides`.
+    """
+    out = _deep_copy(raw)
+    for key, value in values.items():
+        node, last = _slot(out, key, schema)
+        node[last] = value
     return out
 
 

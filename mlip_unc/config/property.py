@@ -1,14 +1,19 @@
 """Configuration of molecular property models (``mlip-unc property train``).
 
-Two sections, ``model`` and ``train``. Method-dependent defaults (``null`` fields) are
-resolved at validation, so a saved config holds the values that were really used::
+Three sections, ``data``, ``model`` and ``train``, and ``data_root``. Method-dependent
+defaults (``null`` fields) are resolved at validation, so a saved config holds the values that
+were really used::
 
+    data: {csv: mols.csv, smiles_column: smiles, target_columns: [logp], split: scaffold}
     model: {method: agl, hidden: 128, latent_dim: 32}
     train: {epochs: 150, lr: 1.0e-3, regularizer: agl_mean, reg_lambda: 1.0}
+
+Relative paths are taken relative to the working directory.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -24,15 +29,66 @@ from mlip_unc.config.enums import (
     Norm,
     Pooling,
     RegularizerKind,
+    SplitKind,
     StopMetric,
 )
-from mlip_unc.config.loader import ConfigError, Section, apply_overrides, load_raw, validate
+from mlip_unc.config.loader import (
+    ConfigError,
+    Section,
+    apply_overrides,
+    default_data_root,
+    load_raw,
+    validate,
+)
 from mlip_unc.config.training import TrainCoreConfig
 
-__all__ = ["PropertyModelConfig", "PropertyTrainConfig", "PropertyConfig", "load_property_config"]
+__all__ = [
+    "DATASET_NAMES",
+    "PropertyDataConfig",
+    "PropertyModelConfig",
+    "PropertyTrainConfig",
+    "PropertyConfig",
+    "load_property_config",
+]
 
+#: The known molecular datasets of ``data.dataset`` (``mlip_unc.data.molecules`` reads them).
+DATASET_NAMES: tuple[str, ...] = ("esol", "freesolv", "lipo", "bace", "qm7", "cep")
 _NEEDS_POSTERIOR = (RegularizerKind.AGL_RAYLEIGH, RegularizerKind.AGL_MEAN, RegularizerKind.ANTI)
 _BAYES_LAST_LAYER = (Method.BGNN, Method.AGL)
+
+
+class PropertyDataConfig(Section):
+    """The molecules and their split: a CSV file of the user's or a known dataset.
+
+    Every field is optional so that a saved config, or one whose graphs are passed to
+    ``train_property_model`` directly, validates; ``mlip-unc property train`` needs
+    ``csv`` or ``dataset``.
+
+    Attributes:
+        csv: CSV file with a header row, a SMILES column and the target columns.
+        dataset: a known set instead (esol, freesolv, lipo, bace, qm7, cep), read from
+            ``data_root``.
+        smiles_column: the column of ``csv`` that holds the SMILES.
+        target_columns: the columns of ``csv`` that hold the targets (one model output each).
+        split: 80/10/10 split of the rows (:class:`SplitKind`), seeded by ``train.seed``.
+        split_file: JSON ``{"train", "val", "test"}`` of 0-based data rows; replaces ``split``.
+        train_fraction: train on this nested subset of the training rows (a fraction in (0, 1];
+            for one seed a smaller fraction is a subset of a larger one).
+    """
+
+    csv: str | None = None
+    dataset: str | None = None
+    smiles_column: str = "smiles"
+    target_columns: tuple[str, ...] = ()
+    split: SplitKind = SplitKind.RANDOM
+    split_file: str | None = None
+    train_fraction: float = Field(1.0, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> PropertyDataConfig:
+        if self.csv is not None and self.dataset is not None:
+            raise ValueError("data.dataset: give data.csv or data.dataset, not both")
+        return self
 
 
 class PropertyModelConfig(Section):
@@ -185,10 +241,18 @@ _DERIVED_FROM = {"model": "method", "train": "epochs"}
 
 
 class PropertyConfig(Section):
-    """Everything needed to rebuild and retrain a property model."""
+    """Everything needed to rebuild and retrain a property model.
 
+    Attributes:
+        data, model, train: the sections.
+        data_root: where ``data.dataset`` is read and the value of ``${data_root}``; null =
+            ``$MLIP_UNC_DATA`` or ``../shared/data``.
+    """
+
+    data: PropertyDataConfig = PropertyDataConfig()
     model: PropertyModelConfig = PropertyModelConfig()
     train: PropertyTrainConfig = PropertyTrainConfig()
+    data_root: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> PropertyConfig:
@@ -217,6 +281,11 @@ class PropertyConfig(Section):
         """Validate a plain dict (a saved config or parsed YAML)."""
         return validate(cls, data)
 
+    def dataset_root(self) -> Path:
+        """The folder ``data.dataset`` is read from: ``data_root``, else the data root of
+        every command (``$MLIP_UNC_DATA``, else ``../shared/data``)."""
+        return Path(self.data_root if self.data_root is not None else default_data_root())
+
     def raw_dict(self) -> dict[str, Any]:
         """``to_dict`` with derived defaults reset to null where they equal what would be
         derived, so that a changed method or epoch count re-derives them."""
@@ -229,7 +298,8 @@ class PropertyConfig(Section):
         return out
 
     def with_overrides(self, **overrides: Any) -> PropertyConfig:
-        """A new config with ``model.*`` / ``train.*`` fields replaced; ``None`` values are ignored.
+        """A new config with ``data.*`` / ``model.*`` / ``train.*`` fields replaced; ``None``
+        values are ignored.
 
         Keys are plain field names (each name belongs to one section); derived defaults
         (dropout, likelihood, reg_warmup/ramp) are recomputed unless given.
@@ -238,7 +308,7 @@ class PropertyConfig(Section):
         for key, value in overrides.items():
             if value is None:
                 continue
-            section = next((s for s in ("model", "train") if key in raw[s]), None)
+            section = next((s for s in ("data", "model", "train") if key in raw[s]), None)
             if section is None:
                 raise ConfigError(f"{key}: unknown key")
             raw[section][key] = getattr(value, "value", value)

@@ -32,6 +32,7 @@ from torch_geometric.datasets import MoleculeNet
 from torch_geometric.utils import from_rdmol
 
 from mlip_unc import keys
+from mlip_unc.config.property import DATASET_NAMES
 from mlip_unc.data.errors import DataError
 
 __all__ = [
@@ -91,13 +92,13 @@ TOY_SMILES: tuple[str, ...] = (
     "c1ccoc1",
     "c1ccsc1",
 )
-MOLECULENET_NAMES: tuple[str, ...] = ("esol", "freesolv", "lipo", "bace")
 _EXTRA: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # name: (path under <data root>, smiles column, target columns)
     "qm7": ("molecules_extra/qm7/qm7.csv", "smiles", ("target",)),
     "cep": ("molecules_extra/cep/cep-processed.csv", "smiles", ("PCE",)),
 }
-DATASET_NAMES: tuple[str, ...] = MOLECULENET_NAMES + tuple(_EXTRA)
+#: The known sets in PyG's MoleculeNet layout (the rest of ``DATASET_NAMES`` are ``_EXTRA``).
+MOLECULENET_NAMES: tuple[str, ...] = tuple(n for n in DATASET_NAMES if n not in _EXTRA)
 _ALIASES = {"lipophilicity": "lipo", "delaney": "esol", "sampl": "freesolv"}
 _BACE_TARGET = "pIC50"
 

@@ -48,6 +48,7 @@ from mlip_unc.models.property import (
 from mlip_unc.train import distributed
 from mlip_unc.train.core import EpochCallback, FitResult, Step, Trainer
 from mlip_unc.train.losses import gaussian_nll, kl_weight, negative_elbo
+from mlip_unc.train.property_data import prepare_property_data
 from mlip_unc.train.regularizers import LambdaSchedule, regularizer_term
 from mlip_unc.uncertainty.alignment import effective_rank
 from mlip_unc.uncertainty.calibration import regression_metrics
@@ -63,6 +64,7 @@ __all__ = [
     "seeded_model",
     "property_trainer",
     "train_property_model",
+    "run_property_training",
     "prediction_metrics",
     "target_statistics",
     "freeze_posterior_from",
@@ -202,10 +204,14 @@ class PropertyTask:
         self.model.post_fit(self.train_graphs)
 
     def signature(self) -> dict[str, Any]:
-        """The config without the progress flag and the device: a resumed run must use the same."""
+        """The config without the progress flag, the device and the data's source (the data
+        is checked by its size, as in runs from before the ``data`` section): a resumed run
+        must use the same."""
         cfg = self.config.to_dict()
         cfg["train"].pop("progress", None)
         cfg["train"].pop("device", None)
+        cfg.pop("data", None)
+        cfg.pop("data_root", None)
         if cfg["train"].get("schedule_clock") == "epochs":  # the default: runs from before it match
             cfg["train"].pop("schedule_clock")
         return {"kind": CHECKPOINT_KIND, "config": cfg, "n_train": len(self.train_graphs)}
@@ -383,3 +389,30 @@ def train_property_model(
         n_test=len(test),
     )
     return predictor, metrics
+
+
+def run_property_training(
+    config: PropertyConfig,
+    *,
+    out_dir: str | os.PathLike,
+    resume: bool = False,
+    overwrite: bool = False,
+    stop_after: int | None = None,
+    freeze_posterior: str | os.PathLike | None = None,
+) -> tuple[PropertyPredictor | None, dict[str, Any] | None]:
+    """:func:`train_property_model` on the data that ``config.data`` names (read, split and
+    subset by :func:`~mlip_unc.train.property_data.prepare_property_data`, recorded in the
+    checkpoint's metadata): the run of ``mlip-unc property train``. Returns as that function."""
+    data = prepare_property_data(config)
+    return train_property_model(
+        config,
+        data.train,
+        data.val,
+        data.test,
+        out_dir=out_dir,
+        metadata=data.metadata,
+        resume=resume,
+        overwrite=overwrite,
+        stop_after=stop_after,
+        freeze_posterior=freeze_posterior,
+    )

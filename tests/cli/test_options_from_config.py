@@ -12,7 +12,14 @@ from mlip_unc import keys
 from mlip_unc.cli import app
 from mlip_unc.config import ActiveLearningConfig
 from mlip_unc.config.active import MDSettings, SelectionSettings
-from mlip_unc.config.enums import ForceUncertaintyMode, MDBias, MDEnsemble, UncertaintyMode
+from mlip_unc.config.enums import (
+    ForceUncertaintyMode,
+    MDBias,
+    MDEnsemble,
+    SplitKind,
+    UncertaintyMode,
+)
+from mlip_unc.config.property import DATASET_NAMES
 
 
 def _values(enum: type) -> list[str]:
@@ -24,9 +31,12 @@ def _literal(model: type, field: str) -> list[str]:
 
 
 def _choices(command: str, option: str) -> list[str]:
-    """The values an option accepts (Typer >= 0.25 describes them itself, older uses click's)."""
-    group = typer.main.get_command(app)
-    params = group.commands[command].params  # type: ignore[attr-defined]
+    """The values an option accepts (Typer >= 0.25 describes them itself, older uses click's);
+    ``command`` may name a sub-command (``property train``)."""
+    node = typer.main.get_command(app)
+    for name in command.split():
+        node = node.commands[name]  # type: ignore[attr-defined]
+    params = node.params
     (param,) = [p for p in params if option in p.opts]
     desc = getattr(param, "type_descriptor", None)
     choices = desc.choices if desc is not None else param.type.choices
@@ -41,6 +51,7 @@ def _choices(command: str, option: str) -> list[str]:
         ("flag", "--uncertainty", ForceUncertaintyMode),
         ("md", "--ensemble", MDEnsemble),
         ("md", "--bias", MDBias),
+        ("property train", "--split", SplitKind),
     ],
 )
 def test_command_line_choices_are_the_config_enums(command, option, enum):
@@ -53,6 +64,16 @@ def test_the_active_learning_config_names_the_same_values():
     assert set(_literal(ActiveLearningConfig, "uncertainty")) == set(_values(ForceUncertaintyMode))
     assert set(keys.UNCERTAINTY_SCORES) <= set(_literal(SelectionSettings, "metric"))
     assert set(_choices("flag", "--metric")) == set(keys.UNCERTAINTY_SCORES)
+
+
+def test_the_known_datasets_are_named_once():
+    from mlip_unc.data.molecules import MOLECULENET_NAMES
+
+    group = typer.main.get_command(app)
+    params = group.commands["property"].commands["train"].params  # type: ignore[attr-defined]
+    (dataset,) = [p for p in params if "--dataset" in p.opts]
+    assert "|".join(DATASET_NAMES) in dataset.help
+    assert set(MOLECULENET_NAMES) < set(DATASET_NAMES)
 
 
 def test_the_library_tuples_are_the_enums():

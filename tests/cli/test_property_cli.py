@@ -2,14 +2,23 @@
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from mlip_unc.cli import app
+from mlip_unc.config import (
+    ConfigError,
+    PropertyConfig,
+    apply_values,
+    load_property_config,
+    validate,
+)
 from mlip_unc.data.molecules import TOY_SMILES
 
 SMILES = list(TOY_SMILES)
@@ -246,3 +255,114 @@ def test_header_only_csv_is_a_clear_error(tmp_path):
         ],
     )
     assert result.exit_code == 1 and "error:" in result.output and "Traceback" not in result.output
+
+
+# ------------------------------------------------------------------ the config's data section
+TINY = {"hidden": 16, "layers": 2, "latent_dim": 8}
+
+
+def _config_file(path: Path, data: dict, **train) -> Path:
+    train = {"batch_size": 8, "progress": False, **train}
+    path.write_text(yaml.safe_dump({"data": data, "model": TINY, "train": train}))
+    return path
+
+
+def _checkpoint(out: Path) -> dict:
+    return torch.load(out / "model.pt", weights_only=True)
+
+
+def test_a_config_with_a_data_section_trains_as_the_flags_do(tiny_csv, tmp_path):
+    flags = ("--split", "scaffold", "--train-fraction", "0.5", "--seed", "1", "--epochs", "2")
+    assert _train(tiny_csv, tmp_path / "flags", *flags).exit_code == 0
+    data = {
+        "csv": str(tiny_csv),
+        "smiles_column": "mol",
+        "target_columns": ["logS"],
+        "split": "scaffold",
+        "train_fraction": 0.5,
+    }
+    config = _config_file(tmp_path / "prop.yaml", data, seed=1, epochs=2)
+    args = ["property", "train", "--config", str(config), "--out", str(tmp_path / "config")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    by_flags, by_config = _checkpoint(tmp_path / "flags"), _checkpoint(tmp_path / "config")
+    assert by_config["config"] == by_flags["config"]
+    assert by_config["config"]["data"] == {**data, "dataset": None, "split_file": None}
+    assert by_config["metadata"]["split"] == by_flags["metadata"]["split"]
+    for name, value in by_flags["model_state"].items():
+        assert torch.equal(by_config["model_state"][name], value), name
+    metrics = [
+        json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("flags", "config")
+    ]
+    assert metrics[1]["train_fraction"] == 0.5 and metrics[1]["n_train"] == metrics[0]["n_train"]
+    assert metrics[1]["rmse"] == metrics[0]["rmse"] and metrics[1]["nll"] == metrics[0]["nll"]
+
+
+def test_flags_override_the_configs_data_section(tiny_csv, tmp_path):
+    data = {
+        "dataset": "esol",  # --data replaces the source, whatever the config names
+        "smiles_column": "smiles",
+        "target_columns": ["nope"],
+        "split": "scaffold",
+        "train_fraction": 0.5,
+    }
+    config = _config_file(tmp_path / "prop.yaml", data, epochs=1)
+    result = runner.invoke(
+        app,
+        ["property", "train", "--config", str(config), "--set", "data.smiles_column=name"]
+        + ["--data", str(tiny_csv), "--smiles-column", "mol", "--target-column", "logS"]
+        + ["--split", "random", "--train-fraction", "1", "--out", str(tmp_path / "run")],
+    )
+    assert result.exit_code == 0, result.output
+    assert _checkpoint(tmp_path / "run")["config"]["data"] == {
+        "csv": str(tiny_csv),
+        "dataset": None,
+        "smiles_column": "mol",
+        "target_columns": ["logS"],
+        "split": "random",
+        "split_file": None,
+        "train_fraction": 1.0,
+    }
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["n_train"] == len(SMILES) - 8
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"csv": "x.csv", "target_column": ["y"]}, "data.target_column: unknown key"),
+        ({"csv": "x.csv", "datset": "esol"}, "data.datset: unknown key (did you mean 'dataset'?)"),
+        ({"csv": "x.csv", "dataset": "esol"}, "give data.csv or data.dataset, not both"),
+        ({"split": "by_size"}, "data.split: Input should be 'random' or 'scaffold'"),
+        ({"train_fraction": 0}, "data.train_fraction: Input should be greater than 0"),
+    ],
+)
+def test_a_bad_data_section_is_named_before_anything_runs(tmp_path, data, message):
+    config = _config_file(tmp_path / "prop.yaml", data)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_property_config(str(config))
+    args = ["property", "train", "--config", str(config), "--out", str(tmp_path / "run")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_without_data_or_targets_names_the_flag_and_the_key(tiny_csv, tmp_path):
+    config = _config_file(tmp_path / "prop.yaml", {"smiles_column": "mol"})
+    out = ["--out", str(tmp_path / "run")]
+    result = runner.invoke(app, ["property", "train", "--config", str(config), *out])
+    assert result.exit_code == 1
+    assert "give exactly one of --data FILE.csv and --dataset NAME" in result.output
+    assert "data.csv or data.dataset" in result.output
+    both = ["--data", str(tiny_csv), "--dataset", "esol"]
+    result = runner.invoke(app, ["property", "train", "--config", str(config), *both, *out])
+    assert result.exit_code == 1 and "give exactly one of --data" in result.output
+    result = runner.invoke(app, ["property", "train", "--config", str(config), *both[:2], *out])
+    assert result.exit_code == 1
+    assert "--data needs at least one --target-column (data.target_columns)" in result.output
+
+
+def test_shortcut_values_are_set_as_given_not_read_as_yaml():
+    raw = apply_values({}, {"data.target_columns": ["2020", "null"], "data.csv": "a: b.csv"})
+    data = validate(PropertyConfig, raw).data
+    assert data.target_columns == ("2020", "null") and data.csv == "a: b.csv"
