@@ -247,8 +247,8 @@ def train(
         fail(err)
     from mlip_unc.data.splits import training_subset
     from mlip_unc.train import distributed
-    from mlip_unc.train.io import write_json
     from mlip_unc.train.property import train_property_model
+    from mlip_unc.train.text_files import write_json
 
     set_threads(threads)
     try:
