@@ -30,7 +30,7 @@ test.json, read directly, with stress). Rows:
   mace's validation loss is kept) runs for the rest of the budget (its clock again from
   "Started training"), and the stage-two .model is evaluated.
 
-Metrics (mlip_unc.train.evaluate.potential_metrics for every row, float64 labels): energy MAE
+Metrics (mlip_unc.evaluation.evaluate.potential_metrics for every row, float64 labels): energy MAE
 per atom (meV/atom), force MAE per component (meV/A), stress MAE over the 6 Voigt components of
 periodic frames (GPa). Parameters: all trainable tensors (our rows include the head's posterior
 std and the noise scales). The mace rows are skipped, with the reason, where mace-torch cannot
@@ -69,13 +69,13 @@ from benchmarks.common.force_frames import REPO, RESULTS, dataset_spec, row_conf
 from benchmarks.common.format import fmt_sig3
 from benchmarks.common.pages import environment, peer_sections, run_section
 from benchmarks.common.tables import Table, write_page
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 from mlip_unc.config import load_potential_config
 from mlip_unc.data import StructureDataset, TypeMap
-from mlip_unc.models.committee import load_potential
-from mlip_unc.train.evaluate import evaluate_potential
-from mlip_unc.train.io import json_safe
+from mlip_unc.evaluation.evaluate import evaluate_potential
+from mlip_unc.models.loading import load_potential
 from mlip_unc.train.potential import run_training
+from mlip_unc.train.text_files import json_safe
 
 log = logging.getLogger("accuracy")
 DATASETS = ("ethanol", "3BPA", "solvent_xtb", "Si", "Ge", "Li")

@@ -57,10 +57,10 @@ from mlip_unc.active.data import build_structure, oracle_md, write_frames
 from mlip_unc.active.loop import run_active_learning
 from mlip_unc.active.oracles import make_oracle
 from mlip_unc.active.training import train_model
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 from mlip_unc.calculator import UncertaintyCalculator
 from mlip_unc.config import ActiveLearningConfig, GenerateSettings, validate
-from mlip_unc.train.io import write_json
+from mlip_unc.train.text_files import write_json
 
 log = logging.getLogger("exploration")
 REPO = Path(__file__).resolve().parents[1]

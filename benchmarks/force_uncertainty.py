@@ -46,7 +46,7 @@ from benchmarks.common import force_frames as ff
 from benchmarks.common.format import fmt2, fmt3
 from benchmarks.common.pages import environment, move_peer_sections, run_section
 from mlip_unc.models.checkpoint import load_checkpoint
-from mlip_unc.models.committee import load_potential
+from mlip_unc.models.loading import load_potential
 from mlip_unc.train.potential import finalize_checkpoint
 from mlip_unc.train.potential_data import prepare_data
 

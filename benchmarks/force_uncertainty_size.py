@@ -67,7 +67,7 @@ from benchmarks.common import force_frames as ff
 from benchmarks.common.format import fmt2, fmt3
 from benchmarks.common.pages import environment
 from mlip_unc import keys
-from mlip_unc.train.io import json_safe
+from mlip_unc.train.text_files import json_safe
 from mlip_unc.uncertainty import diagnostics as diag
 from mlip_unc.uncertainty.calibration import spearman_corr
 

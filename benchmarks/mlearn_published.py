@@ -45,8 +45,8 @@ from benchmarks.common import n2p2
 from benchmarks.common.evaluation import calculator_predictions, metrics, read_frames
 from benchmarks.common.format import fmt_sig3
 from benchmarks.common.pages import environment, run_section
-from mlip_unc.atomic import atomic_write_text
-from mlip_unc.train.io import json_safe
+from mlip_unc.atomic_write import atomic_write_text
+from mlip_unc.train.text_files import json_safe
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -62,8 +62,8 @@ from mlip_unc.config import PropertyTrainConfig as TrainConfig
 from mlip_unc.data.molecules import load_csv, load_dataset
 from mlip_unc.data.splits import load_split, random_split, scaffold_split
 from mlip_unc.models.property import predict_graphs
-from mlip_unc.train.io import write_json
 from mlip_unc.train.property import train_property_model
+from mlip_unc.train.text_files import write_json
 from mlip_unc.uncertainty.calibration import calibration_curve, regression_metrics
 from mlip_unc.uncertainty.density import (
     latent_knn_distance,
@@ -1122,7 +1122,7 @@ def _setup_lines(s: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
         "Full-covariance last-layer posterior: `laplace` is one (MAP training, then the closed-form full-covariance "
         "Gaussian posterior of the last layer, prior precision by marginal likelihood). The variational `bgnn` head "
         "of the property model is mean-field only; a full-covariance posterior for it is not offered by the property "
-        "model (the potential has one, `train/posterior.py`)."
+        "model (the potential has one, `posthoc/posterior.py`)."
     )
     return [rule, "", recal, "", full]
 

@@ -29,9 +29,9 @@ from benchmarks.common.pages import environment
 from benchmarks.common.records import append_jsonl, read_jsonl
 from mlip_unc.config import PotentialConfig, load_potential_config
 from mlip_unc.config.loader import validate
-from mlip_unc.models.committee import load_potential
 from mlip_unc.models.full_posterior import latent_jacobian
-from mlip_unc.train.posterior import fit_full_posterior, random_subset
+from mlip_unc.models.loading import load_potential
+from mlip_unc.posthoc.posterior import fit_full_posterior, random_subset
 from mlip_unc.train.potential_data import prepare_data
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,8 +100,8 @@ def test_quality(model: Any, data: Any, limit: int) -> dict[str, Any] | None:
     """The refitted posterior on the checkpoint's test frames (at most ``limit``), default mode:
     frame Spearman of max sigma_F against the max force error, and std/RMSE per component."""
     from benchmarks.common.force_frames import prediction_values
+    from mlip_unc.evaluation.predictions import predict
     from mlip_unc.models.full_posterior import default_uncertainty_mode
-    from mlip_unc.train.predictions import predict
     from mlip_unc.uncertainty.calibration import spearman_corr
 
     if data.test is None or not limit:

@@ -51,9 +51,10 @@ from benchmarks.common.format import fmt
 from benchmarks.common.pages import environment, run_section
 from mlip_unc.config import load_potential_config as load_config
 from mlip_unc.data import StructureDataset, TypeMap
-from mlip_unc.models.committee import Committee, load_potential
+from mlip_unc.evaluation.evaluate import evaluate_potential, frame_table, predict
+from mlip_unc.models.committee import Committee
+from mlip_unc.models.loading import load_potential
 from mlip_unc.models.potential import BayesianPotential
-from mlip_unc.train.evaluate import evaluate_potential, frame_table, predict
 from mlip_unc.train.potential import run_training
 from mlip_unc.uncertainty.calibration import auroc, spearman_corr
 

@@ -19,7 +19,7 @@ _EXPORTS: dict[str, str] = {
     "Thresholds": "mlip_unc.calculator",
     "BayesianPotential": "mlip_unc.models.potential",
     "Committee": "mlip_unc.models.committee",
-    "load_potential": "mlip_unc.models.committee",
+    "load_potential": "mlip_unc.models.loading",
     "load_checkpoint": "mlip_unc.models.checkpoint",
     "save_checkpoint": "mlip_unc.models.checkpoint",
     # configs
@@ -29,11 +29,11 @@ _EXPORTS: dict[str, str] = {
     "load_property_config": "mlip_unc.config.property",
     "ActiveLearningConfig": "mlip_unc.config.active",
     "load_active_config": "mlip_unc.config.active",
-    # data, training, evaluation
+    # data, training, evaluation, post-hoc fits
     "read_structures": "mlip_unc.data.readers",
     "train_potential": "mlip_unc.train.potential",
-    "evaluate_potential": "mlip_unc.train.evaluate",
-    "attach_uncertainty": "mlip_unc.train.attach",
+    "evaluate_potential": "mlip_unc.evaluation.evaluate",
+    "attach_uncertainty": "mlip_unc.posthoc.attach",
     "train_property_model": "mlip_unc.train.property",
     "PropertyPredictor": "mlip_unc.models.factory",
     # molecular dynamics and active learning
@@ -78,12 +78,13 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real objects
     from mlip_unc.config.potential import PotentialConfig, load_potential_config
     from mlip_unc.config.property import PropertyConfig, load_property_config
     from mlip_unc.data.readers import read_structures
+    from mlip_unc.evaluation.evaluate import evaluate_potential
     from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
-    from mlip_unc.models.committee import Committee, load_potential
+    from mlip_unc.models.committee import Committee
     from mlip_unc.models.factory import PropertyPredictor
+    from mlip_unc.models.loading import load_potential
     from mlip_unc.models.potential import BayesianPotential
-    from mlip_unc.train.attach import attach_uncertainty
-    from mlip_unc.train.evaluate import evaluate_potential
+    from mlip_unc.posthoc.attach import attach_uncertainty
     from mlip_unc.train.potential import train_potential
     from mlip_unc.train.property import train_property_model
 

@@ -23,19 +23,21 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "mlip_unc"
 
 # ---------------------------------------------------------------------- the layer table
-_BASE = frozenset({"keys", "atomic", "geometry", "config", "uncertainty"})
+_BASE = frozenset({"keys", "atomic_write", "geometry", "config", "uncertainty"})
 _MODELS = _BASE | {"data", "nn", "models", "registry"}
 ALL_PARTS = frozenset(
     {
         "keys",
         "registry",
-        "atomic",
+        "atomic_write",
         "geometry",
         "config",
         "uncertainty",
         "data",
         "nn",
         "models",
+        "evaluation",
+        "posthoc",
         "train",
         "calculator",
         "active",
@@ -48,14 +50,16 @@ ALL_PARTS = frozenset(
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "keys": frozenset(),
     "registry": frozenset(),  # found by name; builtins and plugins imported by name at runtime
-    "atomic": frozenset(),
+    "atomic_write": frozenset(),
     "geometry": frozenset({"keys"}),
     "config": frozenset({"keys", "registry"}),
     "uncertainty": frozenset({"keys"}),
     "data": _BASE,
     "nn": _BASE,
     "models": _MODELS,
-    "train": _MODELS | {"train"},
+    "evaluation": _MODELS,  # a model run over a dataset, and its metrics
+    "posthoc": _MODELS | {"evaluation"},  # fits on a trained model (posterior, levels, attach)
+    "train": _MODELS | {"evaluation", "posthoc"},  # a run ends with both
     "calculator": _MODELS,
     "active": ALL_PARTS - {"cli", "testing"},
     "testing": ALL_PARTS - {"cli"},  # the contract checks exercise everything but the CLI
@@ -202,7 +206,17 @@ def test_no_forbidden_imports():
             3,
             "active",
         ),
-        ("mlip_unc/calculator.py", "from .train import evaluate\n", 1, "train"),
+        ("mlip_unc/calculator.py", "from .train import core\n", 1, "train"),
+        (
+            "mlip_unc/calculator.py",
+            "from mlip_unc.evaluation import predictions\n",
+            1,
+            "evaluation",
+        ),
+        ("mlip_unc/evaluation/x.py", "from mlip_unc.posthoc.levels import f\n", 1, "posthoc"),
+        ("mlip_unc/evaluation/x.py", "from mlip_unc.train.core import Trainer\n", 1, "train"),
+        ("mlip_unc/posthoc/x.py", "from ..train import core\n", 1, "train"),
+        ("mlip_unc/models/x.py", "from mlip_unc.evaluation.evaluate import f\n", 1, "evaluation"),
         ("mlip_unc/active/x.py", "from mlip_unc.cli import app\n", 1, "cli"),
         ("mlip_unc/keys.py", "from mlip_unc import geometry\n", 1, "geometry"),
         ("mlip_unc/geometry.py", "from mlip_unc.data import neighbours\n", 1, "data"),
@@ -238,6 +252,11 @@ def test_the_checker_catches_a_forbidden_import(path, source, line, target):
             "from mlip_unc.nn import bayesian\nfrom mlip_unc.data import graphs\n",
         ),
         ("mlip_unc/train/x.py", "from mlip_unc.models import potential\nfrom . import core\n"),
+        (
+            "mlip_unc/train/x.py",
+            "from mlip_unc.posthoc import posterior\nfrom mlip_unc.evaluation import evaluate\n",
+        ),
+        ("mlip_unc/posthoc/x.py", "from mlip_unc.evaluation.predictions import predict\n"),
         ("mlip_unc/cli/x.py", "from mlip_unc.active import loop\nfrom . import _common\n"),
         ("mlip_unc/calculator.py", "from mlip_unc.models.checkpoint import load_checkpoint\n"),
         ("mlip_unc/__init__.py", "def __getattr__(n):\n    from mlip_unc.calculator import C\n"),
@@ -253,7 +272,8 @@ def test_violation_message_names_file_line_and_rule():
     )
     assert str(v) == (
         "mlip_unc/nn/x.py:5: nn imports mlip_unc.data -- "
-        "rule: nn may import only atomic, config, geometry, keys, uncertainty of mlip_unc (and itself)"
+        "rule: nn may import only atomic_write, config, geometry, keys, uncertainty of mlip_unc "
+        "(and itself)"
     )
 
 

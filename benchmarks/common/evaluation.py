@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from mlip_unc.data import frame_energy, frame_forces, frame_stress, read_structures
-from mlip_unc.train.evaluate import Predictions, potential_metrics
-from mlip_unc.train.io import json_safe
+from mlip_unc.evaluation.evaluate import Predictions, potential_metrics
+from mlip_unc.train.text_files import json_safe
 
 KEEP = {
     "energy_mae_meV_atom": "energy_mae_meV_atom",

@@ -27,9 +27,9 @@ from torch_geometric.loader import DataLoader
 from mlip_unc import keys
 from mlip_unc.config import PotentialConfig, load_potential_config
 from mlip_unc.data import StructureDataset, TypeMap
-from mlip_unc.train.evaluate import frame_table, predict
-from mlip_unc.train.io import json_safe
+from mlip_unc.evaluation.evaluate import frame_table, predict
 from mlip_unc.train.potential import run_training
+from mlip_unc.train.text_files import json_safe
 from mlip_unc.uncertainty import density
 from mlip_unc.uncertainty import diagnostics as diag
 from mlip_unc.uncertainty.calibration import spearman_corr

@@ -1,5 +1,5 @@
 """Number formatting for results pages (and numbers read back); JSON-safe values for results:
-:func:`mlip_unc.train.io.json_safe`."""
+:func:`mlip_unc.train.text_files.json_safe`."""
 
 from __future__ import annotations
 

@@ -38,16 +38,16 @@ from torch_geometric.loader import DataLoader
 from benchmarks.common import force_frames as ff
 from benchmarks.paper import force_lpa_page as page
 from mlip_unc import keys
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 from mlip_unc.config import load_potential_config
+from mlip_unc.evaluation.evaluate import frame_table, predict
 from mlip_unc.models.checkpoint import load_checkpoint
-from mlip_unc.models.committee import load_potential
 from mlip_unc.models.full_posterior import latent_jacobian
+from mlip_unc.models.loading import load_potential
 from mlip_unc.models.potential import BayesianPotential
-from mlip_unc.train.evaluate import frame_table, predict
-from mlip_unc.train.io import json_safe
-from mlip_unc.train.posterior import gaussian_scale_fit
+from mlip_unc.posthoc.posterior import gaussian_scale_fit
 from mlip_unc.train.potential_data import prepare_data
+from mlip_unc.train.text_files import json_safe
 from mlip_unc.uncertainty import alignment, density, moments
 from mlip_unc.uncertainty import diagnostics as diag
 
@@ -207,7 +207,7 @@ def frame_scores(
 def sigma_factor(
     frames: list[dict[str, Any]], noise: tuple[float, float], lam: float
 ) -> torch.Tensor:
-    """The model's fit (mlip_unc.train.posterior) at a fixed ``lambda``: ``L`` with rows
+    """The model's fit (mlip_unc.posthoc.posterior) at a fixed ``lambda``: ``L`` with rows
     ``sqrt(sigma_k) v_k``, ``sigma_k = 1 / (eig_k(A) + lambda)``, ``A`` = posterior_variants.precision."""
     eig, vec = torch.linalg.eigh(precision(frames, noise, 1.0))
     return (1.0 / (eig.clamp_min(0.0) + lam)).sqrt()[:, None] * vec.T

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common.pages import rerun_command
-from mlip_unc.atomic import atomic_write
+from mlip_unc.atomic_write import atomic_write
 
 SETS = ("train", "test", "ood")
 

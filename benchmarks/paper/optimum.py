@@ -42,7 +42,7 @@ from benchmarks.paper.lpa import study_record
 from benchmarks.paper.posterior_optimum import with_optimal_posterior
 from benchmarks.paper.report import acceptance
 from benchmarks.paper.summary import CHECK_KEYS, compare_check
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 from mlip_unc.data import training_subset
 from mlip_unc.models.factory import PropertyPredictor
 

@@ -59,8 +59,8 @@ from mlip_unc.data import load_dataset, load_split, training_subset
 from mlip_unc.data.molecules import TOY_SMILES, smiles_to_graph
 from mlip_unc.data.splits import Split, random_split
 from mlip_unc.models.checkpoint import save_checkpoint
-from mlip_unc.train.io import write_json
 from mlip_unc.train.property import model_payload
+from mlip_unc.train.text_files import write_json
 from mlip_unc.uncertainty import plots
 
 REPO = Path(__file__).resolve().parents[2]

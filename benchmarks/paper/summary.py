@@ -37,7 +37,7 @@ import numpy as np
 from benchmarks.common.pages import rerun_command
 from benchmarks.paper.force_lpa_page import markdown_section as force_lpa_section
 from benchmarks.paper.study import STEM, read_records
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 
 PRUNED_AT = "5d97bda"  # the last commit whose results hold the earlier study folders
 CONVERGED_PCT = 10.0  # a check moving no quantity by more than this (relative) counts as converged

@@ -60,7 +60,7 @@ from benchmarks.common import mace_torch as mt
 from benchmarks.common.evaluation import calculator_predictions, read_frames
 from benchmarks.common.format import fmt2, fmt3
 from benchmarks.common.pages import environment, replace_section
-from mlip_unc.train.io import json_safe
+from mlip_unc.train.text_files import json_safe
 
 log = logging.getLogger("mace_rows")
 FORWARD = "forward_graph"
@@ -283,10 +283,10 @@ def attach(name: str, model: Path, args: argparse.Namespace, steps: ff.Steps) ->
 
 def calibration_overlap(mace_work: Path, attach_meta: dict[str, Any]) -> dict[str, Any]:
     """Which training-split frames ``attach`` calibrated on (its defaults' split, recomputed as
-    :func:`mlip_unc.train.attach.attach_uncertainty` draws it) and how many of them mace-torch
+    :func:`mlip_unc.posthoc.attach.attach_uncertainty` draws it) and how many of them mace-torch
     held out for its own validation (``mace_valid_indices_*.txt`` of ``mace_work``)."""
     from mlip_unc.data import random_split
-    from mlip_unc.train.attach import _subset
+    from mlip_unc.posthoc.attach import _subset
 
     n, fraction = attach_meta.get("n_train"), attach_meta.get("valid_fraction")
     if not n or not fraction or attach_meta.get("valid"):
@@ -391,8 +391,8 @@ def eval_modes(
     later call), default first, on the split's test and OOD frames (one step each, redone when
     older than the step ``after``); then the interleaved cost of the modes evaluated so far over the
     model's plain E+F (with mace-torch's own calculator timed beside it for row b)."""
-    from mlip_unc.models.committee import load_potential
     from mlip_unc.models.full_posterior import default_uncertainty_mode
+    from mlip_unc.models.loading import load_potential
 
     model = load_potential(model_path)
     split = ff.dataset_split(name, args, args.work / name)
@@ -547,14 +547,14 @@ def mace_calculator(models: list[str], steps: ff.Steps, name: str) -> Any:
 
 
 def save_predictions(pred: Any, path: Path) -> Path:
-    """The array fields of a :class:`~mlip_unc.train.predictions.Predictions` as ``.npz``."""
+    """The array fields of a :class:`~mlip_unc.evaluation.predictions.Predictions` as ``.npz``."""
     arrays = {f.name: getattr(pred, f.name) for f in dataclasses.fields(pred)}
     np.savez_compressed(path, **{k: v for k, v in arrays.items() if v is not None})
     return path
 
 
 def load_predictions(path: Path) -> Any:
-    from mlip_unc.train.predictions import Predictions
+    from mlip_unc.evaluation.predictions import Predictions
 
     with np.load(path) as data:
         return Predictions(**{k: data[k] for k in data.files})

@@ -553,7 +553,7 @@ def predictions(npz: Path, row: str) -> Any:
     """``mlip_unc`` Predictions of one part for ``row``: the ensemble force variance as the
     epistemic force variance (``metatrain_pet_llpr``), or the LLPR energy variance as the
     epistemic energy variance (``..._energy``), or neither (``..._force_magnitude``)."""
-    from mlip_unc.train.predictions import Predictions
+    from mlip_unc.evaluation.predictions import Predictions
 
     z = np.load(npz)
     n, n_atoms = len(z["e_true"]), len(z["frame"])
@@ -579,7 +579,7 @@ def score(run: Path) -> dict[str, Any]:
     """Stage 4: per-frame values (the suite's :func:`prediction_values`) of each row and part,
     the accuracy of PET's E and F, and the cost ratios."""
     from benchmarks.common import force_frames as ff
-    from mlip_unc.train.io import json_safe
+    from mlip_unc.train.text_files import json_safe
 
     mode = {
         "metatrain_pet_llpr_energy": "energy",
@@ -1341,7 +1341,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """Every requested (dataset, seed) not yet in ``OUT/metatrain.jsonl.gz``, then the pages."""
     from benchmarks.common.records import append_jsonl, read_jsonl
-    from mlip_unc.train.io import json_safe
+    from mlip_unc.train.text_files import json_safe
 
     command = shlex.join(
         ["python", "-m", "benchmarks.peers.metatrain", *sys.argv[1:]]

@@ -126,10 +126,10 @@ def install_pause(spec: dict[str, Any], marker: Path) -> None:
 
         wrap(spec["target"], paused)
         return
-    from mlip_unc import atomic
+    from mlip_unc import atomic_write as writes
     from mlip_unc.models import checkpoint
 
-    original = atomic.atomic_write
+    original = writes.atomic_write
 
     def slow_write(path: Any, write: Callable) -> Path:
         if not (fnmatch(str(path), spec["target"]) and hit()):
@@ -146,7 +146,7 @@ def install_pause(spec: dict[str, Any], marker: Path) -> None:
 
         return original(path, half)
 
-    atomic.atomic_write = checkpoint.atomic_write = slow_write  # atomic_write_text calls the former
+    writes.atomic_write = checkpoint.atomic_write = slow_write  # atomic_write_text calls the former
 
 
 def child(argv: list[str]) -> None:
@@ -202,7 +202,7 @@ def kill_at(
 
 
 def stale_temps(folder: Path) -> list[Path]:
-    from mlip_unc.atomic import TEMP_PATTERN
+    from mlip_unc.atomic_write import TEMP_PATTERN
 
     return [p for p in folder.rglob(".*.tmp") if TEMP_PATTERN.match(p.name)]
 

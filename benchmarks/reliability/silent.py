@@ -234,7 +234,7 @@ def run_group(args: Any, command: str) -> dict[str, Any]:
     from benchmarks.common.pages import environment
     from benchmarks.reliability.checks import make_inputs
     from benchmarks.reliability.suite import render, source_digest
-    from mlip_unc.atomic import atomic_write_text
+    from mlip_unc.atomic_write import atomic_write_text
 
     t0, source = time.monotonic(), source_digest()
     torch.set_num_threads(1)

@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     args = parse_args(argv)
     if args.report_only:
-        from mlip_unc.atomic import atomic_write_text
+        from mlip_unc.atomic_write import atomic_write_text
 
         result = json.loads((args.out / "reliability.json").read_text())
         atomic_write_text(args.out / "reliability.md", render(result["records"], result["meta"]))
@@ -561,7 +561,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "environment": environment(),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    from mlip_unc.atomic import atomic_write_text
+    from mlip_unc.atomic_write import atomic_write_text
 
     atomic_write_text(
         args.out / "reliability.json", json.dumps({"meta": meta, "records": records}, indent=1)

@@ -391,7 +391,7 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    from mlip_unc.atomic import atomic_write_text
+    from mlip_unc.atomic_write import atomic_write_text
 
     if args.report_only:
         result = json.loads((args.out / "scale.json").read_text())

@@ -39,7 +39,7 @@ from ase.build import bulk
 from ase.calculators.emt import EMT
 from ase.calculators.singlepoint import SinglePointCalculator
 
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 from mlip_unc.config import potential_config_from_dict
 from mlip_unc.train import distributed
 from mlip_unc.train.core import Trainer

@@ -69,7 +69,7 @@ import torch
 from benchmarks.common.tables import write_page
 from benchmarks.speed import fixtures as setup
 from benchmarks.speed import md_part, size_part, sizes
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -39,7 +39,7 @@ from mlip_unc.active.monitor import MDResult, run_md
 from mlip_unc.active.oracles import make_oracle
 from mlip_unc.active.training import train_model
 from mlip_unc.config import GenerateSettings, MDSettings, SelectionSettings
-from mlip_unc.train.io import write_json
+from mlip_unc.train.text_files import write_json
 
 __all__ = ["DemoSettings", "DemoResult", "run_demo", "default_out_dir", "summary"]
 

@@ -37,7 +37,7 @@ from mlip_unc.active.oracles import check_oracle_elements, label_structures, mak
 from mlip_unc.active.selection import distance_histograms, select
 from mlip_unc.active.state import CachedLabels, RunState
 from mlip_unc.active.training import committee_model, train_members
-from mlip_unc.atomic import remove_stale_temps
+from mlip_unc.atomic_write import remove_stale_temps
 from mlip_unc.config import ActiveLearningConfig, SelectionSettings
 
 __all__ = ["select_flagged", "label_selected", "run_active_learning", "round_summary"]

@@ -55,7 +55,7 @@ from mlip_unc.active.selection import distance_histograms, farthest_point_sampli
 from mlip_unc.active.state import CachedLabels, RunState, structure_hash
 from mlip_unc.active.training import train_members
 from mlip_unc.active.triggers import Trigger
-from mlip_unc.atomic import remove_stale_temps
+from mlip_unc.atomic_write import remove_stale_temps
 from mlip_unc.config import ActiveLearningConfig, OnTheFlySettings
 
 __all__ = ["run_on_the_fly", "OnTheFlyResult", "choose_labels"]
@@ -103,7 +103,13 @@ class _MD:
 def _quiet_training() -> Iterator[None]:
     """The trainer's per-epoch lines off while a model is updated (the run's bar and its
     per-update summary say what matters; ``updates.jsonl`` keeps the numbers)."""
-    names = ("mlip_unc.train", "mlip_unc.active.training", "mlip_unc.data")
+    names = (
+        "mlip_unc.train",
+        "mlip_unc.posthoc",
+        "mlip_unc.evaluation",
+        "mlip_unc.active.training",
+        "mlip_unc.data",
+    )
     loggers = [logging.getLogger(n) for n in names]
     levels = [lg.level for lg in loggers]
     for lg in loggers:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 from mlip_unc.config import ActiveLearningConfig
 
 __all__ = ["OnTheFlyResult", "write_report"]

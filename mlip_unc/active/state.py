@@ -25,7 +25,7 @@ from ase import Atoms
 from ase.calculators.calculator import Calculator, all_changes
 from ase.calculators.singlepoint import SinglePointCalculator
 
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 
 __all__ = ["RunState", "structure_hash", "CachedLabels"]
 

@@ -4,7 +4,7 @@
 mapping with them and calls :func:`mlip_unc.train.potential.train_potential`. The trainer
 stores the validation-set uncertainty levels in the checkpoint (what relative flagging
 thresholds multiply); when it stores none (no validation structures, a MAP head), they are
-computed once by the same function, :func:`mlip_unc.train.evaluate.uncertainty_levels`, on
+computed once by the same function, :func:`mlip_unc.posthoc.levels.uncertainty_levels`, on
 the validation structures or, without any, on the training structures.
 
 :func:`refit_energy_offsets` shifts the per-element energy offsets after training (for runs
@@ -182,8 +182,8 @@ def committee_model(paths: Sequence[str | Path], structures: Sequence[Atoms]) ->
     from mlip_unc.calculator import LEVELS_KEY
     from mlip_unc.data.graphs import StructureDataset
     from mlip_unc.data.typemap import TypeMap
-    from mlip_unc.models.committee import load_potential
-    from mlip_unc.train.evaluate import uncertainty_levels
+    from mlip_unc.models.loading import load_potential
+    from mlip_unc.posthoc.levels import uncertainty_levels
 
     committee = load_potential([Path(p) for p in paths])
     r_max, type_map = committee.r_max, committee.type_map
@@ -204,13 +204,13 @@ def ensure_uncertainty_levels(
     checkpoint: str | Path, structures: Sequence[Atoms], *, batch_size: int = 16
 ) -> dict[str, float]:
     """The checkpoint's ``metadata["uncertainty_levels"]``; when absent, computed on
-    ``structures`` by :func:`mlip_unc.train.evaluate.uncertainty_levels` and stored."""
+    ``structures`` by :func:`mlip_unc.posthoc.levels.uncertainty_levels` and stored."""
     from mlip_unc.calculator import LEVELS_KEY
     from mlip_unc.data.graphs import StructureDataset
     from mlip_unc.data.typemap import TypeMap
     from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
     from mlip_unc.models.potential import BayesianPotential
-    from mlip_unc.train.evaluate import uncertainty_levels
+    from mlip_unc.posthoc.levels import uncertainty_levels
 
     payload = load_checkpoint(checkpoint, kind="potential")
     metadata = dict(payload.get("metadata") or {})

@@ -93,7 +93,7 @@ def attach(
     )
     import torch
 
-    from mlip_unc.train.attach import attach_uncertainty
+    from mlip_unc.posthoc.attach import attach_uncertainty
 
     set_threads(threads)
     try:

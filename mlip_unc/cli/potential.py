@@ -226,16 +226,17 @@ def evaluate(
     import torch
 
     from mlip_unc.data import TypeMap
-    from mlip_unc.data.open import select_frames
-    from mlip_unc.models.committee import Committee, load_potential
-    from mlip_unc.models.full_posterior import default_uncertainty_mode
-    from mlip_unc.models.potential import BayesianPotential
-    from mlip_unc.train.evaluate import (
+    from mlip_unc.data.datasets import select_frames
+    from mlip_unc.evaluation.evaluate import (
         evaluate_potential,
         write_frame_csv,
         write_predictions_xyz,
     )
-    from mlip_unc.train.io import write_json
+    from mlip_unc.models.committee import Committee
+    from mlip_unc.models.full_posterior import default_uncertainty_mode
+    from mlip_unc.models.loading import load_potential
+    from mlip_unc.models.potential import BayesianPotential
+    from mlip_unc.train.text_files import write_json
 
     set_threads(threads)
     try:

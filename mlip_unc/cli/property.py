@@ -220,8 +220,8 @@ def train(
             "drop --resume to start a new run"
         )
     from mlip_unc.train import distributed
-    from mlip_unc.train.io import write_json
     from mlip_unc.train.property import run_property_training
+    from mlip_unc.train.text_files import write_json
 
     set_threads(threads)
     try:

@@ -145,7 +145,7 @@ class PotentialModelConfig(Section):
             backbone's fit take tens of minutes on CPU before ``posterior_probes``.
         posterior_probes: sketch the training structures' force precision with this many
             random sign probes per batch (forward-mode products, unbiased;
-            ``mlip_unc.train.posterior``) instead of ``min(d, 3 n_atoms)`` exact Jacobian
+            ``mlip_unc.posthoc.posterior``) instead of ``min(d, 3 n_atoms)`` exact Jacobian
             products; null = exact. The validation structures, which calibrate, stay exact.
         posterior_valid_frames: choose lambda and the force scales of the full posterior on at
             most this many validation structures (a random subset, config seed; null = all).
@@ -236,7 +236,7 @@ class LossConfig(Section):
         energy_weight, forces_weight, stress_weight: weights of the NLL terms. With
             ``forces_weight: 0`` (and no stage-two force weight) the potential trains on
             energies alone: frames need no forces, and the force uncertainty takes the
-            calibration of the energy's (``mlip_unc.train.posterior``).
+            calibration of the energy's (``mlip_unc.posthoc.posterior``).
         energy_count: ``auto``, ``structure`` or ``atom`` (above).
         stress_noise: fixed stress noise std (eV/A^3) of the stress likelihood.
         beta: KL weight (1 = proper ELBO).

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mlip_unc import keys
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 from mlip_unc.data.errors import DataError, where
 from mlip_unc.data.graphs import atoms_to_graph
 from mlip_unc.data.labels import StressConvention

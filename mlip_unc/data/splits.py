@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 from mlip_unc.data.errors import DataError
 
 __all__ = [

@@ -18,7 +18,7 @@
   to its per-atom energies: ``E_a = w^T z~_a + b_Z + e_a``. With a zero head mean and zero
   offsets the potential predicts the backbone model's own energies, forces and stress (they flow
   through ``e``; equal to rounding, the totals being summed per atom), and the head's posterior
-  (fitted post hoc: ``mlip_unc.train.attach``) gives their uncertainty. The energies travel in
+  (fitted post hoc: ``mlip_unc.posthoc.attach``) gives their uncertainty. The energies travel in
   :class:`BackboneState`. ``forward`` still returns ``z`` alone (the isolated-atom reference
   latents use it).
 

@@ -36,7 +36,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlip_unc.atomic import atomic_write
+from mlip_unc.atomic_write import atomic_write
 
 if TYPE_CHECKING:
     import torch

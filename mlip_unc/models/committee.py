@@ -1,16 +1,13 @@
-"""A committee of potentials (the deep-ensemble baseline) and loading potentials from checkpoints.
+"""A committee of potentials (the deep-ensemble baseline).
 
 :class:`Committee` wraps several models with the forward signature of
 :class:`mlip_unc.models.potential.BayesianPotential` (and ``noise_variances``) into one;
-:func:`load_potential` reads one checkpoint (a :class:`BayesianPotential`) or several (a
-:class:`Committee`).
+:func:`mlip_unc.models.loading.load_potential` builds one from several checkpoints.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -23,7 +20,7 @@ from mlip_unc.models.potential_uncertainty import UncertaintyMode
 if TYPE_CHECKING:
     from torch_geometric.data.data import BaseData
 
-__all__ = ["Committee", "load_potential"]
+__all__ = ["Committee"]
 
 
 class Committee(nn.Module):
@@ -111,26 +108,3 @@ class Committee(nn.Module):
                 if with_unc:
                     result[var_key] = values.var(0, unbiased=False)
         return result
-
-
-def load_potential(
-    paths: str | os.PathLike | Sequence[str | os.PathLike],
-) -> BayesianPotential | Committee:
-    """A potential from checkpoint path(s); several paths (or an ensemble folder) -> Committee.
-
-    A folder is read as its ``model.pt``, or, for an ensemble run, its ``member_*/model.pt``.
-    Models are returned in eval mode.
-    """
-    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    files: list[Path] = []
-    for item in items:
-        path = Path(item)
-        if path.is_dir():
-            members = sorted(path.glob("member_*/model.pt"))
-            files.extend(members if members else [path / "model.pt"])
-        else:
-            files.append(path)
-    models = [BayesianPotential.from_checkpoint(f) for f in files]
-    for model in models:
-        model.eval()
-    return models[0] if len(models) == 1 else Committee(models).eval()

@@ -1,11 +1,18 @@
-"""Whether a device can be used here, said in one line before any work (no torch traceback
-about a truncated checkpoint or a missing driver when the machine simply has no CUDA)."""
+"""Devices: whether one can be used here, said in one line before any work (no torch traceback
+about a truncated checkpoint or a missing driver when the machine simply has no CUDA), and
+batches moved to a model's device (:func:`module_device`, :func:`to_device`: training,
+evaluation and the post-hoc fits)."""
 
 from __future__ import annotations
 
-import torch
+from typing import TypeVar
 
-__all__ = ["require_available"]
+import torch
+from torch import nn
+
+__all__ = ["module_device", "require_available", "to_device"]
+
+T = TypeVar("T")
 
 
 def _cuda_missing() -> str:
@@ -30,3 +37,16 @@ def require_available(device: str | torch.device, *, name: str = "device") -> to
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name} {str(device)!r}: {_cuda_missing()}; use {name} cpu")
     return resolved
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter (or buffer); CPU for a module with neither."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def to_device(batch: T, device: torch.device) -> T:
+    """``batch.to(device)`` (a PyG ``Batch``/``Data`` or a tensor); as it is for the CPU, where
+    the loaders build it."""
+    return batch if device.type == "cpu" else batch.to(device)  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ After training, the last-layer prediction-rigidity posterior (LLPR, Bigi et al. 
 
 is stored as a factor ``L (d, d)`` with ``Sigma = L^T L``, rows ``sqrt(sigma_k) v_k^T`` sorted by
 decreasing eigenvalue ``sigma_k`` of ``Sigma`` (the least constrained directions first), plus
-calibration scalars fitted on validation data by NLL (``mlip_unc.train.posterior``):
+calibration scalars fitted on validation data by NLL (``mlip_unc.posthoc.posterior``):
 ``alpha_E^2, alpha_F^2`` scale the epistemic energy and force variances (``alpha_r^2`` the
 low-rank force variance), ``sigma_e^2`` (per atom) and ``sigma_f^2`` (per component) are the
 aleatoric noises::

@@ -85,7 +85,7 @@ class BayesianPotential(FullPosteriorHolder, nn.Module):
             :func:`mlip_unc.uncertainty.moments.linear_gradients`; batched is the faster on
             small structures, the loop needs the least memory).
         full_posterior: hold a full-covariance last-layer posterior (buffers; set by
-            :meth:`set_full_posterior`, fitted by ``mlip_unc.train.posterior``).
+            :meth:`set_full_posterior`, fitted by ``mlip_unc.posthoc.posterior``).
         posterior_rank: directions of the ``lowrank`` uncertainty mode.
         posterior_basis: ``"shared"`` or ``"per_element"``: the weight space of the full
             posterior (:mod:`mlip_unc.models.full_posterior`).

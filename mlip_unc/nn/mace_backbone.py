@@ -15,7 +15,7 @@ features, interaction and product blocks; Batatia et al. 2022) on this project's
   linear in them. :meth:`MACEModelFeatures.latents_and_energies` adds the model's own per-atom
   energies (the ``base energy`` of :mod:`mlip_unc.models.backbones`): under a zero-mean head
   the potential predicts what the MACE model predicts (to rounding, see
-  :mod:`mlip_unc.train.attach`).
+  :mod:`mlip_unc.posthoc.attach`).
 
 Edges: this project's ``edge_index`` is ``[sender j, receiver i]`` with
 ``edge_vec = pos[j] - pos[i] + shift @ cell`` (:mod:`mlip_unc.geometry`), pointing from the

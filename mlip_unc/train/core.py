@@ -47,15 +47,16 @@ from torch.optim.swa_utils import AveragedModel
 from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
-from mlip_unc.atomic import remove_stale_temps
+from mlip_unc.atomic_write import remove_stale_temps
 from mlip_unc.config.enums import LRSchedule, ScheduleClock
 from mlip_unc.config.training import TrainCoreConfig
 from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from mlip_unc.models.devices import to_device
 from mlip_unc.train import distributed as dist
-from mlip_unc.train.device import resolve_device, to_device
-from mlip_unc.train.io import write_json
+from mlip_unc.train.device import resolve_device
 from mlip_unc.train.optim import make_ema_avg_fn, make_optimizer
 from mlip_unc.train.task import FitResult, Step, Task
+from mlip_unc.train.text_files import write_json
 
 __all__ = [
     "Task",

@@ -21,8 +21,8 @@ from torch_geometric.data import Batch
 
 from mlip_unc import keys
 from mlip_unc.models.derivatives import atom_types
+from mlip_unc.models.devices import to_device
 from mlip_unc.models.potential import BayesianPotential
-from mlip_unc.train.device import to_device
 
 __all__ = ["element_counts", "refit_energy_offsets"]
 

@@ -5,7 +5,7 @@ step (frame selection, one-atom frames to the references, split, ``max_train``, 
 reference energies, statistics), but on item indices: graphs stay on disk and every
 statistic is computed by streaming over the items (memory: the index arrays, one graph and
 ``n_elements^2`` sums), so results match the in-memory path up to floating-point summation
-order. ``data.valid``, ``data.test`` may be sets or files (:mod:`mlip_unc.data.open`);
+order. ``data.valid``, ``data.test`` may be sets or files (:mod:`mlip_unc.data.datasets`);
 ``data.isolated_atoms`` a file.
 """
 

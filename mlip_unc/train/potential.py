@@ -42,14 +42,15 @@ from mlip_unc.config import (
     RegularizerKind,
 )
 from mlip_unc.data.domain import DomainGuard
+from mlip_unc.evaluation.evaluate import evaluate_potential, predict
 from mlip_unc.models.backbones import backbone_gradient_method, build_backbone
 from mlip_unc.models.checkpoint import load_checkpoint, save_checkpoint
 from mlip_unc.models.potential import BayesianPotential
+from mlip_unc.posthoc.levels import uncertainty_levels
+from mlip_unc.posthoc.posterior import fit_full_posterior, random_subset
 from mlip_unc.train import distributed
 from mlip_unc.train.core import Step, Trainer, TrainingInterrupted
 from mlip_unc.train.device import resolve_device
-from mlip_unc.train.evaluate import evaluate_potential, predict, uncertainty_levels
-from mlip_unc.train.io import write_json, write_yaml
 from mlip_unc.train.losses import (
     energy_nll,
     forces_nll,
@@ -58,9 +59,9 @@ from mlip_unc.train.losses import (
     potential_loss,
 )
 from mlip_unc.train.offsets import refit_energy_offsets
-from mlip_unc.train.posterior import fit_full_posterior, random_subset
 from mlip_unc.train.potential_data import PreparedData, data_fingerprint, prepare_data
 from mlip_unc.train.regularizers import LambdaSchedule, regularizer_term
+from mlip_unc.train.text_files import write_json, write_yaml
 
 __all__ = [
     "PotentialTask",

@@ -23,9 +23,9 @@ from mlip_unc.data import (
     random_split,
     read_structures,
 )
+from mlip_unc.data.datasets import FrameSelection, select_frames
 from mlip_unc.data.neighbours import crowded_cutoff
 from mlip_unc.data.ondisk import is_store
-from mlip_unc.data.open import FrameSelection, select_frames
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def prepare_data(config: PotentialConfig) -> PreparedData:
     """Read, split and convert the data of ``config``; fit reference energies and statistics.
 
     One-atom frames in the training file go to the reference energies, not the training set.
-    Every part may be a structure file or an on-disk set (:mod:`mlip_unc.data.open`); an
+    Every part may be a structure file or an on-disk set (:mod:`mlip_unc.data.datasets`); an
     on-disk training set is prepared by streaming (:mod:`mlip_unc.train.ondisk_data`).
     """
     data = config.data

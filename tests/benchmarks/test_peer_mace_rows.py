@@ -16,7 +16,7 @@ from benchmarks.common.format import numbers
 from benchmarks.peers import mace_rows as mr
 from benchmarks.peers.metatrain import BEGIN as PEER_BEGIN
 from benchmarks.peers.metatrain import END as PEER_END
-from mlip_unc.train.predictions import Predictions
+from mlip_unc.evaluation.predictions import Predictions
 
 UTC = datetime.UTC
 

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from mlip_unc.active.candidates import visited_frames
 from mlip_unc.cli import app
+from mlip_unc.data.datasets import select_frames
 from mlip_unc.data.errors import DataError
-from mlip_unc.data.open import select_frames
 from mlip_unc.keys import PREDICTED_ENERGY
 
 runner = CliRunner()

@@ -26,7 +26,8 @@ from torch_geometric.data import Batch
 from mlip_unc import keys
 from mlip_unc.data import TypeMap, atoms_to_graph
 from mlip_unc.models.checkpoint import FORMAT_VERSION, load_checkpoint
-from mlip_unc.models.committee import Committee, load_potential
+from mlip_unc.models.committee import Committee
+from mlip_unc.models.loading import load_potential
 from mlip_unc.models.potential import BayesianPotential
 
 

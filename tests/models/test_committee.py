@@ -10,7 +10,8 @@ from torch_geometric.data import Batch
 from mlip_unc import keys
 from mlip_unc.data import TypeMap, atoms_to_graph
 from mlip_unc.models.backbones import build_backbone
-from mlip_unc.models.committee import Committee, load_potential
+from mlip_unc.models.committee import Committee
+from mlip_unc.models.loading import load_potential
 from mlip_unc.models.potential import BayesianPotential
 
 TYPES = [1, 6, 8]

@@ -14,7 +14,8 @@ from ase.calculators.singlepoint import SinglePointCalculator
 from mlip_unc import keys
 from mlip_unc.config import potential_config_from_dict as config_from_dict
 from mlip_unc.models.checkpoint import load_checkpoint
-from mlip_unc.models.committee import Committee, load_potential
+from mlip_unc.models.committee import Committee
+from mlip_unc.models.loading import load_potential
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.train import potential as potential_trainer
 from mlip_unc.train.potential import run_training, train_potential

@@ -24,13 +24,13 @@ from mlip_unc.cli import app
 from mlip_unc.config import PropertyConfig, potential_config_from_dict
 from mlip_unc.data.molecules import TOY_SMILES
 from mlip_unc.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from mlip_unc.models.committee import load_potential
 from mlip_unc.models.factory import PropertyPredictor
+from mlip_unc.models.loading import load_potential
 from mlip_unc.models.potential import BayesianPotential
-from mlip_unc.train import attach
+from mlip_unc.posthoc import attach
+from mlip_unc.posthoc.levels import uncertainty_levels
 from mlip_unc.train import potential as potential_training
 from mlip_unc.train.core import TrainingInterrupted
-from mlip_unc.train.evaluate import uncertainty_levels
 from mlip_unc.train.potential import train_potential
 from mlip_unc.train.potential_data import prepare_data
 from mlip_unc.train.property import train_property_model

@@ -1,4 +1,6 @@
-"""Atomic writes of the small text files that training runs produce (JSON, YAML)."""
+"""The small text files of a run (JSON, YAML): :func:`json_safe` turns values into standard
+JSON data, :func:`write_json` and :func:`write_yaml` write them atomically
+(:mod:`mlip_unc.atomic_write`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from mlip_unc.atomic import atomic_write_text
+from mlip_unc.atomic_write import atomic_write_text
 
 __all__ = ["atomic_write_text", "write_json", "write_yaml", "json_safe"]
 

@@ -11,7 +11,7 @@ on a CPU and without touching a MACE weight:
    backbone's base energies, :mod:`mlip_unc.models.backbones`);
 2. the head's latents are MACE's last-layer features (the inputs of its readouts' final linear
    maps), and the full-covariance last-layer posterior (LLPR,
-   :func:`mlip_unc.train.posterior.fit_full_posterior`) is accumulated over (at most
+   :func:`mlip_unc.posthoc.posterior.fit_full_posterior`) is accumulated over (at most
    ``max_train``, 200 by default) training structures with the energy and force noises set to
    the MACE model's residuals there, its ``lambda`` fitted on (at most ``max_valid``, 100)
    validation structures by NLL and its calibration scalars by moment matching there
@@ -57,18 +57,18 @@ from mlip_unc.data import (
     read_structures,
 )
 from mlip_unc.data.domain import DomainGuard
+from mlip_unc.evaluation.predictions import predict
 from mlip_unc.models.backbones import build_backbone
 from mlip_unc.models.checkpoint import save_checkpoint
 from mlip_unc.models.potential import BayesianPotential
 from mlip_unc.nn.mace_backbone import MACEModelFeatures, import_mace
 from mlip_unc.nn.mace_config import plain_mace_config
-from mlip_unc.train.evaluate import uncertainty_levels
-from mlip_unc.train.posterior import (
+from mlip_unc.posthoc.levels import uncertainty_levels
+from mlip_unc.posthoc.posterior import (
     PosteriorCalibrationError,
     fit_full_posterior,
     random_subset,
 )
-from mlip_unc.train.predictions import predict
 
 __all__ = [
     "AGREEMENT_TOL",

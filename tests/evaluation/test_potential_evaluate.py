@@ -14,14 +14,14 @@ from torch import nn
 
 from mlip_unc import keys
 from mlip_unc.data import StructureDataset, TypeMap
-from mlip_unc.models.committee import Committee
-from mlip_unc.train.evaluate import (
+from mlip_unc.evaluation.evaluate import (
     evaluate_potential,
     frame_table,
     predict,
     write_frame_csv,
     write_predictions_xyz,
 )
+from mlip_unc.models.committee import Committee
 
 
 class Oracle(nn.Module):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mlip_unc.atomic import TEMP_PATTERN, atomic_write, atomic_write_text, remove_stale_temps
+from mlip_unc.atomic_write import TEMP_PATTERN, atomic_write, atomic_write_text, remove_stale_temps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _CHILD = """
 import sys, time
 from pathlib import Path
-from mlip_unc.atomic import atomic_write
+from mlip_unc.atomic_write import atomic_write
 
 def write(handle):
     handle.write(b"new-half")
@@ -144,7 +144,7 @@ def test_json_safe_makes_standard_json_of_numpy_and_non_finite_values():
 
     import numpy as np
 
-    from mlip_unc.train.io import json_safe
+    from mlip_unc.train.text_files import json_safe
 
     data = {
         1: np.float32(0.5),

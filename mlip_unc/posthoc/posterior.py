@@ -54,8 +54,8 @@ from torch_geometric.loader import DataLoader
 
 from mlip_unc import keys
 from mlip_unc.models.derivatives import PotentialState, graph_index
+from mlip_unc.models.devices import module_device, to_device
 from mlip_unc.models.full_posterior import basis_state, latent_jacobian, latent_probes
-from mlip_unc.train.device import module_device, to_device
 from mlip_unc.uncertainty.sample_size import too_few
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ the low-rank directions may carry for ``calibration="rmse"``: below it they are 
 features never move along (float64 rounding of the raw variances is ~1e-16 of them) and the
 low-rank mode's scale would be a ratio of rounding errors. Small shares above it are normal: on a
 tiny 8-channel MACE model the 4 least constrained directions carried 7.6e-6 of the variance and
-still gave std/RMSE in [0.5, 2] on held-out cells (tests/models/test_mace_attach.py)."""
+still gave std/RMSE in [0.5, 2] on held-out cells (tests/posthoc/test_mace_attach.py)."""
 
 
 class PosteriorCalibrationError(ValueError):

@@ -1,10 +1,11 @@
 """Evaluation of an interatomic potential on a dataset: the metrics and :func:`evaluate_potential`.
 
-Data flow: graphs -> :func:`~mlip_unc.train.predictions.predict` (arrays in eV, eV/A, eV/A^3)
--> :func:`potential_metrics` (accuracy in meV and GPa, calibration) and
-:func:`~mlip_unc.train.frames.frame_table` (one row per structure; also the CSV and the extxyz
-of predictions, :mod:`mlip_unc.train.frames`). A "model" has the forward signature of
-``BayesianPotential`` and ``noise_variances`` (a ``Committee`` too).
+Data flow: graphs -> :func:`~mlip_unc.evaluation.predictions.predict` (arrays in eV, eV/A,
+eV/A^3) -> :func:`potential_metrics` (accuracy in meV and GPa, calibration) and
+:func:`~mlip_unc.evaluation.frames.frame_table` (one row per structure; also the CSV and the
+extxyz of predictions, :mod:`mlip_unc.evaluation.frames`). A "model" has the forward signature
+of ``BayesianPotential`` and ``noise_variances`` (a ``Committee`` too). The uncertainty levels
+stored with a model are fitted by :func:`mlip_unc.posthoc.levels.uncertainty_levels`.
 
 Definitions used throughout (frame = structure):
 
@@ -34,15 +35,13 @@ from typing import Any
 import numpy as np
 from ase.units import GPa
 
-from mlip_unc import keys
-from mlip_unc.models.committee import Committee, load_potential
-from mlip_unc.models.full_posterior import default_uncertainty_mode
+from mlip_unc.evaluation.frames import frame_table, write_frame_csv, write_predictions_xyz
+from mlip_unc.evaluation.predictions import Predictions, predict, to_voigt
+from mlip_unc.models.committee import Committee
+from mlip_unc.models.loading import load_potential
 from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
-from mlip_unc.train.frames import frame_table, write_frame_csv, write_predictions_xyz
-from mlip_unc.train.predictions import Predictions, predict, to_voigt
 from mlip_unc.uncertainty import calibration as cal
 from mlip_unc.uncertainty import diagnostics as diag
-from mlip_unc.uncertainty.sample_size import too_few
 
 __all__ = [
     "Committee",
@@ -53,7 +52,6 @@ __all__ = [
     "load_potential",
     "potential_metrics",
     "predict",
-    "uncertainty_levels",
     "write_frame_csv",
     "write_predictions_xyz",
 ]
@@ -202,44 +200,6 @@ def potential_metrics(
         **_forces_metrics(pred, table),
         **_stress_metrics(pred),
     }
-
-
-def uncertainty_levels(
-    model: BayesianPotential | Committee,
-    data: Any,
-    *,
-    batch_size: int = 16,
-    uncertainty: str | None = None,
-) -> dict:
-    """Calibrated levels for relative flagging thresholds, over ``data`` (the validation set).
-
-    The mean over frames of ``max_force_std`` (max over atoms of sqrt(sum_c Var F_ic)) and of
-    ``energy_std_per_atom`` (epistemic energy std / n_atoms): the definitions of
-    :class:`mlip_unc.calculator.UncertaintyCalculator`, stored in a checkpoint's
-    ``metadata["uncertainty_levels"]``, in the calculator's default mode, recorded as ``mode``,
-    with ``n_structures``. Fewer structures than
-    :data:`~mlip_unc.uncertainty.sample_size.MIN_CALIBRATION_SIZE` log a warning, stored as
-    ``warning`` (relative thresholds on such levels warn when they are applied).
-    """
-    uncertainty = uncertainty or default_uncertainty_mode(model)
-    table = frame_table(predict(model, data, uncertainty=uncertainty, batch_size=batch_size))
-    n = len(table["num_atoms"])
-    levels: dict[str, Any] = {
-        "mode": uncertainty,
-        keys.CALC_MAX_FORCE_STD: float(np.nanmean(table["forces_max_std"])),
-        keys.CALC_ENERGY_STD_PER_ATOM: float(
-            np.nanmean(table["energy_epistemic_std"] / table["num_atoms"])
-        ),
-        "n_structures": n,
-    }
-    warning = too_few(
-        n,
-        "uncertainty levels for relative thresholds",
-        "one structure sets them, so relative thresholds on them are unreliable",
-    )
-    if warning is not None:
-        levels["warning"] = warning
-    return levels
 
 
 @dataclass

@@ -20,8 +20,8 @@ from tqdm.auto import tqdm
 
 from mlip_unc import keys
 from mlip_unc.models.committee import Committee
+from mlip_unc.models.devices import module_device, to_device
 from mlip_unc.models.potential import BayesianPotential, UncertaintyMode
-from mlip_unc.train.device import module_device, to_device
 
 __all__ = ["VOIGT", "Predictions", "predict", "to_voigt"]
 
@@ -171,7 +171,7 @@ def predict(
         seed: seed of the generator for the sampled mode.
         stress: also predict the stress of periodic structures (with its epistemic variance
             in the modes that give force variances); off by default (the training's
-            validation does not need it; :func:`~mlip_unc.train.evaluate.evaluate_potential`
+            validation does not need it; :func:`~mlip_unc.evaluation.evaluate.evaluate_potential`
             turns it on). Without it, periodic frames have a NaN stress prediction.
     """
     mode = UncertaintyMode(uncertainty)

@@ -27,8 +27,8 @@ import numpy as np
 from ase.calculators.singlepoint import SinglePointCalculator
 from ase.units import GPa
 
-from mlip_unc.atomic import atomic_write_text
-from mlip_unc.train.predictions import Predictions, to_voigt
+from mlip_unc.atomic_write import atomic_write_text
+from mlip_unc.evaluation.predictions import Predictions, to_voigt
 from mlip_unc.uncertainty import diagnostics as diag
 
 __all__ = ["PREDICTION_PREFIX", "frame_table", "write_frame_csv", "write_predictions_xyz"]

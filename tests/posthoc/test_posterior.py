@@ -15,7 +15,7 @@ from mlip_unc import keys
 from mlip_unc.config import potential_config_from_dict
 from mlip_unc.models.full_posterior import latent_jacobian
 from mlip_unc.models.potential import BayesianPotential
-from mlip_unc.train.posterior import _pass, fit_full_posterior, gaussian_scale_fit
+from mlip_unc.posthoc.posterior import _pass, fit_full_posterior, gaussian_scale_fit
 from mlip_unc.train.potential import train_potential
 from mlip_unc.train.potential_data import prepare_data
 
@@ -164,7 +164,7 @@ def test_config_posterior_basis_reaches_the_checkpoint(trained, tmp_path):
 
 
 def test_random_subset_caps_in_order_and_is_seeded():
-    from mlip_unc.train.posterior import random_subset
+    from mlip_unc.posthoc.posterior import random_subset
 
     items = list(range(50))
     a, b = random_subset(items, 10, seed=3), random_subset(items, 10, seed=3)
@@ -234,7 +234,7 @@ def test_fit_with_probes_is_seeded_and_keeps_the_validation_exact(trained):
 def test_probes_fall_back_to_the_exact_fit_without_forward_mode(trained, monkeypatch):
     """A backbone without forward-mode rules: a warning, the exact Jacobians, and the summary
     says no probes were used."""
-    import mlip_unc.train.posterior as posterior
+    import mlip_unc.posthoc.posterior as posterior
 
     config, result = trained
     data = prepare_data(config)
@@ -255,7 +255,7 @@ def test_probes_fall_back_to_the_exact_fit_without_forward_mode(trained, monkeyp
 def test_calibration_rows_of_a_force_subset_keep_every_energy_row(trained):
     """The frames outside the force subset add their energy rows from a forward pass alone:
     the same rows as the full pass, in another order; the force rows are the subset's."""
-    from mlip_unc.train.posterior import _calibration_rows
+    from mlip_unc.posthoc.posterior import _calibration_rows
 
     config, result = trained
     valid = prepare_data(config).valid

@@ -6,7 +6,7 @@ The fast tests need no mace-torch (a tiny native model stands in for the feature
 real-size check (a mace-torch model trained on rMD17 ethanol, std/RMSE on held-out frames of
 another trajectory) is in the slow tier and prints the measurement (``-s`` to see it)::
 
-    OMP_NUM_THREADS=1 .venv-mace/bin/python -m pytest -q -s -m slow tests/models/test_attach_calibration.py
+    OMP_NUM_THREADS=1 .venv-mace/bin/python -m pytest -q -s -m slow tests/posthoc/test_attach_calibration.py
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from ase.calculators.emt import EMT
 from ase.calculators.singlepoint import SinglePointCalculator
 
 from mlip_unc.config import potential_config_from_dict
+from mlip_unc.evaluation.predictions import predict
 from mlip_unc.models.potential import BayesianPotential
-from mlip_unc.train import posterior as post_fit
-from mlip_unc.train.posterior import (
+from mlip_unc.posthoc import posterior as post_fit
+from mlip_unc.posthoc.posterior import (
     MIN_JACOBIAN_RANK,
     PosteriorCalibrationError,
     fit_full_posterior,
@@ -37,7 +38,6 @@ from mlip_unc.train.posterior import (
 )
 from mlip_unc.train.potential import train_potential
 from mlip_unc.train.potential_data import prepare_data
-from mlip_unc.train.predictions import predict
 from mlip_unc.uncertainty import diagnostics as diag
 from mlip_unc.uncertainty.calibration import spearman_corr
 
@@ -201,7 +201,7 @@ def test_attach_on_an_ethanol_mace_model_is_calibrated_on_held_out_frames(tmp_pa
     frames of test_MD.xyz in [0.5, 2] in every mode, energy included."""
     pytest.importorskip("mace")
     from mlip_unc.data import StructureDataset, TypeMap, read_structures
-    from mlip_unc.train.attach import attach_uncertainty
+    from mlip_unc.posthoc.attach import attach_uncertainty
 
     source = _data_root() / "structures" / "ethanol"
     if not (source / "train.xyz").is_file():

@@ -13,9 +13,9 @@ from ase.calculators.singlepoint import SinglePointCalculator
 
 from mlip_unc import keys
 from mlip_unc.data import DataError, TypeMap
+from mlip_unc.data.datasets import open_dataset, select_frames
 from mlip_unc.data.ondisk import OnDiskDataset
 from mlip_unc.data.ondisk_write import convert_files
-from mlip_unc.data.open import open_dataset, select_frames
 
 R_MAX = 4.0
 

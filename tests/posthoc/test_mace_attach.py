@@ -26,7 +26,7 @@ from mlip_unc.cli import app  # noqa: E402
 from mlip_unc.models.checkpoint import load_checkpoint  # noqa: E402
 from mlip_unc.models.potential import BayesianPotential  # noqa: E402
 from mlip_unc.nn.mace_config import build_mace_model, plain_mace_config  # noqa: E402
-from mlip_unc.train.attach import AGREEMENT_TOL, load_mace_model  # noqa: E402
+from mlip_unc.posthoc.attach import AGREEMENT_TOL, load_mace_model  # noqa: E402
 
 runner = CliRunner()
 TOL = 1e-10  # eV, eV/A, eV/A^3 in float64: rounding (edge order, summation order), not a model difference
@@ -346,8 +346,8 @@ def test_the_fit_sees_the_mace_models_own_errors(trained, attached):
     own forces included), not those of the zero-mean head alone, whose errors are the
     reference forces themselves and would make the uncertainties far too large."""
     from mlip_unc.data import StructureDataset, TypeMap, read_structures
-    from mlip_unc.train.posterior import _pass
-    from mlip_unc.train.predictions import predict
+    from mlip_unc.evaluation.predictions import predict
+    from mlip_unc.posthoc.posterior import _pass
 
     model = BayesianPotential.from_checkpoint(attached)
     data = StructureDataset.from_atoms(
@@ -375,7 +375,7 @@ def test_std_over_rmse_is_calibrated_on_held_out_cells(trained, attached, mode):
     and the energies lands in [0.5, 2] on 72 cells neither MACE nor attach has seen (measured:
     forces 1.09 exact, 1.30 lowrank, 1.07 sampled; energy 0.73, calibrated on 6 cells only)."""
     from mlip_unc.data import StructureDataset, TypeMap
-    from mlip_unc.train.predictions import predict
+    from mlip_unc.evaluation.predictions import predict
     from mlip_unc.uncertainty.diagnostics import std_over_rmse
 
     model = BayesianPotential.from_checkpoint(attached)
@@ -398,7 +398,7 @@ def test_std_over_rmse_is_calibrated_on_held_out_cells(trained, attached, mode):
 def test_features_that_cannot_carry_a_posterior_are_refused(trained, tmp_path, monkeypatch):
     """The refusal names the measured quantity (here the Jacobian's effective rank, with the
     bar raised above what any model reaches) and writes nothing."""
-    from mlip_unc.train import posterior
+    from mlip_unc.posthoc import posterior
 
     monkeypatch.setattr(posterior, "MIN_JACOBIAN_RANK", 1e9)
     out = tmp_path / "refused.pt"
