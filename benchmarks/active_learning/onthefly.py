@@ -359,13 +359,15 @@ def reference_model(
     extra: Sequence[str] = (),
     recipe: str = "shipped",
     system: System = THREE_BPA,
+    subset: int | None = None,
 ) -> dict[str, Any]:
     """A model trained the plain way on ``frames`` oracle frames from MD at
     the system's ``reference_temperatures`` (100 fs apart; seeds 100+, disjoint from the test sets) and 12
     validation frames from their own trajectories, with the oracle's isolated atoms.
     ``recipe``: ``shipped`` (the backbone and training of the shipped AL config) or
     ``full_width`` (the model, loss and training of the system's ``full_width`` config), on the
-    same frames."""
+    same frames. ``subset``: the shipped recipe on that many frames drawn at random (seed 0)
+    from the pool, the plain way of spending that many calls (recipe ``shipped_subset``)."""
     from mlip_unc.active.data import build_structure, write_frames
     from mlip_unc.active.onthefly import _training
     from mlip_unc.active.oracles import make_oracle
@@ -399,6 +401,13 @@ def reference_model(
         cost_file.write_text(json.dumps({"cpu_oracle_s": time.process_time() - cpu}))
     # a reused pool costs what its first labelling cost (null when that was not recorded)
     cpu_oracle = json.loads(cost_file.read_text())["cpu_oracle_s"] if cost_file.is_file() else None
+    folder = out / f"model_{recipe}"
+    if subset is not None:
+        if subset > len(train):
+            raise SystemExit(f"--reference-subsets: {subset} > the pool's {len(train)} frames")
+        picked = np.sort(np.random.default_rng(0).choice(len(train), subset, replace=False))
+        train = [train[int(i)] for i in picked]
+        recipe, folder = "shipped_subset", out / f"model_shipped_{subset}"
     training = _training(config, out, train)
     if recipe == "full_width":
         full = load_raw(system.full_width)
@@ -416,7 +425,7 @@ def reference_model(
             "train": full["train"],
         }
     cpu = time.process_time()
-    model = train_model(train, valid, training, out / f"model_{recipe}", seed=0)
+    model = train_model(train, valid, training, folder, seed=0)
     return {
         "system": system.name,
         "recipe": recipe,
@@ -442,6 +451,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--results", type=Path, default=RESULTS, help="JSONL records and the page")
     p.add_argument("--reference-sets", type=Path, default=None, help="default: the cache")
     p.add_argument("--reference-frames", type=int, default=300)
+    p.add_argument(
+        "--reference-subsets",
+        default="",
+        help="comma-separated frame counts: the reference recipe on that many random pool frames",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="tiny settings (slow-tier test)")
     p.add_argument("--report-only", action="store_true", help="rewrite the page from the JSONL")
@@ -584,6 +598,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                     )
                     append_jsonl(refs, {**record, "command": command})
                     page()
+                if arm == "reference":
+                    for n in [int(s) for s in args.reference_subsets.split(",") if s]:
+                        done = read_jsonl(refs)
+                        if any(
+                            r.get("recipe") == "shipped_subset" and r["frames"] == n for r in done
+                        ):
+                            continue
+                        print(f"{system.name}: reference recipe on {n} pool frames ...", flush=True)
+                        record = reference_model(
+                            work, sets(), args.reference_frames, extra, "shipped", system, n
+                        )
+                        append_jsonl(refs, {**record, "command": command})
+                        page()
                 continue
             n_seeds = args.seeds or SEEDS.get(arm, 3)
             mine = [r for r in read_jsonl(runs) if r.get("variant") == args.variant]

@@ -240,6 +240,18 @@ def system_section(
             f"{ref['cpu_model_s'] / 60:.0f} | "
             f"{_f(ref.get('cpu_oracle_s') and ref['cpu_oracle_s'] / 60, '{:.1f}')} |"
         )
+    subsets = {r["frames"]: r for r in references if r.get("recipe") == "shipped_subset"}
+    for n, ref in sorted(subsets.items()):  # the plain way of spending n calls
+        ok = (
+            "-"
+            if reference is None
+            else ("yes" if usable(ref["errors"], reference, system) else "no")
+        )
+        lines.append(
+            f"| plain training ({n} random pool frames) | - | {n} | - | {ok} (errors) | "
+            f"{_cells([ref['errors']], system.sets)} | - | - | "
+            f"{ref['cpu_model_s'] / 60:.0f} | - |"
+        )
     for arm, recs in by_arm.items():
         if recs:
             lines.append(arm_row(arm, recs, reference, system, stability))

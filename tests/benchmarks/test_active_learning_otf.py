@@ -203,3 +203,57 @@ def test_equal_calls_lines_compare_the_arms_refit_at_each_milestone():
     assert fifty.startswith("Refit from scratch on the labels of the first 50 calls")
     assert "1 refits): `random` 120 / 120 / 120 / 120 (energy 20)." in fifty
     assert "3 refits): `ours` 70 / 70 / 70 / 70 (energy 40); `random` 90" in hundred
+
+
+def test_plain_training_rows_say_whether_n_random_pool_frames_are_usable(tmp_path):
+    from benchmarks.common.records import append_jsonl
+
+    reference = {"frames": 300, "errors": _errors(100.0), "cpu_model_s": 600.0}
+    subsets = [
+        {"recipe": "shipped_subset", "frames": n, "errors": _errors(f), "cpu_model_s": 300.0}
+        for n, f in ((50, 140.0), (100, 120.0))
+    ]
+    for r in [reference, *subsets]:
+        append_jsonl(tmp_path / otf.REFERENCE, r)
+    lines = report.write_page(tmp_path, "").read_text().splitlines()
+    rows = {
+        n: [
+            c.strip() for c in next(x for x in lines if f"({n} random pool frames)" in x).split("|")
+        ]
+        for n in (50, 100)
+    }
+    assert rows[50][5] == "no (errors)" and rows[100][5] == "yes (errors)"  # 1.25x limit
+    assert rows[100][6] == "120"  # its 300 K force MAE
+
+
+def test_reference_subset_is_a_seeded_draw_from_the_pool(tmp_path, monkeypatch):
+    import numpy as np
+    from ase.build import molecule
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    import benchmarks.active_learning.onthefly as mod
+    from mlip_unc.active.data import write_frames
+
+    pool = [molecule("H2O") for _ in range(10)]
+    for i, a in enumerate(pool):
+        a.info["index"] = i
+        a.calc = SinglePointCalculator(a, energy=-float(i), forces=np.zeros((3, 3)))
+    data = tmp_path / "reference" / "data"
+    write_frames(data / "train.xyz", pool)
+    write_frames(data / "valid.xyz", pool[:2])
+    seen = {}
+
+    def fake_train(train, valid, training, folder, seed=0):
+        seen["frames"], seen["folder"] = [a.info["index"] for a in train], folder
+        return folder / "model.pt"
+
+    monkeypatch.setattr("mlip_unc.active.training.train_model", fake_train)
+    monkeypatch.setattr(mod, "score", lambda model, sets: {})
+    record = mod.reference_model(tmp_path, {}, 300, subset=4)
+    assert record["recipe"] == "shipped_subset" and record["frames"] == 4
+    assert seen["folder"].name == "model_shipped_4" and len(set(seen["frames"])) == 4
+    assert seen["frames"] == sorted(seen["frames"])
+    again = mod.reference_model(tmp_path, {}, 300, subset=4)
+    assert again["frames"] == 4 and seen["frames"] == sorted(seen["frames"])
+    with pytest.raises(SystemExit, match="11 > the pool's 10"):
+        mod.reference_model(tmp_path, {}, 300, subset=11)
