@@ -264,6 +264,14 @@ def system_section(
         first = next(r for r in all_records if r.get("variant") == variant)
         sets = [a for a in first.get("command", "").split() if "=" in a and "--" not in a]
         lines += ["", f"Variant `{variant}`: the shipped config with `{' '.join(sets)}`."]
+    if subsets:
+        lines += [
+            "",
+            "Plain training: the reference recipe on n frames drawn at random (seed 0) from the "
+            "reference model's pool (oracle MD over its temperatures, 100 fs apart; "
+            "`--reference-subsets`), *usable* judged by its errors. Those frames need oracle MD, "
+            "which the loop avoids: the pool's oracle CPU is the reference row's.",
+        ]
     limits = ", ".join(f"{v:g}x on {k}" for k, v in system.force_limits.items())
     lines += [
         "",
