@@ -270,8 +270,9 @@ def system_section(
             "",
             "Plain training: the reference recipe on n frames drawn at random (seed 0) from the "
             "reference model's pool (oracle MD over its temperatures, 100 fs apart; "
-            "`--reference-subsets`), *usable* judged by its errors. Those frames need oracle MD, "
-            "which the loop avoids: the pool's oracle CPU is the reference row's.",
+            "`--reference-subsets`), *usable* judged by its errors. Every such frame costs ~200 "
+            "oracle MD steps (the pool's oracle CPU is the reference row's); the loop pays that "
+            "only for its seed set.",
         ]
     limits = ", ".join(f"{v:g}x on {k}" for k, v in system.force_limits.items())
     lines += [
