@@ -441,8 +441,40 @@ def targets(
             f"- ≤ {limit}x the calls of `{other}`: `ours` {_f(med_ours)} against {_f(med)} "
             "(median calls to usable; censored at the budget where never usable)."
         )
-    out.append("")
+    out += [_true_error_line(by_arm, reference, system), ""]
     return out
+
+
+def final_ratios(record: dict[str, Any], reference: dict[str, Any], system: System) -> str:
+    """A run's final model against the reference, per set: force and energy MAE ratios and the
+    mean signed energy error (meV), e.g. ``forces 1.2/1.1x, energies 2.6/1.9x (bias +51/+75)``."""
+    final = record["errors"][str(max(int(m) for m in record["errors"]))]
+    forces = "/".join(
+        f"{final[s]['force_mae'] / reference[s]['force_mae']:.2f}" for s in system.sets
+    )
+    energies = "/".join(
+        f"{final[s]['energy_mae'] / reference[s]['energy_mae']:.2f}" for s in system.sets
+    )
+    bias = "/".join(f"{final[s].get('energy_bias', float('nan')):+.0f}" for s in system.sets)
+    return f"forces {forces}x, energies {energies}x (bias {bias} meV)"
+
+
+def _true_error_line(
+    by_arm: dict[str, list[dict[str, Any]]], reference: dict[str, Any], system: System
+) -> str:
+    """The control's target: usable in fewer calls than `periodic`, or what its labels gave."""
+    control, periodic = by_arm["true_error"], by_arm["periodic"]
+    if not control:
+        return "- `true_error` usable in fewer calls than `periodic`: not measured (no run)."
+    med = _median_calls([calls_to_usable(r, reference, system) for r in control])
+    med_p = _median_calls([calls_to_usable(r, reference, system) for r in periodic])
+    worst = max(control, key=lambda r: r["calls"])
+    return (
+        f"- `true_error` usable in fewer calls than `periodic`: {_f(med)} against {_f(med_p)} "
+        f"(median calls to usable, censored at the budget); its final model (seed "
+        f"{worst['seed']}, {worst['calls']} calls) against the reference on "
+        f"{', '.join(system.sets)}: {final_ratios(worst, reference, system)}."
+    )
 
 
 def _median_calls(calls: Sequence[int | None], budget: int = BUDGET) -> float | None:

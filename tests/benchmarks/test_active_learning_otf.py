@@ -124,6 +124,31 @@ def test_page_is_table_first_short_and_counts_runs(tmp_path):
     assert "## 64-atom Si with the mlearn SNAP potential" in lines  # its section, not run yet
     assert (tmp_path / report.FIGURE).stat().st_size > 0
     assert report.calls_to_usable(records[0], references[0]["errors"]) == 60
+    assert "- `true_error` usable in fewer calls than `periodic`: not measured (no run)." in lines
+
+
+def test_true_error_line_gives_the_control_against_periodic_and_its_ratios():
+    reference = _errors(100.0, 10.0)
+    control = {
+        "arm": "true_error",
+        "seed": 0,
+        "calls": 150,
+        "errors": {"150": _errors(110.0, 25.0)},
+    }
+    periodic = {"arm": "periodic", "seed": 0, "calls": 120, "errors": {"120": _errors(120.0, 15.0)}}
+    lines = report.targets(
+        {
+            "ours": [{**control, "arm": "ours"}],
+            "periodic": [periodic],
+            "random": [],
+            "committee5": [],
+            "true_error": [control],
+        },
+        reference,
+    )
+    line = next(x for x in lines if x.startswith("- `true_error`"))
+    assert ": 150 against 120 (median calls" in line  # never usable: censored at the budget
+    assert "forces 1.10/1.10/1.10/1.10x, energies 2.50/2.50/2.50/2.50x" in line
 
 
 def test_every_arm_is_a_valid_override_of_the_si_config():
