@@ -448,7 +448,7 @@ def targets(
 def final_ratios(record: dict[str, Any], reference: dict[str, Any], system: System) -> str:
     """A run's final model against the reference, per set: force and energy MAE ratios and the
     mean signed energy error (meV), e.g. ``forces 1.2/1.1x, energies 2.6/1.9x (bias +51/+75)``."""
-    final = record["errors"][str(max(int(m) for m in record["errors"]))]
+    final = final_errors(record)
     forces = "/".join(
         f"{final[s]['force_mae'] / reference[s]['force_mae']:.2f}" for s in system.sets
     )
